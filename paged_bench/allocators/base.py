@@ -1,0 +1,116 @@
+"""The allocator protocol: who owns KV-cache slots, as the scheduler and the backends see it.
+
+The scheduler asks an allocator for room (``lookup_prefix``, ``allocate_slots``,
+``swap_out``/``swap_in``, ``free``) and never touches blocks itself. Backends read where a
+request's K/V lives through ``block_table``: token position ``p`` of a request is slot
+``table[p // block_size] * block_size + p % block_size`` of a pool of ``num_blocks``
+blocks. Counters are kept up to date incrementally, so reading them each step is O(1).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from paged_bench.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """Shape of the KV pool a backend must allocate (per layer): blocks of block_size slots."""
+
+    num_blocks: int
+    block_size: int
+    num_cpu_blocks: int  # swap space, in blocks of the same size
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixHit:
+    """The cached blocks that hold a request's first ``num_tokens`` tokens."""
+
+    blocks: tuple[int, ...] = ()
+    num_tokens: int = 0
+
+
+NO_HIT = PrefixHit()
+
+
+@dataclass(slots=True)
+class AllocatorCounters:
+    """What an allocator has done so far; read by the engine after every step."""
+
+    prefix_query_tokens: int = 0  # tokens looked up in the prefix cache at admission
+    prefix_hit_tokens: int = 0  # ... of which were found cached
+    evicted_blocks: int = 0  # cached blocks reallocated to other data
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class Allocator(ABC):
+    """Owns the KV slots of one engine."""
+
+    name: ClassVar[str] = ""
+    layout: KVLayout
+    counters: AllocatorCounters
+    live_slots: int  # slots holding K/V (computed or being computed) of requests that hold them
+
+    @abstractmethod
+    def lookup_prefix(self, req: Request) -> PrefixHit:
+        """The longest cached prefix of ``req`` (at most ``num_tokens - 1`` tokens, so that the
+        last token is computed and yields a sample). Changes nothing."""
+
+    @abstractmethod
+    def allocate_slots(
+        self,
+        req: Request,
+        num_new_tokens: int,
+        hit: PrefixHit = NO_HIT,
+        min_free_blocks: int = 0,
+    ) -> bool:
+        """Make room for ``num_new_tokens`` more tokens of ``req``.
+
+        For a request that holds no KV yet, ``hit`` (from ``lookup_prefix``) is taken and the
+        new tokens follow it. Returns False, changing nothing, if that would leave fewer than
+        ``min_free_blocks`` free blocks.
+        """
+
+    @abstractmethod
+    def free(self, req: Request) -> None:
+        """Release everything ``req`` holds (GPU blocks and swap space). Idempotent."""
+
+    def swap_out(self, req: Request) -> list[tuple[int, int]] | None:
+        """Move ``req``'s computed K/V to CPU swap space; returns (gpu, cpu) block pairs for the
+        backend to copy, or None if this allocator cannot (the caller recomputes instead)."""
+        return None
+
+    def swap_in(self, req: Request, num_new_tokens: int) -> list[tuple[int, int]] | None:
+        """Bring a swapped-out ``req`` back with room for ``num_new_tokens`` more tokens;
+        returns (cpu, gpu) block pairs to copy, or None if the pool has no room now."""
+        return None
+
+    @abstractmethod
+    def block_table(self, req: Request) -> list[int]:
+        """The blocks holding ``req``'s tokens, in order."""
+
+    @property
+    @abstractmethod
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now (including cached blocks nobody holds)."""
+
+    @property
+    def reserved_slots(self) -> int:
+        """Slots in blocks some request holds: what the KV memory is spent on."""
+        return (self.layout.num_blocks - self.num_free_blocks) * self.layout.block_size
+
+    @property
+    def capacity_slots(self) -> int:
+        return self.layout.num_slots
+
+    @abstractmethod
+    def leaks(self) -> list[str]:
+        """What is still held (blocks with references, swap blocks, request state); empty when
+        every request has been freed. Checked by the engine at the end of a run."""

@@ -1,0 +1,72 @@
+"""A pool of fixed-size KV blocks: reference counts, a free queue and the prefix-cache index.
+
+Freed blocks that hold a cached (hashed) block stay findable until the pool needs them:
+the free queue is ordered least-recently-freed first and allocation evicts from its head
+(lazy LRU, as in vLLM). Blocks holding nothing worth keeping go to the head instead, so
+that they are reused before any cached block is evicted. The queue is an OrderedDict: a
+C-implemented doubly linked list, so popping the head, appending, and removing a block
+from the middle (a cache hit on a free block) are all O(1).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.ref_cnt = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.num_evictions = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        """Take ``n`` blocks from the head of the free queue (caller checked num_free)."""
+        out = []
+        free, ref_cnt, block_hash = self._free, self.ref_cnt, self.block_hash
+        for _ in range(n):
+            block, _ = free.popitem(last=False)
+            h = block_hash[block]
+            if h is not None:  # evict: this block's cached content is overwritten
+                del self.cached[h]
+                block_hash[block] = None
+                self.num_evictions += 1
+            ref_cnt[block] = 1
+            out.append(block)
+        return out
+
+    def touch(self, block: int) -> bool:
+        """Take one more reference to a cached block; True if it was free (revived)."""
+        self.ref_cnt[block] += 1
+        if self.ref_cnt[block] == 1:
+            del self._free[block]
+            return True
+        return False
+
+    def release(self, block: int) -> bool:
+        """Drop one reference; True if the block became free."""
+        self.ref_cnt[block] -= 1
+        if self.ref_cnt[block]:
+            return False
+        self._free[block] = None
+        if self.block_hash[block] is None:
+            self._free.move_to_end(block, last=False)
+        return True
+
+    def cache(self, block: int, block_hash: int) -> None:
+        """Index a full, computed block under its hash (first writer wins)."""
+        if block_hash not in self.cached:
+            self.cached[block_hash] = block
+            self.block_hash[block] = block_hash
+
+    def is_free(self, block: int) -> bool:
+        return self.ref_cnt[block] == 0
+
+    def held_blocks(self) -> list[int]:
+        return [b for b, n in enumerate(self.ref_cnt) if n]

@@ -1,0 +1,40 @@
+"""The backend protocol: executes a step plan and returns the sampled tokens.
+
+A real backend (``numpy``, ``torch``) computes a transformer step whose attention reads
+K/V through the allocator's block tables, on the wall clock. A cost-model backend
+(``sim``) computes no tokens and returns the step's modelled duration, on virtual time.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar, Literal
+
+from paged_bench.allocators.base import Allocator
+from paged_bench.step import StepOutput, StepPlan
+from paged_bench.tokenizer import ByteTokenizer
+
+
+class Backend(ABC):
+    name: ClassVar[str] = ""
+    clock: ClassVar[Literal["virtual", "wall"]] = "wall"
+
+    vocab_size: int = ByteTokenizer.vocab_size
+    eos_token_id: int | None = None
+    kv_bytes_per_token: int | None = None  # for the byte figures, when the model is known
+
+    def __init__(self) -> None:
+        self.tokenizer = ByteTokenizer()
+        self.allocator: Allocator | None = None
+
+    def bind(self, allocator: Allocator) -> None:
+        """Called once before the first step: a real backend allocates its KV pool here, shaped
+        by ``allocator.layout``, and later reads ``allocator.block_table(req)``."""
+        self.allocator = allocator
+
+    @abstractmethod
+    def execute(self, plan: StepPlan) -> StepOutput:
+        """Do the plan's swap copies, then compute its tokens; one sampled token per request."""
+
+    def close(self) -> None:
+        """Release whatever the backend holds (device memory, threads)."""

@@ -1,0 +1,109 @@
+"""From a resolved config to a ready engine and its workload's requests.
+
+The config is a plain mapping (Hydra's, resolved): top-level knobs plus one section per
+plugin kind, each with a ``name`` (the plugin) and that plugin's options. Top-level knobs
+are checked here so that a bad value names its key before anything is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from paged_bench import registry
+from paged_bench.backends.base import Backend
+from paged_bench.clock import make_clock
+from paged_bench.engine import Engine
+from paged_bench.errors import ConfigError, check, check_int, check_number
+from paged_bench.metrics import SLO_KEYS
+from paged_bench.request import Request
+from paged_bench.workloads.base import WorkloadContext
+
+PLUGIN_KINDS = ("workload", "scheduler", "allocator", "backend")
+
+
+@dataclass
+class Bench:
+    """An engine ready to run, the requests it will serve, and the config that made them."""
+
+    engine: Engine
+    requests: list[Request]
+    config: dict[str, Any]
+    choices: dict[str, str]  # plugin kind -> option name
+
+    @property
+    def backend(self) -> Backend:
+        return self.engine.backend
+
+
+def _plugin_section(cfg: Mapping[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
+    section = cfg.get(kind)
+    if not isinstance(section, Mapping) or not isinstance(section.get("name"), str):
+        raise ConfigError(kind, section, f"a {kind} config group option, e.g. {kind}=<name> (see --help)")
+    options = dict(section)
+    return options.pop("name"), options
+
+
+def check_top_level(cfg: Mapping[str, Any]) -> None:
+    check_int("block_size", cfg.get("block_size"))
+    check_int("max_batch", cfg.get("max_batch"))
+    check_int("max_model_len", cfg.get("max_model_len"), 2)
+    check_int("max_num_batched_tokens", cfg.get("max_num_batched_tokens"))
+    check_int("seed", cfg.get("seed"), 0)
+    if cfg.get("num_blocks") is not None:
+        check_int("num_blocks", cfg.get("num_blocks"))
+    check(cfg.get("clock", "auto") in ("auto", "virtual", "wall"), "clock", cfg.get("clock"), "auto, virtual or wall")
+    slo = cfg.get("slo") or {}
+    check(isinstance(slo, Mapping), "slo", slo, f"a mapping with keys {', '.join(SLO_KEYS)}")
+    for key, value in slo.items():
+        check(key in SLO_KEYS, f"slo.{key}", value, f"one of {', '.join(SLO_KEYS)}")
+        if value is not None:
+            check_number(f"slo.{key}", value, 0, strict=True)
+
+
+def auto_num_blocks(cfg: Mapping[str, Any]) -> int:
+    """Enough blocks for ``max_batch`` sequences of ``max_model_len``: no memory pressure."""
+    return cfg["max_batch"] * -(-cfg["max_model_len"] // cfg["block_size"])
+
+
+def build(cfg: Mapping[str, Any]) -> Bench:
+    check_top_level(cfg)
+    sections = {kind: _plugin_section(cfg, kind) for kind in PLUGIN_KINDS}
+    choices = {kind: name for kind, (name, _) in sections.items()}
+
+    name, options = sections["backend"]
+    backend = registry.create("backend", name, **options)
+
+    name, options = sections["allocator"]
+    if options.get("num_blocks") is None:
+        options["num_blocks"] = auto_num_blocks(cfg)
+    allocator = registry.create("allocator", name, **options)
+    layout = allocator.layout
+    check(
+        layout.num_slots >= cfg["max_model_len"],
+        "num_blocks",
+        cfg.get("num_blocks"),
+        f"a pool that holds one max_model_len={cfg['max_model_len']} sequence "
+        f"(now {layout.num_blocks} blocks x {layout.block_size} = {layout.num_slots} slots)",
+    )
+    backend.bind(allocator)
+
+    name, options = sections["scheduler"]
+    scheduler = registry.create(
+        "scheduler",
+        name,
+        allocator,
+        max_model_len=cfg["max_model_len"],
+        eos_token_id=backend.eos_token_id,
+        internal=("max_model_len", "eos_token_id"),
+        **options,
+    )
+
+    clock_kind = cfg.get("clock", "auto")
+    engine = Engine(scheduler, backend, make_clock(backend.clock if clock_kind == "auto" else clock_kind))
+
+    name, options = sections["workload"]
+    workload = registry.create("workload", name, **options)
+    requests = workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
+    return Bench(engine, requests, dict(cfg), choices)

@@ -1,0 +1,58 @@
+"""The engine's two clocks: virtual time for cost-model backends, wall time for real ones.
+
+Both count seconds from ``start()``. ``advance(start, duration)`` ends a step: the virtual
+clock jumps by the modelled duration; the wall clock reads real time, first sleeping out a
+modelled duration if one is given (so a simulated engine can be paced in real time, e.g.
+behind the HTTP server). ``wait_until`` idles to the next arrival: a jump, or a sleep.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class VirtualClock:
+    kind = "virtual"
+
+    def __init__(self) -> None:
+        self._now = 0.0
+
+    def start(self) -> None:
+        self._now = 0.0
+
+    def now(self) -> float:
+        return self._now
+
+    def advance(self, start: float, duration: float) -> float:
+        self._now = start + duration
+        return self._now
+
+    def wait_until(self, t: float) -> None:
+        self._now = max(self._now, t)
+
+
+class WallClock:
+    kind = "wall"
+
+    def __init__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def advance(self, start: float, duration: float) -> float:
+        if duration > 0:
+            self.wait_until(start + duration)
+        return self.now()
+
+    def wait_until(self, t: float) -> None:
+        delay = t - self.now()
+        if delay > 0:
+            time.sleep(delay)
+
+
+def make_clock(kind: str) -> VirtualClock | WallClock:
+    return VirtualClock() if kind == "virtual" else WallClock()

@@ -1,0 +1,156 @@
+"""The engine: the step loop that ties a workload, a scheduler, an allocator and a backend.
+
+Each step: admit the requests that have arrived by now, let the scheduler plan, let the
+backend execute, let the scheduler record the sampled tokens, note the step, advance the
+clock; when nothing is left to run, idle to the next arrival. The engine knows the four
+plugin protocols and nothing of Hydra, MLflow or HTTP.
+
+If the run must stop (``EngineError``, e.g. the pool ran dry under a non-preemptive policy)
+or is interrupted, every unfinished request is ended with its reason and its blocks are
+freed, so the results gathered so far are complete and the pool is whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from paged_bench.allocators.base import KVLayout
+from paged_bench.backends.base import Backend
+from paged_bench.clock import VirtualClock, WallClock
+from paged_bench.errors import EngineError
+from paged_bench.request import FinishReason, Request
+from paged_bench.schedulers.base import Scheduler
+
+STEP_COLUMNS = (
+    "step",
+    "time",
+    "duration",
+    "batch_size",
+    "prefill_tokens",
+    "decode_tokens",
+    "running",
+    "waiting",
+    "kv_live_slots",
+    "kv_reserved_slots",
+    "kv_free_blocks",
+    "preemptions",
+    "swapped_blocks",
+)
+
+
+@dataclass
+class EngineResult:
+    requests: list[Request]
+    steps: list[tuple]  # one STEP_COLUMNS row per step
+    duration: float  # seconds from the start to the end of the last step
+    layout: KVLayout
+    kv_bytes_per_token: int | None
+    num_preemptions: int
+    recomputed_tokens: int
+    swapped_blocks: int
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    error: str | None = None  # why the run stopped early, if it did
+    interrupted: bool = False
+    leaks: list[str] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, scheduler: Scheduler, backend: Backend, clock: VirtualClock | WallClock) -> None:
+        self.scheduler = scheduler
+        self.allocator = scheduler.allocator
+        self.backend = backend
+        self.clock = clock
+        self.steps: list[tuple] = []
+        self._num_blocks, self._block_size = self.allocator.layout.num_blocks, self.allocator.layout.block_size
+
+    def add_request(self, req: Request) -> None:
+        self.scheduler.add_request(req, self.clock.now())
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[Request]:
+        """Run one step; returns the requests that finished in it."""
+        sched, allocator = self.scheduler, self.allocator
+        start = self.clock.now()
+        plan = sched.schedule(start)
+        if not (plan.reqs or plan.swap_in or plan.swap_out):
+            if plan.num_preempted:  # everyone was preempted: they are readmitted next step
+                return []
+            raise EngineError(
+                f"scheduler {sched.name!r} planned an empty step with {len(sched.running)} running and "
+                f"{len(sched.waiting)} waiting requests"
+            )
+        output = self.backend.execute(plan)
+        end = self.clock.advance(start, output.duration)
+        finished = sched.update(plan, output, end)
+        decodes = plan.num_new_tokens.count(1)
+        free_blocks = allocator.num_free_blocks
+        self.steps.append((
+            len(self.steps),
+            end,
+            end - start,
+            len(plan.reqs),
+            sum(plan.num_new_tokens) - decodes,
+            decodes,
+            len(sched.running),
+            len(sched.waiting),
+            allocator.live_slots,
+            (self._num_blocks - free_blocks) * self._block_size,
+            free_blocks,
+            plan.num_preempted,
+            len(plan.swap_in) + len(plan.swap_out),
+        ))  # fmt: skip
+        return finished
+
+    def run(self, requests: list[Request], on_step: Callable[[Engine], None] | None = None) -> EngineResult:
+        """Replay ``requests`` at their arrival times until every one has finished."""
+        reqs = sorted(requests, key=lambda r: r.arrival_time)
+        clock, sched = self.clock, self.scheduler
+        clock.start()
+        error, interrupted, next_arrival = None, False, 0
+        try:
+            while True:
+                now = clock.now()
+                while next_arrival < len(reqs) and reqs[next_arrival].arrival_time <= now:
+                    sched.add_request(reqs[next_arrival], now)
+                    next_arrival += 1
+                if not sched.has_unfinished():
+                    if next_arrival == len(reqs):
+                        break
+                    clock.wait_until(reqs[next_arrival].arrival_time)
+                    continue
+                self.step()
+                if on_step is not None:
+                    on_step(self)
+        except EngineError as e:
+            error = str(e)
+        except KeyboardInterrupt:
+            error, interrupted = "interrupted", True
+        if error is not None:
+            now = clock.now()
+            reason = FinishReason.ABORT if interrupted else FinishReason.ERROR
+            sched.abort_all(reason, now, error)
+            for req in reqs[next_arrival:]:
+                req.finish(reason, now, f"not submitted: {error}")
+        return self._result(reqs, error, interrupted)
+
+    def _result(self, reqs: list[Request], error: str | None, interrupted: bool) -> EngineResult:
+        sched, counters = self.scheduler, self.allocator.counters
+        return EngineResult(
+            requests=reqs,
+            steps=self.steps,
+            duration=self.steps[-1][1] if self.steps else 0.0,
+            layout=self.allocator.layout,
+            kv_bytes_per_token=self.backend.kv_bytes_per_token,
+            num_preemptions=sched.num_preemptions,
+            recomputed_tokens=sched.recomputed_tokens,
+            swapped_blocks=sched.swapped_blocks,
+            prefix_query_tokens=counters.prefix_query_tokens,
+            prefix_hit_tokens=counters.prefix_hit_tokens,
+            error=error,
+            interrupted=interrupted,
+            leaks=self.allocator.leaks(),
+        )

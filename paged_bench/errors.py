@@ -1,0 +1,56 @@
+"""Errors a user can act on. Each carries a one-line message; the CLI prints it and exits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PagedBenchError(Exception):
+    """Base of every error the command line reports as one line, without a traceback."""
+
+    exit_code = 1
+
+
+class ConfigError(PagedBenchError):
+    """A config value is wrong: names the key, the bad value and what is allowed."""
+
+    exit_code = 2
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"{key}={value!r} is not allowed: {allowed}")
+
+
+class PluginError(PagedBenchError):
+    """A plugin could not be found or loaded."""
+
+    exit_code = 2
+
+
+class EngineError(PagedBenchError):
+    """The engine cannot go on: the run stops, unfinished requests are reported as errors."""
+
+
+class PoolExhaustedError(EngineError):
+    """A running sequence needs a KV block and the policy does not preempt."""
+
+
+def check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    """Raise ConfigError(key, value, allowed) unless ``ok``."""
+    if not ok:
+        raise ConfigError(key, value, allowed)
+
+
+def check_int(key: str, value: Any, minimum: int = 1) -> int:
+    """Return ``value`` if it is an integer >= minimum (bools are not integers here)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+    check(ok, key, value, f"an integer >= {minimum}")
+    return value
+
+
+def check_number(key: str, value: Any, minimum: float = 0.0, *, strict: bool = False) -> float:
+    """Return ``value`` as a float if it is a number >= minimum (> minimum when strict)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and (value > minimum if strict else value >= minimum)
+    check(ok, key, value, f"a number {'>' if strict else '>='} {minimum}")
+    return float(value)

@@ -1,0 +1,110 @@
+"""Plugin discovery and construction: one mechanism for built-ins and third-party packages.
+
+Every option of the four plugin kinds is an entry point in the group
+``paged_bench.<kind>s`` (``paged_bench.schedulers``, ...) naming a class derived from the
+kind's base class; our own built-ins register in our ``pyproject.toml`` exactly as a plugin
+package does in its own. A plugin that fails to import, or is not a subclass of its kind's
+base, is reported by name and package without breaking the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from paged_bench.errors import ConfigError, PluginError
+
+KINDS = {
+    "workload": ("paged_bench.workloads", "paged_bench.workloads.base:Workload"),
+    "scheduler": ("paged_bench.schedulers", "paged_bench.schedulers.base:Scheduler"),
+    "allocator": ("paged_bench.allocators", "paged_bench.allocators.base:Allocator"),
+    "backend": ("paged_bench.backends", "paged_bench.backends.base:Backend"),
+}
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    kind: str
+    name: str
+    target: str  # "module:Class"
+    package: str  # the distribution that declares it
+
+
+def _base(kind: str) -> type:
+    module, _, cls = KINDS[kind][1].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise PluginError(f"unknown plugin kind {kind!r}; kinds: {', '.join(KINDS)}")
+
+
+def _entry_points(kind: str) -> list[EntryPoint]:
+    _check_kind(kind)
+    return sorted(entry_points(group=KINDS[kind][0]), key=lambda ep: ep.name)
+
+
+def _package(ep: EntryPoint) -> str:
+    return ep.dist.name if ep.dist is not None else "unknown package"
+
+
+def discover(kind: str | None = None) -> list[PluginInfo]:
+    """Every registered plugin (of one kind, or all), without importing any of them."""
+    kinds = [kind] if kind else list(KINDS)
+    return [PluginInfo(k, ep.name, ep.value, _package(ep)) for k in kinds for ep in _entry_points(k)]
+
+
+def load(kind: str, name: str) -> type:
+    """The class registered as ``name`` for ``kind``."""
+    matches = [ep for ep in _entry_points(kind) if ep.name == name]
+    if not matches:
+        names = sorted({ep.name for ep in _entry_points(kind)})
+        raise ConfigError(kind, name, f"one of {', '.join(names) or '(none installed)'}")
+    if len({ep.value for ep in matches}) > 1:
+        where = ", ".join(f"{ep.value} from {_package(ep)}" for ep in matches)
+        raise PluginError(f"{kind} plugin {name!r} is registered more than once: {where}")
+    ep = matches[0]
+    try:
+        cls = ep.load()
+    except Exception as e:  # a broken plugin must not take the tool down with a traceback
+        raise PluginError(
+            f"{kind} plugin {name!r} ({ep.value}) from package {_package(ep)} failed to load: {type(e).__name__}: {e}"
+        ) from e
+    base = _base(kind)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise PluginError(
+            f"{kind} plugin {name!r} ({ep.value}) from package {_package(ep)} is not a subclass of "
+            f"{base.__module__}.{base.__qualname__}"
+        )
+    return cls
+
+
+def accepted_options(cls: type) -> list[str]:
+    """Keyword options ``cls(...)`` accepts, following ``**kwargs`` up the class hierarchy."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        init = vars(klass).get("__init__")
+        if init is None:
+            continue
+        params = list(inspect.signature(init).parameters.values())[1:]
+        names += [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in names]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
+def create(kind: str, name: str, *args: Any, internal: tuple[str, ...] = (), **options: Any) -> Any:
+    """Build plugin ``name`` of ``kind`` from its config options (unknown ones are an error).
+
+    ``internal`` names options the framework passes itself, not the user's config."""
+    cls = load(kind, name)
+    allowed = accepted_options(cls)
+    for key in options:
+        if key not in allowed:
+            shown = [o for o in allowed if o not in internal]
+            raise ConfigError(f"{kind}.{key}", options[key], f"{kind} {name!r} takes {', '.join(shown) or 'no options'}")
+    return cls(*args, **options)

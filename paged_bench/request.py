@@ -1,0 +1,94 @@
+"""A request's lifecycle: its tokens, how far the engine has computed them, and its timestamps.
+
+Follows vLLM v1's request model: ``token_ids`` holds the prompt followed by every generated
+token, and ``num_computed_tokens`` (tokens whose K/V is in the cache) catches up to
+``num_tokens``. Prefill, chunked prefill, decode and resumption after a recompute-preemption
+are therefore one mechanism: schedule ``num_tokens - num_computed_tokens`` more tokens.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # arrived, holds no KV
+    RUNNING = "running"  # holds KV blocks, scheduled every step
+    PREEMPTED = "preempted"  # lost its KV (recompute); waits to be re-prefilled
+    SWAPPED = "swapped"  # its KV sits in CPU swap space; waits to be swapped back in
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    LENGTH = "length"  # reached max_tokens or max_model_len
+    STOP = "stop"  # sampled EOS or matched a stop string
+    ABORT = "abort"  # the client went away
+    REJECTED = "rejected"  # can never run here (prompt too long, larger than the pool)
+    ERROR = "error"  # the run stopped before this request could finish
+
+    @property
+    def succeeded(self) -> bool:
+        return self in (FinishReason.LENGTH, FinishReason.STOP)
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One request. Timestamps are seconds on the engine's clock (virtual or wall)."""
+
+    request_id: int | str
+    arrival_time: float
+    token_ids: list[int]
+    max_tokens: int
+    ignore_eos: bool = True
+    prefix_group: int | None = None
+    # sampling knobs read by real backends (greedy when temperature == 0)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    sampling_seed: int | None = None
+
+    num_prompt_tokens: int = field(init=False)
+    max_num_tokens: int = field(init=False)  # stops for length here; the scheduler caps it at max_model_len
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    first_scheduled_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finish_time: float | None = None
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.token_ids)
+        self.max_num_tokens = self.num_prompt_tokens + self.max_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def finish(self, reason: FinishReason, now: float, error: str | None = None) -> None:
+        self.status = RequestStatus.FINISHED
+        self.finish_reason = reason
+        self.finish_time = now
+        self.error = error

@@ -1,0 +1,16 @@
+"""Continuous (iteration-level) batching, as in Orca and vLLM.
+
+The batch is re-decided at every step: running requests go first, then waiting ones are
+admitted first-come first-served while ``max_batch`` and the token budget allow, so a
+finished sequence's seat is taken at the very next step. It never preempts: when a running
+sequence cannot get its next KV block the run stops with a clear error (see
+``preemptive`` for the policy that survives that).
+"""
+
+from __future__ import annotations
+
+from paged_bench.schedulers.base import Scheduler
+
+
+class ContinuousScheduler(Scheduler):
+    name = "continuous"

@@ -1,0 +1,18 @@
+"""Static batching, the pre-Orca way: seat a batch, run it until every member finishes.
+
+When the engine is idle, up to ``max_batch`` waiting requests are seated; nobody else is
+admitted until the whole batch is done, so short requests wait for the batch's longest
+one and newcomers wait for all of them. Like ``continuous`` it never preempts.
+"""
+
+from __future__ import annotations
+
+from paged_bench.schedulers.base import Scheduler
+from paged_bench.step import StepPlan
+
+
+class StaticScheduler(Scheduler):
+    name = "static"
+
+    def may_admit(self, plan: StepPlan) -> bool:
+        return not self.running

@@ -1,0 +1,84 @@
+"""The workload protocol, and the synthetic workload every arrival process builds on.
+
+A workload turns its config and a seed into a list of timed requests, sorted by arrival.
+A synthetic workload draws, from independent random streams (so that changing one knob
+does not reshuffle the others): inter-arrival gaps (the subclass's arrival process),
+prompt and output lengths (``lengths``), prompt tokens, and optionally which of K shared
+system prompts each request starts with, to exercise prefix caching.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from paged_bench.errors import check_int, check_number
+from paged_bench.request import Request
+from paged_bench.workloads.lengths import length_dist
+
+
+@dataclass(frozen=True)
+class WorkloadContext:
+    """What a workload may need from the engine it feeds."""
+
+    vocab_size: int
+    encode: Callable[[str], list[int]]  # text -> token ids, for workloads that carry text
+
+
+class Workload(ABC):
+    name: ClassVar[str] = ""
+
+    @abstractmethod
+    def requests(self, ctx: WorkloadContext) -> list[Request]:
+        """Every request of the run, sorted by arrival time (seconds from the start)."""
+
+
+class SyntheticWorkload(Workload):
+    """``num_requests`` requests at ``rate`` per second; subclasses give the gaps' shape."""
+
+    def __init__(
+        self,
+        *,
+        num_requests: int,
+        rate: float,
+        prompt_len: Mapping[str, Any] | int,
+        output_len: Mapping[str, Any] | int,
+        shared_prefix: Mapping[str, Any] | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.num_requests = check_int("workload.num_requests", num_requests)
+        self.rate = check_number("workload.rate", rate, 0, strict=True)
+        self.prompt_len = length_dist("workload.prompt_len", prompt_len)
+        self.output_len = length_dist("workload.output_len", output_len)
+        prefix = dict(shared_prefix or {})
+        self.num_prefixes = check_int("workload.shared_prefix.num_prefixes", prefix.get("num_prefixes", 0), 0)
+        self.prefix_len = check_int("workload.shared_prefix.length", prefix.get("length", 0), 0)
+        self.seed = check_int("seed", seed, 0)
+
+    @abstractmethod
+    def gaps(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` inter-arrival gaps in seconds, with mean ``1 / rate``."""
+
+    def requests(self, ctx: WorkloadContext) -> list[Request]:
+        n = self.num_requests
+        arrival_rng, prompt_rng, output_rng, token_rng = (
+            np.random.default_rng(s) for s in np.random.SeedSequence(self.seed).spawn(4)
+        )
+        # the first request arrives at t=0, as in vLLM's benchmark client
+        arrivals = np.concatenate(([0.0], np.cumsum(self.gaps(arrival_rng, n - 1)))) if n > 1 else np.zeros(1)
+        prompt_lens = self.prompt_len.sample(prompt_rng, n)
+        output_lens = self.output_len.sample(output_rng, n)
+        prefixes = [token_rng.integers(0, ctx.vocab_size, self.prefix_len).tolist() for _ in range(self.num_prefixes)]
+        groups = token_rng.integers(0, self.num_prefixes, n) if self.num_prefixes and self.prefix_len else None
+        out = []
+        for i in range(n):
+            tokens = token_rng.integers(0, ctx.vocab_size, int(prompt_lens[i])).tolist()
+            group = None if groups is None else int(groups[i])
+            if group is not None:
+                tokens = prefixes[group] + tokens
+            out.append(Request(i, float(arrivals[i]), tokens, int(output_lens[i]), prefix_group=group))
+        return out

@@ -1,0 +1,117 @@
+"""Token-length distributions for synthetic workloads, built from a ``{dist: ..., ...}`` spec.
+
+- ``fixed``: ``value``
+- ``uniform``: integers in ``[low, high]``
+- ``lognormal``: ``mean`` (of the lengths) and ``sigma`` (of their log), clipped to ``[min, max]``
+- ``heavy_tail``: the seeds' mix: ``long_fraction`` of requests near ``long``, the rest near
+  ``short``, each spread uniformly by +-``spread`` (a fraction of the centre)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from paged_bench.errors import ConfigError, check, check_int, check_number
+
+
+class LengthDist:
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Fixed(LengthDist):
+    value: int
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.value, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Uniform(LengthDist):
+    low: int
+    high: int
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.integers(self.low, self.high + 1, size=n)
+
+
+@dataclass(frozen=True)
+class LogNormal(LengthDist):
+    mean: float
+    sigma: float
+    min: int = 1
+    max: int | None = None
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        mu = math.log(self.mean) - self.sigma**2 / 2  # so that E[length] == mean
+        values = np.rint(rng.lognormal(mu, self.sigma, size=n)).astype(np.int64)
+        return np.clip(values, self.min, self.max)
+
+
+@dataclass(frozen=True)
+class HeavyTail(LengthDist):
+    short: int = 24
+    long: int = 150
+    long_fraction: float = 0.2
+    spread: float = 0.25
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        centre = np.where(rng.random(n) < self.long_fraction, self.long, self.short)
+        jitter = rng.uniform(-self.spread, self.spread, size=n)
+        return np.maximum(1, np.rint(centre * (1 + jitter))).astype(np.int64)
+
+
+def _fixed(key: str, value: Any) -> LengthDist:
+    return Fixed(check_int(f"{key}.value", value))
+
+
+def _uniform(key: str, low: Any, high: Any) -> LengthDist:
+    check_int(f"{key}.low", low)
+    check(isinstance(high, int) and high >= low, f"{key}.high", high, f"an integer >= low={low}")
+    return Uniform(low, high)
+
+
+def _lognormal(key: str, mean: Any, sigma: Any = 0.5, min: Any = 1, max: Any = None) -> LengthDist:
+    check_number(f"{key}.mean", mean, 1)
+    check_number(f"{key}.sigma", sigma, 0)
+    check_int(f"{key}.min", min)
+    if max is not None:
+        check(isinstance(max, int) and max >= min, f"{key}.max", max, f"an integer >= min={min} or null")
+    return LogNormal(float(mean), float(sigma), min, max)
+
+
+def _heavy_tail(key: str, short: Any = 24, long: Any = 150, long_fraction: Any = 0.2, spread: Any = 0.25) -> LengthDist:
+    check_int(f"{key}.short", short)
+    check_int(f"{key}.long", long)
+    check_number(f"{key}.long_fraction", long_fraction)
+    check(long_fraction <= 1, f"{key}.long_fraction", long_fraction, "a fraction in [0, 1]")
+    check_number(f"{key}.spread", spread)
+    check(spread < 1, f"{key}.spread", spread, "a fraction in [0, 1)")
+    return HeavyTail(short, long, float(long_fraction), float(spread))
+
+
+_BUILDERS = {"fixed": _fixed, "uniform": _uniform, "lognormal": _lognormal, "heavy_tail": _heavy_tail}
+
+
+def length_dist(key: str, spec: Mapping[str, Any] | int) -> LengthDist:
+    """Build a distribution from its spec; a bare integer means ``fixed``."""
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        return _fixed(key, spec)
+    if not isinstance(spec, Mapping) or "dist" not in spec:
+        raise ConfigError(key, spec, f"an integer or a mapping with dist: one of {', '.join(_BUILDERS)}")
+    params = dict(spec)
+    dist = params.pop("dist")
+    builder = _BUILDERS.get(dist)
+    check(builder is not None, f"{key}.dist", dist, f"one of {', '.join(_BUILDERS)}")
+    try:
+        return builder(key, **params)
+    except TypeError:
+        allowed = [p for p in builder.__code__.co_varnames[1 : builder.__code__.co_argcount]]
+        unknown = sorted(set(params) - set(allowed))
+        raise ConfigError(f"{key}.{unknown[0] if unknown else dist}", params, f"{dist} takes {', '.join(allowed)}") from None
