@@ -105,8 +105,12 @@ class Engine:
         ))  # fmt: skip
         return finished
 
-    def run(self, requests: list[Request], on_step: Callable[[Engine], None] | None = None) -> EngineResult:
-        """Replay ``requests`` at their arrival times until every one has finished."""
+    def run(
+        self, requests: list[Request], on_step: Callable[[float, list[Request]], None] | None = None
+    ) -> EngineResult:
+        """Replay ``requests`` at their arrival times until every one has finished.
+
+        ``on_step(now, finished)`` is called after every step with the requests it finished."""
         reqs = sorted(requests, key=lambda r: r.arrival_time)
         clock, sched = self.clock, self.scheduler
         clock.start()
@@ -122,9 +126,9 @@ class Engine:
                         break
                     clock.wait_until(reqs[next_arrival].arrival_time)
                     continue
-                self.step()
+                finished = self.step()
                 if on_step is not None:
-                    on_step(self)
+                    on_step(clock.now(), finished)
         except EngineError as e:
             error = str(e)
         except KeyboardInterrupt:
