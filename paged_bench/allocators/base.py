@@ -10,7 +10,7 @@ blocks. Counters are kept up to date incrementally, so reading them each step is
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 from paged_bench.request import Request
@@ -46,8 +46,6 @@ class AllocatorCounters:
 
     prefix_query_tokens: int = 0  # tokens looked up in the prefix cache at admission
     prefix_hit_tokens: int = 0  # ... of which were found cached
-    evicted_blocks: int = 0  # cached blocks reallocated to other data
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 class Allocator(ABC):

@@ -182,7 +182,6 @@ class PagedAllocator(Allocator):
             if release(blocks[i]):
                 freed_slots += min(bs, num_slots - i * bs)
         self.live_slots -= freed_slots
-        self.counters.evicted_blocks = self.pool.num_evictions
 
     def _cache_computed(self, req: Request, seq: _Seq) -> None:
         num_full = req.num_computed_tokens // self.block_size

@@ -1,0 +1,254 @@
+"""The KV allocators: block pool mechanics, on-demand paging, prefix caching, swap, slabs."""
+
+from __future__ import annotations
+
+import pytest
+
+from paged_bench.allocators.block_pool import BlockPool
+from paged_bench.allocators.contiguous import ContiguousAllocator
+from paged_bench.allocators.paged import PagedAllocator
+from paged_bench.errors import ConfigError
+from paged_bench.request import Request
+
+
+def req(rid: int, tokens: list[int], max_tokens: int = 8) -> Request:
+    return Request(rid, 0.0, list(tokens), max_tokens)
+
+
+def admit(alloc: PagedAllocator, r: Request, n: int | None = None) -> int:
+    """Admit ``r`` the way the scheduler does; returns the prefix hit in tokens."""
+    hit = alloc.lookup_prefix(r)
+    n = r.num_tokens - hit.num_tokens if n is None else n
+    assert alloc.allocate_slots(r, n, hit)
+    r.num_computed_tokens = hit.num_tokens
+    return hit.num_tokens
+
+
+def compute(r: Request, n: int) -> None:
+    """What a step does to a request: its n tokens get computed."""
+    r.num_computed_tokens += n
+
+
+def decode_next(alloc: PagedAllocator, r: Request) -> None:
+    """The next step's decode: a sampled token, and room for it (which also indexes the
+    blocks the previous step filled, as the scheduler's first pass of a step does)."""
+    r.token_ids.append(0)
+    assert alloc.allocate_slots(r, 1)
+
+
+# -- block pool -------------------------------------------------------------------------
+
+
+def test_pool_allocates_least_recently_freed_and_reuses_freed_blocks_at_once():
+    pool = BlockPool(4)
+    a = pool.allocate(4)
+    assert pool.num_free == 0
+    for b in a:
+        pool.release(b)
+    assert pool.num_free == 4
+    # all uncached: freed blocks are reusable immediately
+    assert sorted(pool.allocate(4)) == sorted(a)
+
+
+def test_pool_evicts_uncached_blocks_before_cached_ones():
+    pool = BlockPool(3)
+    b0, b1, b2 = pool.allocate(3)
+    pool.cache(b0, 111)
+    for b in (b0, b1, b2):
+        pool.release(b)
+    got = pool.allocate(2)
+    assert b0 not in got  # the cached block survives while worthless blocks remain
+    assert pool.cached == {111: b0}
+    assert pool.allocate(1) == [b0]  # now it must go: its hash is dropped
+    assert pool.cached == {} and pool.num_evictions == 1
+
+
+def test_pool_touch_revives_a_free_cached_block_in_o1():
+    pool = BlockPool(2)
+    (b,) = pool.allocate(1)
+    pool.cache(b, 7)
+    pool.release(b)
+    assert pool.is_free(b)
+    assert pool.touch(b) is True and pool.num_free == 1
+    assert pool.touch(b) is False and pool.ref_cnt[b] == 2
+
+
+# -- paged allocator ----------------------------------------------------------------------
+
+
+def test_blocks_are_handed_out_on_demand_as_the_sequence_grows():
+    alloc = PagedAllocator(num_blocks=10, block_size=4, prefix_caching=False)
+    r = req(0, range(6))
+    admit(alloc, r)
+    assert len(alloc.block_table(r)) == 2  # 6 tokens -> 2 blocks of 4
+    assert alloc.live_slots == 6 and alloc.reserved_slots == 8
+    compute(r, 6)
+    r.token_ids.append(99)  # sampled token 7 fits block 2
+    assert alloc.allocate_slots(r, 1)
+    assert len(alloc.block_table(r)) == 2
+    compute(r, 1)
+    r.token_ids.append(99)  # token 8 fills block 2
+    assert alloc.allocate_slots(r, 1)
+    compute(r, 1)
+    r.token_ids.append(99)  # token 9 needs block 3
+    assert alloc.allocate_slots(r, 1)
+    assert len(alloc.block_table(r)) == 3 and alloc.live_slots == 9 and alloc.reserved_slots == 12
+
+
+def test_allocation_fails_without_side_effects_when_the_pool_is_short():
+    alloc = PagedAllocator(num_blocks=3, block_size=4, prefix_caching=False)
+    a, b = req(0, range(8)), req(1, range(5))
+    admit(alloc, a)
+    assert not alloc.allocate_slots(b, 5)  # needs 2 blocks, 1 free
+    assert alloc.num_free_blocks == 1 and alloc.live_slots == 8
+    assert alloc.allocate_slots(b, 4)  # a chunk that fits one block
+    assert alloc.num_free_blocks == 0
+
+
+def test_min_free_blocks_is_a_watermark_at_admission():
+    alloc = PagedAllocator(num_blocks=4, block_size=4, prefix_caching=False)
+    r = req(0, range(8))
+    assert not alloc.allocate_slots(r, 8, min_free_blocks=3)
+    assert alloc.allocate_slots(r, 8, min_free_blocks=2)
+
+
+def test_free_returns_everything_and_leaves_no_leak():
+    alloc = PagedAllocator(num_blocks=8, block_size=4)
+    r = req(0, range(10))
+    admit(alloc, r)
+    compute(r, 10)
+    alloc.free(r)
+    alloc.free(r)  # idempotent
+    assert alloc.num_free_blocks == 8 and alloc.live_slots == 0 and alloc.leaks() == []
+
+
+def test_prefix_cache_reuses_the_longest_cached_chain_of_full_blocks():
+    alloc = PagedAllocator(num_blocks=16, block_size=4)
+    shared = list(range(100, 110))  # 2 full blocks + 2 tokens
+    a = req(0, shared + [1, 2, 3])
+    admit(alloc, a)
+    compute(a, a.num_tokens)
+    decode_next(alloc, a)
+    b = req(1, shared + [7, 8, 9, 10, 11, 12])
+    assert admit(alloc, b) == 8  # two full shared blocks; the third differs
+    assert alloc.block_table(b)[:2] == alloc.block_table(a)[:2]
+    assert alloc.counters.prefix_hit_tokens == 8
+    # shared blocks are counted once in live and reserved slots
+    assert alloc.reserved_slots == (4 + 2) * 4
+    assert alloc.live_slots == 14 + 16 - 8
+
+
+def test_a_block_is_shared_only_once_computed():
+    alloc = PagedAllocator(num_blocks=16, block_size=4)
+    a = req(0, list(range(12)))
+    admit(alloc, a)  # allocated, not yet computed
+    b = req(1, list(range(12)) + [5])
+    assert alloc.lookup_prefix(b).num_tokens == 0
+    compute(a, 12)
+    decode_next(alloc, a)  # the next step's allocation indexes a's computed full blocks
+    assert alloc.lookup_prefix(b).num_tokens == 12
+
+
+def test_prefix_hit_leaves_the_last_token_to_compute():
+    alloc = PagedAllocator(num_blocks=8, block_size=4)
+    a = req(0, range(8))
+    admit(alloc, a)
+    compute(a, 8)
+    alloc.free(a)
+    again = req(1, range(8))  # identical prompt, both blocks cached
+    assert alloc.lookup_prefix(again).num_tokens == 4  # not 8: something must be sampled
+
+
+def test_freed_cached_blocks_are_revived_and_evicted_tail_first():
+    alloc = PagedAllocator(num_blocks=4, block_size=2)
+    a = req(0, range(8))  # 4 full blocks
+    admit(alloc, a)
+    compute(a, 8)
+    table = list(alloc.block_table(a))
+    alloc.free(a)
+    assert alloc.num_free_blocks == 4 and len(alloc.pool.cached) == 4
+    # a new unrelated request of one block evicts a's tail block first
+    other = req(1, [50, 51])
+    admit(alloc, other)
+    assert alloc.block_table(other) == [table[-1]]
+    # a's first blocks are still revivable (at most 5 of 6 tokens come from the cache)
+    again = req(2, list(range(6)))
+    assert admit(alloc, again) == 4
+    assert alloc.block_table(again)[:2] == table[:2]
+
+
+def test_caching_off_never_hits():
+    alloc = PagedAllocator(num_blocks=8, block_size=4, prefix_caching=False)
+    a = req(0, range(9))
+    admit(alloc, a)
+    compute(a, 9)
+    alloc.free(a)
+    assert admit(alloc, req(1, range(9))) == 0
+    assert alloc.pool.cached == {}
+
+
+def test_swap_out_and_in_moves_computed_blocks_and_accounts_them():
+    alloc = PagedAllocator(num_blocks=4, block_size=4, swap_blocks=2)
+    r = req(0, range(7))
+    admit(alloc, r)
+    compute(r, 7)
+    gpu_table = list(alloc.block_table(r))
+    pairs = alloc.swap_out(r)
+    assert [g for g, _ in pairs] == gpu_table
+    assert alloc.num_free_blocks == 4 and alloc.live_slots == 0
+    assert alloc.cpu_pool.num_free == 0
+    r.token_ids.append(1)
+    back = alloc.swap_in(r, 1)
+    assert [c for c, _ in back] == [c for _, c in pairs]
+    assert alloc.block_table(r) == [g for _, g in back]
+    assert alloc.cpu_pool.num_free == 2 and alloc.live_slots == 8
+    alloc.free(r)
+    assert alloc.leaks() == []
+
+
+def test_swap_out_refuses_when_swap_space_is_full():
+    alloc = PagedAllocator(num_blocks=4, block_size=4, swap_blocks=1)
+    r = req(0, range(8))
+    admit(alloc, r)
+    compute(r, 8)
+    assert alloc.swap_out(r) is None
+    assert len(alloc.block_table(r)) == 2  # untouched
+
+
+def test_bad_allocator_options_name_the_key():
+    with pytest.raises(ConfigError, match="block_size=0"):
+        PagedAllocator(num_blocks=4, block_size=0)
+    with pytest.raises(ConfigError, match="allocator.prefix_caching"):
+        PagedAllocator(num_blocks=4, block_size=4, prefix_caching="yes")
+
+
+# -- contiguous -----------------------------------------------------------------------------
+
+
+def test_contiguous_reserves_a_max_model_len_slab_per_request_from_the_same_memory():
+    alloc = ContiguousAllocator(num_blocks=64, block_size=16, max_model_len=256)  # 1024 slots
+    assert alloc.layout.num_blocks == 4 and alloc.layout.block_size == 256
+    r = req(0, range(10))
+    admit(alloc, r)
+    assert alloc.reserved_slots == 256 and alloc.live_slots == 10
+    compute(r, 10)
+    for _ in range(200):  # grows within its slab, never needs another
+        r.token_ids.append(0)
+        assert alloc.allocate_slots(r, 1)
+        compute(r, 1)
+    assert len(alloc.block_table(r)) == 1
+
+
+def test_contiguous_admission_waits_for_a_free_slab():
+    alloc = ContiguousAllocator(num_blocks=32, block_size=16, max_model_len=256)  # 2 slabs
+    a, b, c = (req(i, range(5)) for i in range(3))
+    admit(alloc, a)
+    admit(alloc, b)
+    assert not alloc.allocate_slots(c, 5)
+    alloc.free(a)
+    assert alloc.allocate_slots(c, 5)
+
+
+def test_contiguous_needs_room_for_one_slab():
+    with pytest.raises(ConfigError, match="num_blocks"):
+        ContiguousAllocator(num_blocks=2, block_size=16, max_model_len=512)

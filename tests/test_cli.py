@@ -1,0 +1,86 @@
+"""``python -m paged_bench`` as a user runs it: files written, summary printed, bad input refused."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from paged_bench.metrics import LATENCIES, PERCENTILES
+
+SUMMARY_KEYS = {
+    *(f"{p}_{m}_ms" for m in LATENCIES for p in PERCENTILES),
+    "completed", "failed", "duration", "total_input_tokens", "total_output_tokens",
+    "request_throughput", "output_throughput", "total_token_throughput",
+    "kv_live_slots_peak", "kv_reserved_slots_peak", "kv_utilization_mean", "kv_waste_pct",
+    "num_preemptions", "recomputed_tokens", "swapped_blocks", "prefix_cache_hit_rate",
+}  # fmt: skip
+
+
+def cli(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, Path]:
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "paged_bench", *overrides, f"hydra.run.dir={run_dir}", "tracking.enabled=false"]
+    proc = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    return proc, run_dir
+
+
+def rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_default_run_writes_its_files_and_prints_a_summary(tmp_path):
+    proc, run_dir = cli(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "TTFT median / p99 (ms)" in proc.stdout and "workload=seed" in proc.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary) == SUMMARY_KEYS
+    assert summary["completed"] == 48 and summary["failed"] == 0
+    requests = rows(run_dir / "requests.csv")
+    assert len(requests) == 48 and {r["finish_reason"] for r in requests} == {"length"}
+    assert sum(int(r["output_tokens"]) for r in requests) == summary["total_output_tokens"]
+    steps = rows(run_dir / "steps.csv")
+    assert len(steps) == json.loads((run_dir / "run_info.json").read_text())["num_steps"] > 0
+
+
+def test_the_readme_command_block_size_one(tmp_path):
+    proc, run_dir = cli(tmp_path, "backend=sim", "scheduler=continuous", "block_size=1")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["kv_live_slots_peak"] == summary["kv_reserved_slots_peak"]
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("block_size=0", "block_size=0 is not allowed: an integer >= 1"),
+        ("block_size=abc", "block_size='abc' is not allowed: an integer >= 1"),
+        ("max_batch=-1", "max_batch=-1 is not allowed: an integer >= 1"),
+        ("scheduler=nonexistent", "scheduler=nonexistent is not allowed: one of continuous, preemptive, static"),
+        ("workload.rate=-3", "workload.rate=-3 is not allowed: a number > 0"),
+    ],
+)
+def test_bad_values_end_with_one_clear_line(tmp_path, override, expected):
+    proc, run_dir = cli(tmp_path, override)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [f"error: {expected}"] if "nonexistent" not in override else expected in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not (run_dir / "summary.json").exists()
+
+
+def test_a_pool_too_small_stops_continuous_with_its_results_kept(tmp_path):
+    proc, run_dir = cli(tmp_path, "scheduler=continuous", "workload.rate=100", "num_blocks=64", "max_batch=32")
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "KV pool exhausted" in last and "scheduler=preemptive" in last and str(run_dir) in last
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["failed"] > 0
+    info = json.loads((run_dir / "run_info.json").read_text())
+    assert info["status"] == "failed" and "KV pool exhausted" in info["error"]
+    reasons = {r["finish_reason"] for r in rows(run_dir / "requests.csv")}
+    assert "error" in reasons

@@ -1,0 +1,148 @@
+"""The engine loop: clocks, arrivals, stopping rules, rejection, interruption."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from paged_bench.backends.base import Backend
+from paged_bench.clock import VirtualClock, WallClock
+from paged_bench.engine import STEP_COLUMNS, Engine
+from paged_bench.request import FinishReason, Request
+from paged_bench.step import StepOutput, StepPlan
+from tests.test_schedulers import make_engine, reqs
+
+COL = {c: i for i, c in enumerate(STEP_COLUMNS)}
+
+
+class ScriptedBackend(Backend):
+    """Samples ``token`` every time; each step lasts ``duration`` seconds."""
+
+    clock = "virtual"
+
+    def __init__(self, token: int = 7, duration: float = 0.01, eos: int | None = None) -> None:
+        super().__init__()
+        self.token, self.duration, self.eos_token_id = token, duration, eos
+        self.plans: list[tuple[int, ...]] = []
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        self.plans.append(tuple(plan.num_new_tokens))
+        return StepOutput([self.token] * len(plan.reqs), self.duration)
+
+
+def engine_with(backend: Backend, **kw) -> Engine:
+    engine = make_engine(**kw)
+    engine.backend = backend
+    engine.scheduler.eos_token_id = backend.eos_token_id
+    return engine
+
+
+def test_virtual_clock_jumps_idle_time_to_the_next_arrival():
+    rs = reqs([(0.0, 4, 2), (5.0, 4, 2)])
+    result = engine_with(ScriptedBackend(duration=0.01)).run(rs)
+    assert rs[0].token_times == pytest.approx([0.01, 0.02])
+    assert rs[1].first_scheduled_time == 5.0
+    assert rs[1].token_times == pytest.approx([5.01, 5.02])
+    assert result.duration == pytest.approx(5.02)
+    assert len(result.steps) == 4  # no steps while idle
+
+
+def test_arrivals_join_at_the_first_step_boundary_after_they_arrive():
+    rs = reqs([(0.0, 4, 10), (0.015, 4, 2)])
+    engine_with(ScriptedBackend(duration=0.01)).run(rs)
+    assert rs[1].first_scheduled_time == pytest.approx(0.02)
+
+
+def test_outputs_are_exactly_the_target_length_and_tokens_come_from_the_backend():
+    rs = reqs([(0.0, 5, 9), (0.0, 3, 1)])
+    engine_with(ScriptedBackend(token=42)).run(rs)
+    assert rs[0].output_token_ids == [42] * 9 and rs[1].output_token_ids == [42]
+    assert all(r.finish_reason is FinishReason.LENGTH for r in rs)
+
+
+def test_eos_stops_a_request_unless_it_ignores_eos():
+    rs = reqs([(0.0, 4, 10), (0.0, 4, 10)])
+    rs[0].ignore_eos = False
+    engine_with(ScriptedBackend(token=3, eos=3)).run(rs)
+    assert rs[0].finish_reason is FinishReason.STOP and rs[0].num_output_tokens == 1
+    assert rs[1].finish_reason is FinishReason.LENGTH and rs[1].num_output_tokens == 10
+
+
+def test_a_sequence_stops_at_max_model_len():
+    rs = reqs([(0.0, 60, 100)])
+    engine_with(ScriptedBackend(), max_model_len=64).run(rs)
+    assert rs[0].num_tokens == 64 and rs[0].finish_reason is FinishReason.LENGTH
+
+
+def test_a_prompt_too_long_is_rejected_with_its_reason_and_others_go_on():
+    rs = reqs([(0.0, 64, 2), (0.0, 4, 2)])
+    result = engine_with(ScriptedBackend(), max_model_len=64).run(rs)
+    assert rs[0].finish_reason is FinishReason.REJECTED and "max_model_len=64" in rs[0].error
+    assert rs[1].finish_reason is FinishReason.LENGTH and result.error is None
+
+
+def test_an_interrupted_run_ends_every_request_and_frees_the_pool():
+    rs = reqs([(0.0, 8, 50), (0.0, 8, 50), (3.0, 8, 5)])
+
+    def interrupt(now, finished):
+        if now > 0.05:
+            raise KeyboardInterrupt
+
+    engine = engine_with(ScriptedBackend())
+    result = engine.run(rs, on_step=interrupt)
+    assert result.interrupted and result.error == "interrupted"
+    assert all(r.finish_reason is FinishReason.ABORT for r in rs)
+    assert "not submitted" in rs[2].error
+    assert result.leaks == [] and engine.allocator.num_free_blocks == engine.allocator.layout.num_blocks
+
+
+def test_step_records_add_up():
+    rs = reqs([(0.0, 10, 3), (0.0, 6, 4)])
+    result = engine_with(ScriptedBackend()).run(rs)
+    first = result.steps[0]
+    assert first[COL["prefill_tokens"]] == 16 and first[COL["decode_tokens"]] == 0
+    assert first[COL["kv_live_slots"]] == 16 and first[COL["kv_reserved_slots"]] == (3 + 2) * 4
+    decodes = sum(s[COL["decode_tokens"]] for s in result.steps)
+    assert decodes == (3 - 1) + (4 - 1)  # the first token of each comes from its prefill
+
+
+def test_wall_clock_paces_a_modelled_step_in_real_time():
+    clock = WallClock()
+    clock.start()
+    t0 = time.perf_counter()
+    end = clock.advance(clock.now(), 0.05)
+    assert time.perf_counter() - t0 >= 0.05 and end >= 0.05
+
+
+def test_virtual_clock_never_goes_back():
+    clock = VirtualClock()
+    clock.wait_until(2.0)
+    clock.wait_until(1.0)
+    assert clock.now() == 2.0
+
+
+def test_same_seed_same_run_bit_for_bit(config):
+    from paged_bench.build import build
+
+    def run():
+        bench = build(config("scheduler=preemptive", "num_blocks=40", "workload.rate=100"))
+        result = bench.engine.run(bench.requests)
+        return result.steps, [(r.token_times, r.num_preemptions) for r in result.requests]
+
+    assert run() == run()
+
+
+def test_requests_share_nothing_across_runs(config):
+    from paged_bench.build import build
+
+    a, b = build(config()), build(config())
+    assert a.requests[0] is not b.requests[0]
+    assert [r.token_ids for r in a.requests] == [r.token_ids for r in b.requests]
+
+
+def test_a_request_is_a_plain_value():
+    r = Request("x", 1.5, [1, 2, 3], 4)
+    assert (r.num_prompt_tokens, r.num_tokens, r.num_output_tokens, r.first_token_time) == (3, 3, 0, None)
+    r.token_ids.append(9)
+    assert r.output_token_ids == [9] and r.prompt_token_ids == [1, 2, 3]

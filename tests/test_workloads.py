@@ -1,0 +1,153 @@
+"""Workloads: arrival processes, length distributions, shared prefixes, trace replay."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from paged_bench.errors import ConfigError
+from paged_bench.tokenizer import ByteTokenizer
+from paged_bench.workloads.base import WorkloadContext
+from paged_bench.workloads.bursty import BurstyWorkload
+from paged_bench.workloads.lengths import length_dist
+from paged_bench.workloads.poisson import PoissonWorkload
+from paged_bench.workloads.trace import TraceWorkload
+from paged_bench.workloads.uniform import UniformWorkload
+
+CTX = WorkloadContext(vocab_size=1000, encode=ByteTokenizer().encode)
+
+
+def synthetic(cls=PoissonWorkload, **kw):
+    base = dict(num_requests=2000, rate=50.0, prompt_len=8, output_len=4, seed=1)
+    return cls(**{**base, **kw})
+
+
+def gaps(requests) -> np.ndarray:
+    return np.diff([r.arrival_time for r in requests])
+
+
+def test_same_seed_same_requests_other_seed_other_requests():
+    a, b = synthetic().requests(CTX), synthetic().requests(CTX)
+    assert [(r.arrival_time, r.token_ids, r.max_tokens) for r in a] == [(r.arrival_time, r.token_ids, r.max_tokens) for r in b]
+    c = synthetic(seed=2).requests(CTX)
+    assert [r.arrival_time for r in a] != [r.arrival_time for r in c]
+
+
+def test_changing_one_knob_does_not_reshuffle_the_others():
+    a = synthetic().requests(CTX)
+    b = synthetic(output_len={"dist": "uniform", "low": 1, "high": 50}).requests(CTX)
+    assert [r.arrival_time for r in a] == [r.arrival_time for r in b]
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+
+
+def test_poisson_gaps_have_mean_one_over_rate_and_cv_one():
+    g = gaps(synthetic().requests(CTX))
+    assert g.mean() == pytest.approx(1 / 50, rel=0.08)
+    assert g.std() / g.mean() == pytest.approx(1.0, rel=0.1)
+
+
+def test_bursty_gaps_keep_the_rate_and_cluster_arrivals():
+    g = gaps(synthetic(BurstyWorkload, burstiness=0.25).requests(CTX))
+    assert g.mean() == pytest.approx(1 / 50, rel=0.12)
+    assert g.std() / g.mean() == pytest.approx(2.0, rel=0.15)  # gamma: CV = 1/sqrt(shape)
+
+
+def test_uniform_arrivals_are_evenly_spaced_from_zero():
+    rs = synthetic(UniformWorkload, num_requests=5, rate=4.0).requests(CTX)
+    assert [r.arrival_time for r in rs] == pytest.approx([0, 0.25, 0.5, 0.75, 1.0])
+
+
+def test_infinite_rate_sends_everything_at_once():
+    rs = synthetic(num_requests=10, rate=float("inf")).requests(CTX)
+    assert {r.arrival_time for r in rs} == {0.0}
+
+
+def test_heavy_tail_is_the_seeds_mix():
+    lengths = length_dist("o", {"dist": "heavy_tail"}).sample(np.random.default_rng(0), 20000)
+    long = lengths > 80
+    assert long.mean() == pytest.approx(0.2, abs=0.02)
+    assert np.median(lengths[~long]) == pytest.approx(24, abs=1)
+    assert np.median(lengths[long]) == pytest.approx(150, abs=3)
+
+
+def test_lognormal_has_the_requested_mean_within_its_bounds():
+    d = length_dist("o", {"dist": "lognormal", "mean": 64, "sigma": 0.5, "min": 1, "max": 10_000})
+    x = d.sample(np.random.default_rng(0), 50000)
+    assert x.mean() == pytest.approx(64, rel=0.03) and x.min() >= 1
+
+
+def test_uniform_and_fixed_lengths():
+    rng = np.random.default_rng(0)
+    x = length_dist("p", {"dist": "uniform", "low": 3, "high": 5}).sample(rng, 1000)
+    assert set(x) == {3, 4, 5}
+    assert set(length_dist("p", 7).sample(rng, 10)) == {7}
+
+
+@pytest.mark.parametrize(
+    "spec, key",
+    [
+        ({"dist": "zipf"}, "p.dist"),
+        ({"dist": "uniform", "low": 5, "high": 2}, "p.high"),
+        ({"dist": "fixed", "value": 0}, "p.value"),
+        ({"dist": "heavy_tail", "long_fraction": 2}, "p.long_fraction"),
+        ({"dist": "lognormal", "mean": 10, "spread": 1}, "p.spread"),
+        ("long", "p"),
+    ],
+)
+def test_bad_length_specs_name_the_key(spec, key):
+    with pytest.raises(ConfigError) as e:
+        length_dist("p", spec)
+    assert str(e.value).startswith(f"{key}=")
+
+
+def test_shared_prefixes_give_requests_identical_first_tokens():
+    rs = synthetic(num_requests=40, shared_prefix={"num_prefixes": 3, "length": 20}).requests(CTX)
+    groups = {}
+    for r in rs:
+        assert r.num_prompt_tokens == 28
+        groups.setdefault(r.prefix_group, set()).add(tuple(r.token_ids[:20]))
+    assert len(groups) == 3 and all(len(prefixes) == 1 for prefixes in groups.values())
+
+
+def test_tokens_stay_inside_the_vocabulary():
+    rs = synthetic(num_requests=50, prompt_len=100).requests(WorkloadContext(17, CTX.encode))
+    assert max(max(r.token_ids) for r in rs) < 17
+
+
+def test_trace_replays_csv_and_jsonl(tmp_path):
+    csv_path = tmp_path / "t.csv"
+    csv_path.write_text("arrival_time,prompt_len,prompt,output_len\n0.5,4,,3\n0.1,,hé,2\n")
+    rs = TraceWorkload(path=str(csv_path), time_scale=2.0).requests(CTX)
+    assert [r.arrival_time for r in rs] == [0.2, 1.0]  # sorted, scaled
+    assert rs[0].token_ids == list("hé".encode()) and rs[0].max_tokens == 2
+    assert rs[1].num_prompt_tokens == 4 and rs[1].max_tokens == 3
+
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"arrival_time": i, "prompt_len": 5, "output_len": 1}) for i in range(4)))
+    assert len(TraceWorkload(path=str(jsonl), limit=2).requests(CTX)) == 2
+
+
+def test_bad_traces_say_where(tmp_path):
+    with pytest.raises(ConfigError, match="workload.path"):
+        TraceWorkload(path=str(tmp_path / "missing.csv"))
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrival_time,output_len\n0,3\n")
+    with pytest.raises(ConfigError, match="request 1"):
+        TraceWorkload(path=str(bad)).requests(CTX)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"arrival_time": 0}\n{oops\n')
+    with pytest.raises(ConfigError, match="broken.jsonl:2"):
+        TraceWorkload(path=str(broken)).requests(CTX)
+
+
+def test_seed_preset_is_the_seeds_workload(config):
+    from paged_bench.build import build
+
+    rs = build(config("workload=seed")).requests
+    assert len(rs) == 48
+    span = rs[-1].arrival_time
+    assert 47 / span == pytest.approx(25, rel=0.35)  # 25 req/s, one draw
+    long = sum(r.max_tokens > 80 for r in rs)
+    assert 4 <= long <= 16  # ~20% of 48
