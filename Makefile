@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench clean
+.PHONY: install run serve test bench ui clean
 
 install: $(STAMP)
 
@@ -20,11 +20,23 @@ $(STAMP): pyproject.toml
 run: install
 	$(PY) -m paged_bench $(ARGS)
 
+# make serve: the engine behind an OpenAI-compatible server on 127.0.0.1:8000 (docs/serving.md)
+serve: install
+	$(PY) -m paged_bench.serve $(ARGS)
+
 test: install
 	$(PY) -m pytest $(ARGS)
 
 bench: install
 	$(PY) -m pytest tests/benchmarks --benchmark-enable --benchmark-only $(ARGS)
+
+# make ui: the MLflow UI on 127.0.0.1:$(UI_PORT) over the embedded store (runs/mlflow.db);
+# telemetry off, and no job-execution workers (2 processes instead of 9)
+UI_PORT ?= 5000
+ui: install
+	mkdir -p runs
+	MLFLOW_DISABLE_TELEMETRY=true MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(VENV)/bin/mlflow ui \
+		--backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port $(UI_PORT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks .hypothesis

@@ -70,11 +70,22 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
                 progress.advance(now, finished)
                 on_progress(progress)
 
+    target = (cfg.get("target") or {}).get("name", "engine")
+    remote = None
     try:
-        result = bench.engine.run(bench.requests, on_step)
+        if target == "engine":
+            result = bench.engine.run(bench.requests, on_step)
+        else:  # the same requests, sent to an OpenAI-compatible server
+            from paged_bench.loadgen import run_target  # HTTP client code only for remote runs
+
+            bench.choices["target"] = target
+            remote = run_target(cfg, bench, run_dir, on_step)
+            result = remote.result
     finally:
         bench.backend.close()
     summary = summarize(result, cfg.get("slo"))
+    if remote is not None:
+        summary.update(remote.summary)  # engine-only figures null, server-side TTFT added
     outcome = JobOutcome(run_dir, summary, result, bench.choices, [])
     info = {
         "status": outcome.status,
@@ -87,6 +98,7 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
         },
         "num_requests": len(result.requests),
         "num_steps": len(result.steps),
+        "target": target if remote is None else {"name": target, "base_url": remote.target.base_url},
     }
     outcome.files = write_run(run_dir, result, summary, info)
     return outcome

@@ -12,6 +12,7 @@ freed, so the results gathered so far are complete and the pool is whole.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -57,12 +58,20 @@ class EngineResult:
 
 
 class Engine:
-    def __init__(self, scheduler: Scheduler, backend: Backend, clock: VirtualClock | WallClock) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        backend: Backend,
+        clock: VirtualClock | WallClock,
+        max_step_records: int | None = None,
+    ) -> None:
         self.scheduler = scheduler
         self.allocator = scheduler.allocator
         self.backend = backend
         self.clock = clock
-        self.steps: list[tuple] = []
+        # a long-lived server keeps only the latest step records, so its memory stays flat
+        self.steps: list[tuple] | deque[tuple] = [] if max_step_records is None else deque(maxlen=max_step_records)
+        self.num_steps = 0
         self._num_blocks, self._block_size = self.allocator.layout.num_blocks, self.allocator.layout.block_size
 
     def add_request(self, req: Request) -> None:
@@ -88,8 +97,9 @@ class Engine:
         finished = sched.update(plan, output, end)
         decodes = plan.num_new_tokens.count(1)
         free_blocks = allocator.num_free_blocks
+        self.num_steps += 1
         self.steps.append((
-            len(self.steps),
+            self.num_steps - 1,
             end,
             end - start,
             len(plan.reqs),

@@ -8,16 +8,26 @@ per sequence):
              + per_decode_seq * decoding sequences + per_kv_token * K/V tokens read
              + per_swap_block * blocks swapped
 
+``cost_model=roofline`` prices a step instead by its FLOPs and bytes for a model
+(``backend.model``) on a hardware preset (``backend.hardware``: cpu, a100, h100, h200), and
+``backend.preset=FILE`` replays a roofline calibrated against a real backend
+(``python -m paged_bench.model.calibrate``); see ``paged_bench.model.roofline``.
+
 Runs on virtual time, so a sweep of thousands of steps takes seconds and is bit-for-bit
 reproducible; ``clock=wall`` paces it in real time instead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from paged_bench.allocators.base import Allocator
 from paged_bench.backends.base import Backend
-from paged_bench.errors import check_int, check_number
+from paged_bench.errors import check, check_int, check_number
+from paged_bench.model.config import DTYPE_BYTES, resolve_model
+from paged_bench.model.roofline import RooflineCost, hardware, load_preset
 from paged_bench.step import StepOutput, StepPlan
 
 
@@ -43,6 +53,9 @@ class LinearCost:
         )
 
 
+_hardware = hardware  # the option below shadows the function's name
+
+
 class SimBackend(Backend):
     name = "sim"
     clock = "virtual"
@@ -56,9 +69,28 @@ class SimBackend(Backend):
         per_kv_token_us: float = 1.0,
         per_swap_block_ms: float = 0.05,
         vocab_size: int = 32000,
+        cost_model: str = "linear",
+        hardware: str = "h100",
+        model: str | Mapping[str, Any] = "llama-3-8b",
+        model_path: str | None = None,
+        dtype: str | None = None,
+        preset: str | None = None,
     ) -> None:
         super().__init__()
         self.vocab_size = check_int("backend.vocab_size", vocab_size, 2)
+        check(cost_model in ("linear", "roofline"), "backend.cost_model", cost_model, "linear or roofline")
+        self.roofline: RooflineCost | None = None
+        if preset:
+            self.roofline = load_preset(preset)
+        elif cost_model == "roofline":
+            cfg = resolve_model(model, model_path)
+            dt = dtype or cfg.dtype
+            check(dt in DTYPE_BYTES, "backend.dtype", dt, ", ".join(DTYPE_BYTES))
+            self.roofline = RooflineCost(cfg, _hardware(hardware), dt)
+        if self.roofline is not None:
+            self.vocab_size = self.roofline.model.vocab_size
+            self.kv_bytes_per_token = self.roofline.model.kv_bytes_per_token(self.roofline.dtype)
+        self._block_size = 16
         self.cost = LinearCost(
             check_number("backend.step_overhead_ms", step_overhead_ms) / 1e3,
             check_number("backend.per_prefill_token_ms", per_prefill_token_ms) / 1e3,
@@ -67,7 +99,13 @@ class SimBackend(Backend):
             check_number("backend.per_swap_block_ms", per_swap_block_ms) / 1e3,
         )
 
+    def bind(self, allocator: Allocator) -> None:
+        super().bind(allocator)
+        self._block_size = allocator.layout.block_size
+
     def execute(self, plan: StepPlan) -> StepOutput:
+        if self.roofline is not None:
+            return StepOutput([0] * len(plan.reqs), self.roofline.duration(plan, self._block_size))
         # token 0 for every sample: deterministic, and the prefix cache still tells requests
         # apart because a block's hash chains over the whole prompt before it
         return StepOutput([0] * len(plan.reqs), self.cost.duration(plan))

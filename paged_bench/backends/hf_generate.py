@@ -1,0 +1,157 @@
+"""``backend=hf_generate``: the baseline, Hugging Face's ``generate`` serving one request at a
+time, as a notebook server does.
+
+The same weights as ``numpy``/``torch`` (random from the seed, or ``model_path``) are loaded
+into ``transformers``' ``LlamaForCausalLM``. When a request's prompt is scheduled,
+``generate`` starts in a thread with a streamer (the documented way to stream from it) and
+each engine step waits for its next token, so the engine stamps every token when
+``generate`` produced it. K/V live in Hugging Face's own cache: the allocator's blocks are
+only booked, which is exactly the memory picture of such a server.
+
+Run it with ``max_batch=1`` (any scheduler then serves one request at a time). The option
+``backend.max_batch`` (always 1) says so to configs: an experiment comparing backends sets
+``max_batch: ${oc.select:backend.max_batch,8}``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from paged_bench.backends.base import Backend
+from paged_bench.errors import EngineError, check, check_int
+from paged_bench.model.config import resolve_model
+from paged_bench.model.hf import to_transformers
+from paged_bench.model.ops_torch import pick_device, pick_dtype
+from paged_bench.model.tokenizers import load_tokenizer
+from paged_bench.model.weights import make_state
+from paged_bench.request import Request
+from paged_bench.step import StepOutput, StepPlan
+
+_END = object()
+
+
+class _Streamer:
+    """generate's streamer protocol: ``put`` gets the prompt first, then each new token."""
+
+    def __init__(self, out: queue.Queue) -> None:
+        self.out, self.prompt_seen = out, False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        for token in value.reshape(-1).tolist():
+            self.out.put(int(token))
+
+    def end(self) -> None:
+        self.out.put(_END)
+
+
+class HFGenerateBackend(Backend):
+    name = "hf_generate"
+    clock = "wall"
+
+    def __init__(
+        self,
+        *,
+        model: str | Mapping[str, Any] = "small",
+        model_path: str | None = None,
+        seed: int = 0,
+        device: str = "auto",
+        dtype: str = "auto",
+        max_batch: int = 1,
+    ) -> None:
+        super().__init__()
+        check_int("backend.seed", seed, 0)
+        check(max_batch == 1, "backend.max_batch", max_batch, "1: a generate loop has room for one request")
+        dev = pick_device(device)
+        dt = pick_dtype(dtype, dev)
+        self.model_config = cfg = resolve_model(model, model_path)
+        self.model = to_transformers(cfg, make_state(cfg, model_path, seed), str(dev), dt)
+        self.device = dev
+        self.tokenizer = load_tokenizer(model_path)
+        self.vocab_size = cfg.vocab_size
+        self.eos_token_id = cfg.eos_token_id
+        self.kv_bytes_per_token = cfg.kv_bytes_per_token(dt)
+        self._seed = seed
+        self._current: Request | None = None
+        self._tokens: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._cancel = threading.Event()
+
+    def _generate(self, req: Request) -> None:
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        cancel = self._cancel
+
+        class _Cancelled(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool, device=input_ids.device)
+
+        new = req.max_num_tokens - req.num_prompt_tokens
+        sampled = req.temperature > 0
+        if sampled:
+            torch.manual_seed(self._seed if req.sampling_seed is None else req.sampling_seed)
+        try:
+            with torch.inference_mode():
+                self.model.generate(
+                    torch.tensor([req.token_ids], device=self.device),
+                    attention_mask=torch.ones((1, req.num_tokens), dtype=torch.long, device=self.device),
+                    max_new_tokens=new,
+                    do_sample=sampled,
+                    temperature=req.temperature if sampled else None,
+                    top_p=req.top_p if sampled else None,
+                    top_k=None,
+                    # ignore_eos: no EOS at all (min_new_tokens would ban it instead, changing tokens)
+                    eos_token_id=None if req.ignore_eos else self.eos_token_id,
+                    pad_token_id=self.eos_token_id if self.eos_token_id is not None else 0,
+                    streamer=_Streamer(self._tokens),
+                    stopping_criteria=StoppingCriteriaList([_Cancelled()]),
+                )
+        except Exception as e:  # noqa: BLE001 - handed to the engine's thread, which raises it
+            self._tokens.put(e)
+
+    def _start(self, req: Request) -> None:
+        self._stop()
+        if req.num_output_tokens:
+            raise EngineError(
+                f"backend 'hf_generate' cannot resume request {req.request_id} after a preemption: "
+                "use scheduler=static max_batch=1 and a pool that holds a sequence"
+            )
+        self._current = req
+        self._tokens = queue.Queue()
+        self._thread = threading.Thread(target=self._generate, args=(req,), daemon=True)
+        self._thread.start()
+
+    def _stop(self) -> None:
+        if self._thread is not None:
+            self._cancel.set()
+            self._thread.join()
+            self._cancel.clear()
+        self._thread = self._current = None
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        if len(plan.reqs) != 1:
+            raise EngineError(
+                f"backend 'hf_generate' serves one request at a time (a plain generate loop) but the step "
+                f"holds {len(plan.reqs)}: use scheduler=static max_batch=1"
+            )
+        req, n = plan.reqs[0], plan.num_new_tokens[0]
+        if req.num_computed_tokens + n < req.num_tokens:
+            return StepOutput([0])  # a prefill chunk short of the prompt's end: generate waits for all of it
+        if req is not self._current:
+            self._start(req)
+        token = self._tokens.get()
+        if isinstance(token, Exception):
+            raise EngineError(f"transformers generate failed: {type(token).__name__}: {token}") from token
+        if token is _END:
+            raise EngineError(f"generate ended request {req.request_id} before the engine did")
+        return StepOutput([token])
+
+    def close(self) -> None:
+        self._stop()

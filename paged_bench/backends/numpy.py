@@ -1,0 +1,53 @@
+"""``backend=numpy``: a Llama-family transformer in plain numpy over the paged KV cache.
+
+Random weights from the run's seed (``backend.model`` picks the shape: a preset such as
+``small`` or a mapping of fields), or a local Hugging Face checkpoint
+(``backend.model_path=DIR``). Runs on the wall clock; a step of the default ``small``
+model costs a few milliseconds on two CPU cores. ``threads`` caps BLAS threads while the
+backend runs: a decode step's small matmuls lose more to thread hand-offs (and to cores
+shared with other work) than they gain from a second thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from threadpoolctl import threadpool_limits
+
+from paged_bench.allocators.base import Allocator
+from paged_bench.errors import check_int
+from paged_bench.model.config import ModelConfig
+from paged_bench.model.ops_numpy import NumpyOps
+from paged_bench.model.runner import ModelBackend
+
+
+class NumpyBackend(ModelBackend):
+    name = "numpy"
+
+    def __init__(
+        self,
+        *,
+        model: str | Mapping[str, Any] = "small",
+        model_path: str | None = None,
+        seed: int = 0,
+        threads: int | None = 1,
+    ) -> None:
+        self.threads = None if threads is None else check_int("backend.threads", threads)
+        self._limits: Any = None
+        super().__init__(model=model, model_path=model_path, seed=seed)
+
+    def make_ops(self, cfg: ModelConfig) -> NumpyOps:
+        return NumpyOps(cfg)
+
+    def bind(self, allocator: Allocator) -> None:
+        if self.threads is not None and self._limits is None:
+            # process-wide until close(): a per-step switch costs more than a small step
+            self._limits = threadpool_limits(self.threads, user_api="blas")
+        super().bind(allocator)
+
+    def close(self) -> None:
+        super().close()
+        if self._limits is not None:
+            self._limits.restore_original_limits()
+            self._limits = None

@@ -1,0 +1,110 @@
+"""One streaming request to an OpenAI-compatible endpoint, timed as vLLM's benchmark client does.
+
+TTFT runs from sending the request to the first chunk that carries a choice (the role chunk
+of a chat stream comes with the first token on our server and on vLLM); ITL is measured
+between such chunks; E2EL ends with the stream. Token counts come from the ``usage`` chunk
+(we always ask for it), else from the number of chunks. Every failure (connection refused,
+HTTP error, error event, timeout, malformed stream) becomes the outcome's ``error``, never an
+exception: one bad request must not stop a run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from paged_bench.loadgen.config import TargetConfig
+from paged_bench.request import Request
+
+
+@dataclass
+class Outcome:
+    send_time: float
+    chunk_times: list[float] = field(default_factory=list)
+    end_time: float | None = None
+    prompt_tokens: int | None = None  # from usage
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+def request_body(target: TargetConfig, model: str | None, req: Request, decode: Callable[[list[int]], str]) -> dict[str, Any]:
+    """The request as a benchmark client sends it: streaming, usage asked for, exact lengths."""
+    body: dict[str, Any] = {
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "ignore_eos": target.ignore_eos,
+    }
+    if model is not None:
+        body["model"] = model
+    if req.sampling_seed is not None:
+        body["seed"] = req.sampling_seed
+    if target.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": decode(req.prompt_token_ids)}]
+        body["max_completion_tokens"] = req.max_tokens
+    else:  # token ids keep the prompt length exact (vLLM accepts them too)
+        body["prompt"] = req.prompt_token_ids
+        body["max_tokens"] = req.max_tokens
+    return body
+
+
+def _error_text(status: int, raw: bytes) -> str:
+    try:
+        message = json.loads(raw)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = raw.decode("utf-8", "replace").strip()[:200]
+    return f"HTTP {status}: {message}"
+
+
+async def _stream(client: httpx.AsyncClient, target: TargetConfig, body: dict, out: Outcome, now: Callable[[], float]) -> None:
+    path = "/chat/completions" if target.endpoint == "chat" else "/completions"
+    async with client.stream("POST", target.url + path, json=body, headers=target.headers) as resp:
+        if resp.status_code != 200:
+            out.error = _error_text(resp.status_code, await resp.aread())
+            return
+        done = False
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            t = now()
+            chunk = json.loads(data)
+            if "error" in chunk:
+                err = chunk["error"]
+                out.error = f"error event: {err.get('message', err) if isinstance(err, dict) else err}"
+                return
+            if usage := chunk.get("usage"):
+                out.prompt_tokens = usage.get("prompt_tokens", out.prompt_tokens)
+                out.completion_tokens = usage.get("completion_tokens", out.completion_tokens)
+            if choices := chunk.get("choices"):
+                out.chunk_times.append(t)
+                out.finish_reason = choices[0].get("finish_reason") or out.finish_reason
+        if not done and out.finish_reason is None:
+            out.error = "the stream ended before [DONE]"
+
+
+async def send(client: httpx.AsyncClient, target: TargetConfig, body: dict, now: Callable[[], float]) -> Outcome:
+    """Send one request and time it; never raises (except when cancelled)."""
+    out = Outcome(send_time=now())
+    try:
+        await asyncio.wait_for(_stream(client, target, body, out, now), target.timeout_s)
+    except asyncio.TimeoutError:
+        out.error = f"timed out after {target.timeout_s:g} s"
+    except httpx.HTTPError as e:
+        out.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # a malformed chunk
+        out.error = f"malformed response: {type(e).__name__}: {e}"
+    out.end_time = now()
+    if out.error is None and not out.chunk_times:
+        out.error = "no tokens received"
+    return out

@@ -1,0 +1,64 @@
+"""The ``target`` config section of a remote run (conf/target/openai.yaml), checked."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+from urllib.parse import urlsplit
+
+from paged_bench.errors import check, check_int, check_number
+
+ENDPOINTS = ("completions", "chat")
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    name: str = "openai"
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"  # the key itself never sits in a config (it is logged)
+    endpoint: str = "completions"
+    concurrency: int | None = None
+    timeout_s: float = 300.0
+    warmup: int = 1
+    ignore_eos: bool = True
+    spawn: bool = False  # always on for name "served"
+    spawn_timeout_s: float = 300.0
+
+    @classmethod
+    def from_mapping(cls, section: Mapping[str, Any]) -> TargetConfig:
+        names = [f.name for f in fields(cls)]
+        for key, value in section.items():
+            check(key in names, f"target.{key}", value, f"one of the target options {', '.join(names)}")
+        cfg = cls(**section)
+        check(cfg.name in ("openai", "served"), "target", cfg.name, "engine, openai or served")
+        url = urlsplit(str(cfg.base_url))
+        check(url.scheme in ("http", "https") and bool(url.netloc), "target.base_url", cfg.base_url,
+              "an http(s) URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1")
+        check(cfg.model is None or isinstance(cfg.model, str), "target.model", cfg.model, "a model name, or null")
+        check(isinstance(cfg.api_key_env, str) and bool(cfg.api_key_env), "target.api_key_env", cfg.api_key_env,
+              "the name of an environment variable holding the API key")
+        check(cfg.endpoint in ENDPOINTS, "target.endpoint", cfg.endpoint, " or ".join(ENDPOINTS))
+        if cfg.concurrency is not None:
+            check_int("target.concurrency", cfg.concurrency)
+        check_number("target.timeout_s", cfg.timeout_s, 0, strict=True)
+        check_int("target.warmup", cfg.warmup, 0)
+        check(isinstance(cfg.ignore_eos, bool), "target.ignore_eos", cfg.ignore_eos, "true or false")
+        check(isinstance(cfg.spawn, bool), "target.spawn", cfg.spawn, "true or false")
+        check_number("target.spawn_timeout_s", cfg.spawn_timeout_s, 0, strict=True)
+        return cfg
+
+    @property
+    def spawns(self) -> bool:
+        return self.spawn or self.name == "served"
+
+    @property
+    def url(self) -> str:
+        return str(self.base_url).rstrip("/")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        key = os.environ.get(self.api_key_env)
+        return {"Authorization": f"Bearer {key}"} if key else {}

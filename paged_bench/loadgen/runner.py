@@ -1,0 +1,184 @@
+"""A workload against an OpenAI-compatible endpoint -> an ``EngineResult`` like an engine run's.
+
+Each request is sent at its arrival time (seconds from the start of the timed run) once the
+concurrency cap lets it, streams, and is recorded as a ``Request`` whose timestamps are the
+client's: arrival = when it was sent, one token time per streamed chunk, finish = end of the
+stream. Its token ids are unknown to a client, so the record holds placeholders
+(``UNKNOWN_TOKEN``) in the counts ``usage`` reports. ``metrics.summarize`` and
+``outputs.write_run`` then work unchanged; engine-only figures (KV slots, preemptions, prefix
+hits, queue time) are null, and, when the server exports Prometheus TTFT histograms (ours,
+vLLM), ``server_mean_ttft_ms`` and ``http_ttft_overhead_ms`` (client mean TTFT minus the
+server's own) say what HTTP and streaming add.
+
+Warm-up requests go first, one at a time, and are not recorded. A failed request is
+recorded with its error and the run goes on; only a run where every request failed is
+reported as failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from paged_bench.allocators.base import KVLayout
+from paged_bench.build import Bench
+from paged_bench.engine import EngineResult
+from paged_bench.loadgen.client import Outcome, request_body, send
+from paged_bench.loadgen.config import TargetConfig
+from paged_bench.loadgen.prometheus import ttft_totals
+from paged_bench.loadgen.spawn import spawned_server
+from paged_bench.request import FinishReason, Request
+
+UNKNOWN_TOKEN = -1
+ENGINE_ONLY_FIGURES = (
+    "kv_live_slots_peak", "kv_reserved_slots_peak", "kv_utilization_mean", "kv_waste_pct", "kv_bytes_per_token",
+    "kv_reserved_bytes_peak", "num_preemptions", "recomputed_tokens", "swapped_blocks", "prefix_cache_hit_rate",
+)  # fmt: skip
+
+
+@dataclass
+class RemoteRun:
+    result: EngineResult
+    summary: dict[str, Any]  # figures that replace or add to metrics.summarize's
+    target: TargetConfig
+
+
+def record(req: Request, out: Outcome) -> Request:
+    """The client's view of one request, as a ``Request`` the metrics understand."""
+    prompt = out.prompt_tokens if out.prompt_tokens is not None else req.num_prompt_tokens
+    completion = out.completion_tokens if out.completion_tokens is not None else len(out.chunk_times)
+    rec = Request(req.request_id, out.send_time, [UNKNOWN_TOKEN] * prompt, req.max_tokens, prefix_group=req.prefix_group)
+    rec.token_ids.extend([UNKNOWN_TOKEN] * completion)
+    rec.token_times = list(out.chunk_times)
+    end = out.end_time if out.end_time is not None else out.send_time
+    if out.error is not None:
+        rec.finish(FinishReason.ERROR, end, out.error)
+    else:
+        rec.finish(FinishReason.STOP if out.finish_reason == "stop" else FinishReason.LENGTH, end)
+    return rec
+
+
+@dataclass
+class _Run:
+    target: TargetConfig
+    requests: list[Request]
+    decode: Callable[[list[int]], str]
+    on_step: Callable[[float, list[Request]], None] | None
+    records: dict[int, Request] = field(default_factory=dict)  # index in requests -> record
+    t0: float = 0.0
+    model: str | None = None
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    async def main(self) -> dict[str, Any]:
+        limit = self.target.concurrency or 10_000
+        limits = httpx.Limits(max_connections=limit, max_keepalive_connections=min(limit, 1000))
+        async with httpx.AsyncClient(timeout=httpx.Timeout(self.target.timeout_s), limits=limits) as client:
+            self.model = self.target.model or await _first_model(client, self.target)
+            await self._warmup(client)
+            before = await ttft_totals(client, self.target)
+            await self._timed(client)
+            after = await ttft_totals(client, self.target)
+        return _overhead(before, after, self.records.values())
+
+    async def _warmup(self, client: httpx.AsyncClient) -> None:
+        for i in range(self.target.warmup):
+            req = self.requests[i % len(self.requests)]
+            out = await send(client, self.target, request_body(self.target, self.model, req, self.decode), self.now)
+            if out.error:
+                print(f"warning: warm-up request {i} failed: {out.error}", file=sys.stderr)
+
+    async def _timed(self, client: httpx.AsyncClient) -> None:
+        sem = asyncio.Semaphore(self.target.concurrency) if self.target.concurrency else nullcontext()
+        self.t0 = time.perf_counter()
+
+        async def one(i: int, req: Request) -> None:
+            delay = req.arrival_time - self.now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            async with sem:
+                out = await send(client, self.target, request_body(self.target, self.model, req, self.decode), self.now)
+            rec = self.records[i] = record(req, out)
+            if self.on_step is not None:
+                self.on_step(self.now(), [rec])
+
+        await asyncio.gather(*(one(i, r) for i, r in enumerate(self.requests)))
+
+    def result(self, error: str | None, interrupted: bool) -> EngineResult:
+        now = self.now() if self.t0 else 0.0
+        reqs = []
+        for i, req in enumerate(self.requests):
+            rec = self.records.get(i)
+            if rec is None:  # never sent or cut off: the run stopped
+                rec = Request(req.request_id, req.arrival_time, list(req.token_ids), req.max_tokens)
+                rec.finish(FinishReason.ABORT if interrupted else FinishReason.ERROR, now, f"not completed: {error}")
+            reqs.append(rec)
+        done = [r for r in reqs if r.finish_reason.succeeded]
+        if error is None and reqs and not done:
+            error = f"all {len(reqs)} requests failed, e.g.: {reqs[0].error}"
+        return EngineResult(
+            requests=reqs,
+            steps=[],
+            duration=max((r.finish_time for r in done), default=0.0),
+            layout=KVLayout(0, 0, 0),
+            kv_bytes_per_token=None,
+            num_preemptions=0,
+            recomputed_tokens=0,
+            swapped_blocks=0,
+            prefix_query_tokens=0,
+            prefix_hit_tokens=0,
+            error=error,
+            interrupted=interrupted,
+        )
+
+
+async def _first_model(client: httpx.AsyncClient, target: TargetConfig) -> str | None:
+    """The server's first model; None (requests then name no model) if it cannot be listed."""
+    try:
+        resp = await client.get(target.url + "/models", headers=target.headers, timeout=10.0)
+        resp.raise_for_status()
+        return resp.json()["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
+        print(f"warning: could not list the models at {target.url}/models ({type(e).__name__}: {e}); "
+              "sending requests without a model name", file=sys.stderr)
+        return None
+
+
+def _overhead(before: tuple[float, float] | None, after: tuple[float, float] | None, records) -> dict[str, Any]:
+    """Server-side mean TTFT over the timed run, and what the client saw on top of it."""
+    out: dict[str, Any] = {"server_mean_ttft_ms": None, "http_ttft_overhead_ms": None}
+    if before is None or after is None or after[1] <= before[1]:
+        return out
+    server = (after[0] - before[0]) / (after[1] - before[1]) * 1e3
+    client = [(r.token_times[0] - r.arrival_time) * 1e3 for r in records if r.finish_reason.succeeded and r.token_times]
+    out["server_mean_ttft_ms"] = server
+    if client:
+        out["http_ttft_overhead_ms"] = sum(client) / len(client) - server
+    return out
+
+
+def run_target(cfg: Mapping[str, Any], bench: Bench, run_dir: Path,
+               on_step: Callable[[float, list[Request]], None] | None = None) -> RemoteRun:
+    """Run ``bench.requests`` against ``cfg['target']`` (raises ConfigError before anything runs)."""
+    target = TargetConfig.from_mapping(cfg["target"])
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request
+    decode = bench.backend.tokenizer.decode
+    error, interrupted, extra = None, False, {}
+    with spawned_server(cfg, target, run_dir) if target.spawns else nullcontext(target) as live:
+        run = _Run(live, bench.requests, decode, on_step)
+        try:
+            extra = asyncio.run(run.main())
+        except KeyboardInterrupt:
+            error, interrupted = "interrupted", True
+    summary = dict.fromkeys(ENGINE_ONLY_FIGURES) | extra
+    return RemoteRun(run.result(error, interrupted), summary, live)

@@ -1,0 +1,200 @@
+"""The model's shape: a Llama-family decoder (RMSNorm, rotary positions, GQA, SwiGLU MLP).
+
+A ``ModelConfig`` comes from a named preset, a mapping of fields (a preset plus overrides),
+or a Hugging Face ``config.json``. It also knows the model's size figures that the KV-byte
+estimate and the simulator's roofline need.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from paged_bench.errors import ConfigError, check, check_int, check_number
+from paged_bench.tokenizer import ByteTokenizer
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    num_layers: int = 4
+    hidden_size: int = 256
+    num_heads: int = 8
+    num_kv_heads: int = 4
+    head_dim: int = 32
+    intermediate_size: int = 688
+    vocab_size: int = ByteTokenizer.vocab_size
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    dtype: str = "float32"  # of the weights as stored; the backend picks its compute dtype
+    bos_token_id: int | None = ByteTokenizer.bos_token_id
+    eos_token_id: int | None = ByteTokenizer.eos_token_id
+
+    def __post_init__(self) -> None:
+        for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
+            check_int(f"backend.model.{f}", getattr(self, f))
+        check_int("backend.model.vocab_size", self.vocab_size, 2)
+        check_int("backend.model.max_position_embeddings", self.max_position_embeddings)
+        check_number("backend.model.rope_theta", self.rope_theta, 0, strict=True)
+        check_number("backend.model.rms_norm_eps", self.rms_norm_eps, 0, strict=True)
+        check(
+            self.num_heads % self.num_kv_heads == 0,
+            "backend.model.num_kv_heads",
+            self.num_kv_heads,
+            f"a divisor of num_heads={self.num_heads} (grouped-query attention)",
+        )
+        check(self.dtype in DTYPE_BYTES, "backend.model.dtype", self.dtype, ", ".join(DTYPE_BYTES))
+
+    # -- size figures -------------------------------------------------------------------
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """Weights of one layer's matrix multiplies (attention projections and the MLP)."""
+        h = self.hidden_size
+        return h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * self.intermediate_size
+
+    @property
+    def matmul_params(self) -> int:
+        """Weights every step reads in full: all layers' matmuls plus the LM head (the
+        embedding table is only gathered from)."""
+        return self.num_layers * self.layer_matmul_params + self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        embed = self.vocab_size * self.hidden_size
+        norms = (2 * self.num_layers + 1) * self.hidden_size
+        head = 0 if self.tie_word_embeddings else embed
+        return self.num_layers * self.layer_matmul_params + embed + head + norms
+
+    def kv_bytes_per_token(self, dtype: str | None = None) -> int:
+        """layers x KV heads x head_dim x bytes x 2 (K and V)."""
+        return self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[dtype or self.dtype] * 2
+
+    # -- Hugging Face config.json -------------------------------------------------------
+
+    @classmethod
+    def from_hf(cls, hf: Mapping[str, Any], where: str = "config.json") -> ModelConfig:
+        """From a Llama-family ``config.json`` (transformers 4.x and 5.x spellings)."""
+        arch = hf.get("model_type", "llama")
+        check(arch in ("llama", "mistral"), f"{where}: model_type", arch, "a Llama-family model (llama, mistral)")
+        for key in ("attention_bias", "mlp_bias"):
+            check(not hf.get(key, False), f"{where}: {key}", hf.get(key), "false (biases are not supported)")
+        check(hf.get("hidden_act", "silu") == "silu", f"{where}: hidden_act", hf.get("hidden_act"), "silu")
+        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        check(rope_type == "default", f"{where}: rope_type", rope_type, "default (rope scaling is not supported)")
+        heads = hf["num_attention_heads"]
+        eos = hf.get("eos_token_id")
+        dtype = str(hf.get("dtype") or hf.get("torch_dtype") or "float32").replace("torch.", "")
+        return cls(
+            num_layers=hf["num_hidden_layers"],
+            hidden_size=hf["hidden_size"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            intermediate_size=hf["intermediate_size"],
+            vocab_size=hf["vocab_size"],
+            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            dtype=dtype if dtype in DTYPE_BYTES else "float32",
+            bos_token_id=hf.get("bos_token_id"),
+            # the scheduler stops on one id; a list (several end tokens) gives its first
+            eos_token_id=eos[0] if isinstance(eos, list) and eos else eos,
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        """The ``config.json`` of a ``LlamaForCausalLM`` with this shape."""
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "num_hidden_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
+            "torch_dtype": self.dtype,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+        }
+
+
+# Named shapes. ``small`` is the numpy backend's default (a step costs milliseconds on two
+# cores); ``bench-200m`` is the benchmark's (fp32 weights well beyond the CPU caches);
+# the Llama ones are for the KV-byte estimate and the simulator.
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128),
+    "small": ModelConfig(num_kv_heads=2),
+    "bench-200m": ModelConfig(
+        num_layers=12, hidden_size=1024, num_heads=16, num_kv_heads=4, head_dim=64,
+        intermediate_size=2816, vocab_size=32000,
+    ),
+    "llama-3.2-1b": ModelConfig(
+        num_layers=16, hidden_size=2048, num_heads=32, num_kv_heads=8, head_dim=64, intermediate_size=8192,
+        vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True, dtype="bfloat16",
+    ),
+    "llama-3-8b": ModelConfig(
+        num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=14336,
+        vocab_size=128256, rope_theta=500000.0, dtype="bfloat16",
+    ),
+    "llama-2-7b": ModelConfig(
+        num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32, head_dim=128, intermediate_size=11008,
+        vocab_size=32000, dtype="float16",
+    ),
+}  # fmt: skip
+
+
+def read_hf_config(model_path: str | Path) -> ModelConfig:
+    path = Path(model_path) / "config.json"
+    if not path.is_file():
+        raise ConfigError("backend.model_path", str(model_path), "a local folder with a config.json (no hub downloads)")
+    try:
+        return ModelConfig.from_hf(json.loads(path.read_text()), str(path))
+    except (KeyError, ValueError, TypeError) as e:
+        raise ConfigError("backend.model_path", str(model_path), f"a Llama config.json ({path}: {e!r})") from e
+
+
+def resolve_model(
+    model: str | Mapping[str, Any] | ModelConfig | None, model_path: str | None = None, key: str = "backend.model"
+) -> ModelConfig:
+    """``model_path`` (a checkpoint's config.json) wins; else ``model``: a preset name, or a
+    mapping of fields with an optional ``preset`` key to start from."""
+    if model_path:
+        return read_hf_config(model_path)
+    if isinstance(model, ModelConfig):
+        return model
+    if model is None or isinstance(model, str):
+        name = model or "small"
+        check(name in PRESETS, key, name, f"one of {', '.join(PRESETS)}, or a mapping of fields")
+        return PRESETS[name]
+    check(isinstance(model, Mapping), key, model, "a preset name or a mapping of fields")
+    spec = dict(model)
+    base = resolve_model(spec.pop("preset", "small"), key=key)
+    names = {f.name for f in fields(ModelConfig)}
+    for field, value in spec.items():
+        check(field in names, f"{key}.{field}", value, f"one of preset, {', '.join(sorted(names))}")
+    return replace(base, **spec)

@@ -1,0 +1,166 @@
+"""The simulator's roofline cost model: a step's FLOPs and bytes on a hardware preset.
+
+A step runs two kinds of kernels one after the other, each bounded by its own roofline:
+
+    duration = overhead + per_seq * sequences
+             + max(matmul FLOPs / (peak_flops * compute_eff), weight bytes / (mem_bandwidth * memory_eff))
+             + max(attention FLOPs / (peak_flops * attn_eff), K/V bytes / (mem_bandwidth * kv_eff))
+             + swap bytes / host_link
+
+Matmul FLOPs: 2 x matmul weights per new token plus 2 x hidden x vocab per sampled row;
+weight bytes: every matmul weight once per step (what makes decode memory-bound). Attention
+FLOPs: 4 x heads x head_dim per (query, key) pair; K/V bytes: what every query reads plus
+what the step writes. ``overhead``, ``per_seq`` and the four efficiencies are what
+``calibrate`` fits to a real backend; the shipped presets carry datasheet peaks and typical
+values for them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from paged_bench.errors import ConfigError, check
+from paged_bench.model.config import DTYPE_BYTES, ModelConfig
+from paged_bench.step import StepPlan
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_flops: float  # FLOP/s at the model's dtype (dense)
+    mem_bandwidth: float  # bytes/s
+    host_link: float  # bytes/s between device and host memory (swap)
+    overhead: float = 0.0  # seconds per step (launches, scheduling, the framework)
+    per_seq: float = 0.0  # seconds per scheduled sequence (batch bookkeeping)
+    compute_eff: float = 1.0  # reachable fraction of peak_flops in the matmuls
+    memory_eff: float = 1.0  # ... of mem_bandwidth streaming the weights
+    attn_eff: float = 1.0  # ... of peak_flops in attention
+    kv_eff: float = 1.0  # ... of mem_bandwidth gathering K/V through block tables
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Datasheet peaks (dense bf16 tensor cores, HBM, PCIe host link); overhead and efficiencies
+# are typical for a well-tuned engine, to be replaced by a calibrated preset where one exists.
+# ``cpu`` is this project's 2-core CI machine, measured (fp32 GEMM, copy bandwidth).
+_GPU = {"per_seq": 2e-5, "compute_eff": 0.6, "memory_eff": 0.8, "attn_eff": 0.3, "kv_eff": 0.7}
+HARDWARE: dict[str, Hardware] = {
+    "cpu": Hardware(
+        "cpu",
+        100e9,
+        30e9,
+        30e9,
+        overhead=1e-3,
+        per_seq=5e-5,
+        compute_eff=0.5,
+        memory_eff=0.5,
+        attn_eff=0.2,
+        kv_eff=0.3,
+    ),
+    "a100": Hardware("a100", 312e12, 2.04e12, 25e9, overhead=4e-3, **_GPU),
+    "h100": Hardware("h100", 989e12, 3.35e12, 50e9, overhead=3e-3, **_GPU),
+    "h200": Hardware("h200", 989e12, 4.8e12, 50e9, overhead=3e-3, **_GPU),
+}
+
+
+def hardware(name: str, key: str = "backend.hardware") -> Hardware:
+    check(name in HARDWARE, key, name, ", ".join(HARDWARE))
+    return HARDWARE[name]
+
+
+def measure_cpu(seconds: float = 1.0, nbytes: int = 512 << 20) -> Hardware:
+    """This machine's fp32 matmul rate and copy bandwidth (read + write), measured now with
+    numpy; ``nbytes`` must be well beyond the last-level cache."""
+    n = 1024
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    b = a.copy()
+    flops = _best_rate(lambda: a @ b, 2 * n**3, seconds / 2)
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    bandwidth = _best_rate(lambda: np.copyto(dst, src), 2 * src.nbytes, seconds / 2)
+    return Hardware("measured-cpu", flops, bandwidth, bandwidth / 2)
+
+
+def _best_rate(fn, work: float, seconds: float) -> float:
+    fn()
+    best, end = float("inf"), time.perf_counter() + seconds
+    while True:
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+        if time.perf_counter() > end:
+            return work / best
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """What a step does, in the units a roofline needs."""
+
+    num_seqs: int
+    matmul_flops: float
+    weight_bytes: float
+    attn_flops: float
+    kv_bytes: float
+    swap_bytes: float = 0.0
+
+
+def step_work(plan: StepPlan, model: ModelConfig, dtype: str, block_size: int) -> StepWork:
+    kv_token = model.kv_bytes_per_token(dtype)
+    new = pairs = kv_read = 0
+    for req, n in zip(plan.reqs, plan.num_new_tokens):
+        start = req.num_computed_tokens
+        new += n
+        pairs += n * start + n * (n + 1) // 2  # the query at position p sees keys 0..p
+        kv_read += start + n
+    sampled = len(plan.reqs)
+    matmul = (
+        2.0 * new * model.num_layers * model.layer_matmul_params + 2.0 * sampled * model.hidden_size * model.vocab_size
+    )
+    weights = float(model.matmul_params * DTYPE_BYTES[dtype]) if plan.reqs else 0.0
+    attn = 4.0 * model.num_layers * model.num_heads * model.head_dim * pairs
+    swap = float((len(plan.swap_in) + len(plan.swap_out)) * block_size * kv_token)
+    return StepWork(len(plan.reqs), matmul, weights, attn, float((kv_read + new) * kv_token), swap)
+
+
+@dataclass(frozen=True)
+class RooflineCost:
+    model: ModelConfig
+    hardware: Hardware
+    dtype: str
+
+    def seconds(self, w: StepWork) -> float:
+        hw = self.hardware
+        matmuls = max(
+            w.matmul_flops / (hw.peak_flops * hw.compute_eff), w.weight_bytes / (hw.mem_bandwidth * hw.memory_eff)
+        )
+        attention = max(w.attn_flops / (hw.peak_flops * hw.attn_eff), w.kv_bytes / (hw.mem_bandwidth * hw.kv_eff))
+        return hw.overhead + hw.per_seq * w.num_seqs + matmuls + attention + w.swap_bytes / hw.host_link
+
+    def duration(self, plan: StepPlan, block_size: int) -> float:
+        return self.seconds(step_work(plan, self.model, self.dtype, block_size))
+
+    def with_fit(self, **coefficients: float) -> RooflineCost:
+        return replace(self, hardware=replace(self.hardware, **coefficients))
+
+
+def save_preset(path: Path, cost: RooflineCost, info: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"model": asdict(cost.model), "dtype": cost.dtype, "hardware": cost.hardware.to_dict(), **info}
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def load_preset(path: str | Path) -> RooflineCost:
+    p = Path(path)
+    check(p.is_file(), "backend.preset", str(path), "a preset file written by python -m paged_bench.model.calibrate")
+    try:
+        data = json.loads(p.read_text())
+        return RooflineCost(ModelConfig(**data["model"]), Hardware(**data["hardware"]), data["dtype"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError("backend.preset", str(path), f"a calibration preset ({type(e).__name__}: {e})") from e

@@ -1,0 +1,96 @@
+"""What the numpy and torch backends share: a model whose K/V live in the allocator's blocks.
+
+``bind`` allocates the KV pool shaped by the allocator's layout (``num_blocks x block_size``
+slots per layer, slabs for ``contiguous``) and the swap space; ``execute`` does the plan's
+swap copies (out, then in: a block freed by a swap-out may be refilled in the same step),
+then one batched forward over every scheduled request, and samples one token per request.
+Subclasses only say which ``Ops`` (numpy or torch, and on what device) run the forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from paged_bench.allocators.base import Allocator
+from paged_bench.backends.base import Backend
+from paged_bench.errors import EngineError, check_int
+from paged_bench.model.batch import build_batch, warmup_batch
+from paged_bench.model.config import ModelConfig, resolve_model
+from paged_bench.model.forward import forward
+from paged_bench.model.sampling import is_greedy, request_rng, sample
+from paged_bench.model.tokenizers import load_tokenizer
+from paged_bench.model.weights import fuse, make_state
+from paged_bench.step import StepOutput, StepPlan
+
+
+class ModelBackend(Backend):
+    clock = "wall"
+    compute_dtype = "float32"  # what the K/V pool holds (a torch backend on CUDA picks its own)
+
+    def __init__(
+        self, *, model: str | Mapping[str, Any] = "small", model_path: str | None = None, seed: int = 0
+    ) -> None:
+        super().__init__()
+        check_int("backend.seed", seed, 0)
+        self.model_config = cfg = resolve_model(model, model_path)
+        self.ops = self.make_ops(cfg)
+        self.weights = fuse(make_state(cfg, model_path, seed), cfg, self.ops.asarray, self.ops.asmatrix)
+        self.tokenizer = load_tokenizer(model_path)
+        self.vocab_size = cfg.vocab_size
+        self.eos_token_id = cfg.eos_token_id
+        self.kv_bytes_per_token = cfg.kv_bytes_per_token(self.compute_dtype)
+        self._rng = np.random.default_rng(seed)
+        self.pool: Any = None
+        self.swap: Any = None
+
+    def make_ops(self, cfg: ModelConfig) -> Any:
+        raise NotImplementedError
+
+    def bind(self, allocator: Allocator) -> None:
+        super().bind(allocator)
+        layout = allocator.layout
+        self.pool = self.ops.new_pool(layout.num_slots)
+        self.swap = self.ops.new_pool(layout.num_cpu_blocks * layout.block_size, host=True)
+        self.ops.argmax(
+            forward(self.ops, self.weights, self.model_config, self.pool, warmup_batch(min(16, layout.num_slots)))
+        )
+
+    def _slots(self, blocks: list[int]) -> np.ndarray:
+        bs = self.allocator.layout.block_size
+        return (np.asarray(blocks, np.int64)[:, None] * bs + np.arange(bs)).ravel()
+
+    def swap_copies(self, plan: StepPlan) -> None:
+        if plan.swap_out:
+            gpu, cpu = zip(*plan.swap_out)
+            self.ops.copy_slots(self.pool, self.swap, self._slots(gpu), self._slots(cpu))
+        if plan.swap_in:
+            cpu, gpu = zip(*plan.swap_in)
+            self.ops.copy_slots(self.swap, self.pool, self._slots(cpu), self._slots(gpu))
+
+    def logits(self, plan: StepPlan) -> Any:
+        """The forward over the plan's tokens: ops-native logits ``[len(plan.reqs), vocab]``."""
+        batch = build_batch(plan, self.allocator)
+        if batch.input_ids.min() < 0 or batch.input_ids.max() >= self.vocab_size:
+            bad = next(r for r in plan.reqs if not all(0 <= t < self.vocab_size for t in r.token_ids))
+            raise EngineError(
+                f"request {bad.request_id} has token ids outside the model's vocabulary (0 to {self.vocab_size - 1})"
+            )
+        return forward(self.ops, self.weights, self.model_config, self.pool, batch)
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        self.swap_copies(plan)
+        if not plan.reqs:
+            return StepOutput([], 0.0)
+        logits = self.logits(plan)
+        if all(is_greedy(r) for r in plan.reqs):
+            return StepOutput(self.ops.argmax(logits), 0.0)
+        rows = self.ops.to_numpy(logits)
+        return StepOutput(
+            [sample(row, r.temperature, r.top_p, request_rng(r, self._rng)) for row, r in zip(rows, plan.reqs)], 0.0
+        )
+
+    def close(self) -> None:
+        self.pool = self.swap = None

@@ -1,0 +1,77 @@
+"""``python -m paged_bench.report PATH... | --experiment NAME...``: tables and plots of finished runs.
+
+PATH is a run directory, a sweep directory, or any folder of runs; ``--experiment NAME`` takes
+the latest sweep of that MLflow experiment (from the same store the runs were logged to). Each
+source gets its folder of files (``table.csv``, ``table.md``, ``report.md``, PNGs); the
+markdown is printed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from paged_bench.errors import PagedBenchError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m paged_bench.report", description=__doc__.split("\n\n")[0])
+    p.add_argument("paths", nargs="*", type=Path, help="run or sweep directories")
+    p.add_argument("--experiment", action="append", default=[], help="an MLflow experiment (repeatable)")
+    p.add_argument("--out", type=Path, help="where the files go (default: PATH/report, runs/reports/NAME)")
+    p.add_argument("--md", type=Path, help="also write all sections to this markdown file, its links relative to it")
+    p.add_argument("--metrics", help="comma-separated summary keys (default: the experiment's report.metrics)")
+    p.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else ./runs/mlflow.db)")
+    p.add_argument("--no-plots", action="store_true")
+    return p
+
+
+def _report(runs, out: Path, name: str, args) -> str:
+    from paged_bench.catalog import experiment_description
+    from paged_bench.report.build import build_report
+
+    metrics = args.metrics.split(",") if args.metrics else None
+    title = runs and (runs[0].config.get("experiment_name") or name)
+    rep = build_report(runs, out, title=title, description=experiment_description(title), metrics=metrics,
+                       plots=not args.no_plots)  # fmt: skip
+    print(f"report of {len(runs)} run(s) -> {out}", file=sys.stderr)
+    return rep.markdown_at(args.md.resolve().parent if args.md else rep.out_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if not args.paths and not args.experiment:
+        _parser().error("give a run or sweep directory, or --experiment NAME")
+    from paged_bench.report.load import REPORT_DIR, find_runs
+
+    several = len(args.paths) + len(args.experiment) > 1
+    sections = []
+    try:
+        for path in args.paths:
+            runs = find_runs(path)
+            if not runs:
+                raise PagedBenchError(f"no runs found in {path} (a run directory holds summary.json)")
+            out = (args.out / path.resolve().name if several else args.out) if args.out else path / REPORT_DIR
+            sections.append(_report(runs, out, path.resolve().name, args))
+        for name in args.experiment:
+            from paged_bench.report.mlflow_source import fetch_experiment
+
+            with tempfile.TemporaryDirectory() as tmp:
+                runs = fetch_experiment(name, Path(tmp), args.tracking_uri)
+                out = (args.out / name if several else args.out) if args.out else Path("runs", "reports", name)
+                sections.append(_report(runs, out, name, args))
+    except PagedBenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    markdown = "\n".join(sections)  # each ends with a newline: a blank line between them
+    if args.md:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(markdown)
+    print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

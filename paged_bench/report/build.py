@@ -1,0 +1,93 @@
+"""A report of a set of runs: ``table.csv`` (every run, every figure), ``table.md``,
+the plots, and ``report.md`` that ties them together (the README's results come from it)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from paged_bench.report.load import Run, RunSet
+from paged_bench.report.plots import make_plots
+from paged_bench.report.tables import (
+    DEFAULT_METRICS,
+    comparison_frame,
+    comparison_markdown,
+    head_to_head_markdown,
+)
+
+
+@dataclass
+class Report:
+    out_dir: Path
+    table: str  # the comparison table alone, markdown
+    files: list[Path] = field(default_factory=list)
+    num_failed: int = 0
+    pictures: list[Path] = field(default_factory=list)
+    sections: list[str] = field(default_factory=list)  # the markdown before the pictures
+    num_runs: int = 0
+
+    def markdown_at(self, base: Path) -> str:
+        """The report as markdown whose links work from a file in folder ``base``."""
+
+        def link(path: Path) -> str:
+            return Path(os.path.relpath(path, base)).as_posix()
+
+        parts = [*self.sections, *(f"![{p.stem.replace('_', ' ')}]({link(p)})" for p in self.pictures)]
+        parts.append(
+            f"_{self.num_runs} run(s); every figure of every run: [table.csv]({link(self.out_dir / 'table.csv')})_"
+        )
+        return "\n\n".join(parts) + "\n"
+
+    @property
+    def markdown(self) -> str:
+        return self.markdown_at(self.out_dir)
+
+
+def build_report(
+    runs: list[Run],
+    out_dir: Path,
+    *,
+    title: str | None = None,
+    description: str | None = None,
+    metrics: list[str] | None = None,
+    plots: bool = True,
+) -> Report:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rs = RunSet.of(runs)
+    metrics = metrics or rs.report_metrics() or DEFAULT_METRICS
+    title = title or rs.experiment_name() or out_dir.parent.name
+
+    files = [out_dir / "table.csv", out_dir / "table.md"]
+    comparison_frame(rs).to_csv(files[0], index=False)
+    table = comparison_markdown(rs, metrics)
+    files[1].write_text(table + "\n")
+    pictures = make_plots(rs, metrics, out_dir) if plots else []
+
+    failed = [r for r in runs if r.status != "finished"]
+    parts = [f"### {title}"]
+    if description:
+        parts.append(description)
+    head_to_head = head_to_head_markdown(rs, metrics)
+    if head_to_head:  # says it all; every run's own row is in table.md and table.csv
+        parts.append(head_to_head)
+    else:
+        parts.append(table)
+    if failed:
+        parts.append(
+            "Runs that did not finish:\n" + "\n".join(f"- {rs.label(r)}: {r.status}: {r.error}" for r in failed)
+        )
+    files.append(out_dir / "report.md")
+    report = Report(
+        out_dir.resolve(), table, files + pictures, len(failed), [p.resolve() for p in pictures], parts, len(runs)
+    )
+    files[-1].write_text(report.markdown)
+    return report
+
+
+def run_plots(run_dir: Path) -> list[Path]:
+    """One run's plots in ``<run>/plots``: KV over time, TTFT CDF, preemptions (if any)."""
+    from paged_bench.report.load import load_run
+
+    return make_plots(RunSet.of([load_run(run_dir)]), [], run_dir / "plots")

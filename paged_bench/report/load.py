@@ -1,0 +1,196 @@
+"""Finished runs on disk -> records that a report compares.
+
+A run directory holds ``summary.json``, ``requests.csv``, ``steps.csv``, ``run_info.json``
+(written by ``outputs.write_run``) and ``config.yaml`` (the resolved config, written by the
+CLI through ``save_config``; older runs fall back to Hydra's ``.hydra/config.yaml``). A sweep
+directory holds one run directory per job, named by its job number. A job that failed before
+it measured anything has only ``run_info.json`` and ``config.yaml``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from paged_bench.flat import display_key, flatten
+
+CONFIG_FILE = "config.yaml"
+REPORT_DIR = "report"  # where a report of a directory goes; never read back as a run
+_RUN_MARKERS = ("summary.json", "run_info.json", CONFIG_FILE, ".hydra/config.yaml")
+# config keys that say how a run was recorded, not what was measured
+_NOT_DIMENSIONS = ("tracking.", "report.", "experiment_name")
+# plugin choices come first when picking the dimension compared side by side
+_POLICY_ORDER = ("scheduler.name", "allocator.name", "backend.name", "target.name", "workload.name")
+
+
+def save_config(run_dir: Path, config: Mapping[str, Any]) -> Path:
+    """Write the resolved config beside the run's results (a run's own record of its config)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / CONFIG_FILE
+    path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
+    return path
+
+
+@dataclass
+class Run:
+    """One run directory: its config, summary figures and status; tables are read on demand."""
+
+    path: Path
+    job: int | None  # the Hydra job number in a sweep (its order), None for a single run
+    status: str  # finished | failed | interrupted
+    error: str | None
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    source: str = ""  # where the run comes from: its folder, or its MLflow run (runs:/<id>)
+    _tables: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def flat_config(self) -> dict[str, Any]:
+        return flatten(self.config)
+
+    def table(self, name: str):
+        """``requests`` or ``steps`` as a DataFrame, or None when the run has none."""
+        if name not in self._tables:
+            import pandas as pd
+
+            path = self.path / f"{name}.csv"
+            df = pd.read_csv(path) if path.is_file() and path.stat().st_size else None
+            self._tables[name] = df if df is not None and len(df) else None
+        return self._tables[name]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if (path / CONFIG_FILE).is_file():
+        return yaml.safe_load((path / CONFIG_FILE).read_text()) or {}
+    hydra_config = path / ".hydra" / "config.yaml"
+    if hydra_config.is_file():  # a run from before config.yaml was written: resolve Hydra's copy
+        from omegaconf import OmegaConf
+
+        try:
+            return OmegaConf.to_container(OmegaConf.load(hydra_config), resolve=True)
+        except Exception:  # noqa: BLE001  (an interpolation only Hydra resolves, e.g. ${now:...})
+            return OmegaConf.to_container(OmegaConf.load(hydra_config), resolve=False)
+    return {}
+
+
+def is_run_dir(path: Path) -> bool:
+    return any((path / marker).is_file() for marker in _RUN_MARKERS)
+
+
+def load_run(path: Path) -> Run:
+    info = _read_json(path / "run_info.json")
+    summary = _read_json(path / "summary.json")
+    status = info.get("status") or ("finished" if summary else "failed")
+    error = info.get("error")
+    if not info and not summary:
+        error = "no results: the job stopped before it wrote any"
+    job = int(path.name) if path.name.isdigit() else None
+    return Run(path, job, status, error, _read_config(path), summary, str(path))
+
+
+def find_runs(path: Path, depth: int = 4) -> list[Run]:
+    """Every run in ``path``: the run itself, a sweep's jobs, or all runs below a folder."""
+    path = Path(path)
+    if is_run_dir(path):
+        return [load_run(path)]
+    if depth == 0 or not path.is_dir():
+        return []
+    runs: list[Run] = []
+    for child in path.iterdir():
+        if child.is_dir() and child.name != REPORT_DIR and not child.name.startswith("."):
+            runs += find_runs(child, depth - 1)
+    return sorted(runs, key=lambda r: (str(r.path.parent), r.job if r.job is not None else math.inf, r.path.name))
+
+
+def _comparable(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True, default=str) if isinstance(value, (list, dict)) else value
+
+
+def _numeric(values: list[Any]) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+@dataclass
+class RunSet:
+    """Runs to compare, and what varies between them.
+
+    ``dims`` are the config keys whose values differ (a key that some runs lack is an option
+    of one plugin, not a dimension); ``policy`` is the one compared side by side (a plugin
+    choice or another non-numeric key), ``axes`` the numeric ones (e.g. ``max_batch``)."""
+
+    runs: list[Run]
+    dims: list[str]
+    policy: str | None
+    axes: list[str]
+
+    @classmethod
+    def of(cls, runs: list[Run]) -> RunSet:
+        flats = [r.flat_config for r in runs]
+        keys = [k for k in (flats[0] if flats else {}) if all(k in f for f in flats)]
+        keys = [k for k in keys if not k.startswith(_NOT_DIMENSIONS)]
+        dims: list[str] = []
+        columns: list[list[Any]] = []
+        # shortest names first, so that of twins (interpolations) max_batch beats scheduler.max_batch
+        for key in sorted(keys, key=lambda k: (k not in _POLICY_ORDER, k.count("."), keys.index(k))):
+            column = [_comparable(f[key]) for f in flats]
+            if len(set(map(str, column))) > 1 and column not in columns:
+                dims.append(key)
+                columns.append(column)
+        numeric = [k for k in dims if _numeric([f[k] for f in flats])]
+        others = [k for k in dims if k not in numeric]
+        ranked = sorted(others, key=lambda k: _POLICY_ORDER.index(k) if k in _POLICY_ORDER else len(_POLICY_ORDER))
+        policy = ranked[0] if ranked else None
+        return cls(runs, dims, policy, numeric)
+
+    def value(self, run: Run, key: str) -> Any:
+        return run.flat_config.get(key)
+
+    def label(self, run: Run, keys: list[str] | None = None) -> str:
+        keys = self.dims if keys is None else keys
+        if not keys:
+            return run.path.name if run.job is None else f"job {run.job}"
+        return " ".join(f"{display_key(k)}={self.value(run, k)}" for k in keys)
+
+    def policy_values(self) -> list[Any]:
+        """The policy's values in sweep order: the first one is the baseline."""
+        seen: list[Any] = []
+        for run in self.runs:
+            v = self.value(run, self.policy) if self.policy else None
+            if v not in seen:
+                seen.append(v)
+        return seen
+
+    def report_metrics(self) -> list[str] | None:
+        """The metrics the runs' experiment asks its report to show (``report.metrics``)."""
+        for run in self.runs:
+            metrics = (run.config.get("report") or {}).get("metrics")
+            if metrics:
+                return list(metrics)
+        return None
+
+    def experiment_name(self) -> str | None:
+        names = {r.config.get("experiment_name") for r in self.runs if r.config.get("experiment_name")}
+        return names.pop() if len(names) == 1 else None
+
+
+def derived_figures(run: Run) -> dict[str, float]:
+    """Figures a report adds to the summary: the peak block-table size of a paged run."""
+    flat = run.flat_config
+    reserved = run.summary.get("kv_reserved_slots_peak")
+    block_size = flat.get("allocator.block_size", flat.get("block_size"))
+    if flat.get("allocator.name") == "paged" and reserved is not None and block_size:
+        return {"block_table_entries_peak": reserved / block_size}
+    return {}

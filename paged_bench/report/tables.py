@@ -1,0 +1,168 @@
+"""Comparison tables: every run with its figures (CSV + markdown), and the head-to-head view
+that puts the policies side by side with how many times better each is than the baseline
+(the first policy of the sweep), one row per metric per setting of the other dimensions."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from paged_bench.flat import display_key
+from paged_bench.report.load import Run, RunSet, derived_figures
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+    better: str | None  # "higher", "lower", or None when neither is better
+    fmt: str = "{:,.0f}"
+
+
+_METRICS = [
+    Metric("completed", "completed", "higher", "{}"),
+    Metric("failed", "failed", "lower", "{}"),
+    Metric("duration", "duration (s)", None, "{:.2f}"),
+    Metric("request_throughput", "request throughput (req/s)", "higher", "{:.2f}"),
+    Metric("output_throughput", "output throughput (tok/s)", "higher"),
+    Metric("total_token_throughput", "total throughput (tok/s)", "higher"),
+    Metric("goodput", "goodput (req/s)", "higher", "{:.2f}"),
+    *(
+        Metric(f"{stat}_{name}_ms", f"{label} {stat.replace('median', 'p50')} (ms)", "lower")
+        for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"), ("queue", "queue"))
+        for stat in ("mean", "median", "p90", "p95", "p99")
+    ),
+    Metric("kv_live_slots_peak", "KV live peak (slots)", None),
+    Metric("kv_reserved_slots_peak", "KV reserved peak (slots)", "lower"),
+    Metric("kv_reserved_bytes_peak", "KV reserved peak (bytes)", "lower"),
+    Metric("kv_utilization_mean", "KV utilisation (mean)", "higher", "{:.0%}"),
+    Metric("kv_waste_pct", "KV waste at peak (%)", "lower", "{:.1f}"),
+    Metric("block_table_entries_peak", "block-table entries at peak", "lower"),
+    Metric("num_preemptions", "preemptions", "lower"),
+    Metric("recomputed_tokens", "recomputed tokens", "lower"),
+    Metric("swapped_blocks", "swapped blocks", "lower"),
+    Metric("prefix_cache_hit_rate", "prefix-cache hit rate", "higher", "{:.0%}"),
+]
+METRICS = {m.key: m for m in _METRICS}
+DEFAULT_METRICS = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "p99_e2el_ms", "kv_reserved_slots_peak"]
+
+
+def metric(key: str) -> Metric:
+    return METRICS.get(key) or Metric(key, key, None, "{:.4g}")
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def fmt(m: Metric, value: Any) -> str:
+    if _missing(value):
+        return "n/a"
+    try:
+        return m.fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def gain(m: Metric, baseline: Any, value: Any) -> str:
+    """How many times better ``value`` is than ``baseline`` (a plain ratio when neither way is better)."""
+    if _missing(baseline) or _missing(value):
+        return "n/a"
+    num, den = (baseline, value) if m.better == "lower" else (value, baseline)
+    if den == 0:
+        return "n/a"
+    ratio = num / den
+    return f"{ratio:.2f}x" if ratio < 10 else f"{ratio:.1f}x"
+
+
+def figures(run: Run) -> dict[str, Any]:
+    return {**run.summary, **derived_figures(run)}
+
+
+def markdown_table(headers: list[str], rows: list[list[str]], numeric: list[bool] | None = None) -> str:
+    numeric = numeric or [False] * len(headers)
+    cells = [headers, *rows]
+    widths = [max(len(str(row[i])) for row in cells) for i in range(len(headers))]
+
+    def line(row: list[str]) -> str:
+        return (
+            "| "
+            + " | ".join(str(c).rjust(w) if num else str(c).ljust(w) for c, w, num in zip(row, widths, numeric))
+            + " |"
+        )
+
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if num else ("-" * (w + 2)) for w, num in zip(widths, numeric)) + "|"
+    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
+
+
+def comparison_frame(rs: RunSet):
+    """Every run with its dimensions, status and all of its figures (the CSV)."""
+    import pandas as pd
+
+    rows = []
+    for run in rs.runs:
+        row: dict[str, Any] = {"job": run.job, "run": rs.label(run)}
+        row.update({display_key(k): rs.value(run, k) for k in rs.dims})
+        row.update({"status": run.status, "error": run.error or "", "source": run.source})
+        row.update(figures(run))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def comparison_markdown(rs: RunSet, metrics: list[str]) -> str:
+    """One row per run: the dimensions that vary, then the chosen metrics."""
+    if len(rs.runs) == 1:  # a single run: its figures, one per line
+        run = rs.runs[0]
+        rows = [[metric(k).label, fmt(metric(k), figures(run).get(k))] for k in metrics if k in figures(run)]
+        return markdown_table(["metric", "value"], rows, [False, True])
+    show_status = any(r.status != "finished" for r in rs.runs)
+    headers = (
+        [display_key(k) for k in rs.dims] + (["status"] if show_status else []) + [metric(k).label for k in metrics]
+    )
+    rows = []
+    for run in rs.runs:
+        row = [str(rs.value(run, k)) for k in rs.dims] + ([run.status] if show_status else [])
+        row += [fmt(metric(k), figures(run).get(k)) for k in metrics]
+        rows.append(row)
+    numeric = [k in rs.axes for k in rs.dims] + ([False] if show_status else []) + [True] * len(metrics)
+    return markdown_table(headers, rows, numeric)
+
+
+def head_to_head_markdown(rs: RunSet, metrics: list[str]) -> str | None:
+    """The policies side by side with each one's gain over the baseline; None when there is
+    no policy to compare or nothing to put beside it."""
+    if rs.policy is None:
+        return None
+    values = rs.policy_values()
+    if len(values) < 2:
+        return None
+    others = [k for k in rs.dims if k != rs.policy]
+    cells: dict[tuple, dict[Any, Run]] = {}
+    for run in rs.runs:
+        key = tuple(str(rs.value(run, k)) for k in others)
+        cells.setdefault(key, {})[rs.value(run, rs.policy)] = run
+    base = values[0]
+    headers = [display_key(k) for k in others] + ["metric"] + [str(v) for v in values]
+    headers += [f"{v} vs {base}" for v in values[1:]]
+    rows = []
+    for key, by_policy in cells.items():
+        for k in metrics:
+            m = metric(k)
+            got = {v: (figures(by_policy[v]).get(k) if v in by_policy else None) for v in values}
+            if all(_missing(x) for x in got.values()):
+                continue
+            row = list(key) + [m.label]
+            row += [
+                fmt(m, got[v]) if v in by_policy and by_policy[v].summary else _status(by_policy.get(v)) for v in values
+            ]
+            row += [gain(m, got[base], got[v]) for v in values[1:]]
+            rows.append(row)
+    if not rows:
+        return None
+    numeric = [k in rs.axes for k in others] + [False] + [True] * (2 * len(values) - 1)
+    return markdown_table(headers, rows, numeric)
+
+
+def _status(run: Run | None) -> str:
+    return "not run" if run is None else run.status

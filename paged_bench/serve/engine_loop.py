@@ -1,0 +1,206 @@
+"""The engine behind the server: one background thread steps it continuously.
+
+The engine is not thread-safe, so only this thread touches it. HTTP handlers (on the asyncio
+event loop) ``submit`` requests and ``finish`` them early (client gone, stop string) through a
+command queue that the thread drains between steps: requests join and leave the batch between
+steps, which is continuous batching. After each step the thread hands every request's new
+tokens, and its end, to the event loop in one batch (``call_soon_threadsafe``), where each
+request's ``Stream`` queue receives them.
+
+If a step raises, every unfinished request ends with ``FinishReason.ERROR`` (its stream gets
+the error), its blocks are freed, and the loop goes on serving new requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from paged_bench.engine import Engine
+from paged_bench.request import FinishReason, Request
+
+log = logging.getLogger("paged_bench.serve")
+
+IDLE_POLL_S = 0.5  # an idle loop also wakes this often to notice a stop
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """What happened to one request since the last update."""
+
+    token_ids: list[int]  # new output tokens
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class Stream:
+    """The event-loop side of one request: its updates arrive on ``queue``."""
+
+    req: Request
+    queue: asyncio.Queue[Update] = field(default_factory=asyncio.Queue)
+    done: bool = False  # its final update was delivered
+
+    @property
+    def waiting(self) -> bool:
+        """Submitted but not scheduled yet (read across threads: one attribute, atomic)."""
+        return not self.done and self.req.first_scheduled_time is None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The engine's state after the last step, for /metrics (written by the engine thread)."""
+
+    running: int = 0
+    waiting: int = 0
+    num_blocks: int = 0
+    free_blocks: int = 0
+    preemptions: int = 0
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    steps: int = 0
+    errors: int = 0
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine, observer=None) -> None:
+        """``observer`` (optional) gets ``step(engine)`` after each step and ``finished(req)``
+        for each request that ends; called on the engine thread."""
+        self.engine = engine
+        self.observer = observer
+        self.snapshot = Snapshot(num_blocks=engine.allocator.layout.num_blocks,
+                                 free_blocks=engine.allocator.num_free_blocks)
+        self.streams: set[Stream] = set()  # event-loop side: every request not yet done
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._live: dict[Request, tuple[Stream, int]] = {}  # engine side: stream, tokens pushed
+        self._errors = 0
+        self._aio: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- event-loop side ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start stepping; call from the event loop that will consume the streams."""
+        self._aio = asyncio.get_running_loop()
+        self.engine.clock.start()
+        self._thread = threading.Thread(target=self._run, name="paged-bench-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort what is left, stop the thread, release the backend."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def num_waiting(self) -> int:
+        return sum(s.waiting for s in self.streams)
+
+    def submit(self, req: Request) -> Stream:
+        req.arrival_time = self.engine.clock.now()
+        stream = Stream(req)
+        self.streams.add(stream)
+        self._commands.put(("add", stream))
+        self._wake.set()
+        return stream
+
+    def finish(self, stream: Stream, reason: FinishReason = FinishReason.ABORT) -> None:
+        """End a request early (ABORT: the client went away; STOP: a stop string matched)."""
+        if not stream.done:
+            self._commands.put(("finish", stream, reason))
+            self._wake.set()
+
+    def _deliver(self, updates: list[tuple[Stream, Update]]) -> None:
+        for stream, update in updates:
+            if update.finish_reason is not None:
+                stream.done = True
+                self.streams.discard(stream)
+            stream.queue.put_nowait(update)
+
+    # -- engine thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while not self._stopping:
+                self._wake.clear()
+                self._drain()
+                if not engine.has_unfinished():
+                    self._publish()
+                    self._wake.wait(IDLE_POLL_S)
+                    continue
+                try:
+                    engine.step()
+                except Exception as e:  # the server must outlive a failed step
+                    log.exception("engine step failed; ending the affected requests")
+                    self._errors += 1
+                    engine.scheduler.abort_all(FinishReason.ERROR, engine.clock.now(), f"engine error: {type(e).__name__}: {e}")
+                if self.observer is not None:
+                    self.observer.step(engine)
+                self._publish()
+        finally:
+            engine.scheduler.abort_all(FinishReason.ABORT, engine.clock.now(), "the server is shutting down")
+            self._drain()  # requests submitted meanwhile end too
+            self._publish()
+            engine.backend.close()
+
+    def _drain(self) -> None:
+        engine, now = self.engine, self.engine.clock.now()
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            stream: Stream = command[1]
+            req = stream.req
+            if command[0] == "add":
+                self._live[req] = (stream, req.num_tokens)
+                if self._stopping:
+                    req.finish(FinishReason.ABORT, now, "the server is shutting down")
+                else:
+                    engine.add_request(req)  # a prompt that can never run is finished REJECTED
+            elif req in self._live:
+                engine.scheduler.finish_request(req, command[2], now)
+
+    def _publish(self) -> None:
+        """Hand new tokens and ends to the event loop, and refresh the snapshot."""
+        updates = []
+        for req, (stream, pushed) in list(self._live.items()):
+            n = req.num_tokens
+            if n > pushed or req.is_finished:
+                new = req.token_ids[pushed:n]
+                if req.is_finished:
+                    del self._live[req]
+                    updates.append((stream, Update(new, req.finish_reason, req.error)))
+                    if self.observer is not None:
+                        self.observer.finished(req)
+                else:
+                    self._live[req] = (stream, n)
+                    updates.append((stream, Update(new)))
+        if updates and self._aio is not None:
+            try:
+                self._aio.call_soon_threadsafe(self._deliver, updates)
+            except RuntimeError:  # the event loop is closed: nobody is listening any more
+                pass
+        sched, alloc = self.engine.scheduler, self.engine.allocator
+        counters = alloc.counters
+        self.snapshot = Snapshot(
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            num_blocks=alloc.layout.num_blocks,
+            free_blocks=alloc.num_free_blocks,
+            preemptions=sched.num_preemptions,
+            prefix_query_tokens=counters.prefix_query_tokens,
+            prefix_hit_tokens=counters.prefix_hit_tokens,
+            steps=self.engine.num_steps,
+            errors=self._errors,
+        )

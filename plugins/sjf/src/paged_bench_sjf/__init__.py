@@ -1,0 +1,1 @@
+"""Shortest-job-first scheduling for paged_bench (an example plugin package)."""

@@ -1,0 +1,144 @@
+"""The numpy, torch and hf_generate backends as the engine and the command line see them:
+wall-clock runs, the KV byte figures, options and their errors, a checkpoint's tokenizer,
+seeded sampling, and the generate-loop baseline serving the same weights."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+
+import pytest
+
+from paged_bench.app import run_job
+from paged_bench.build import build
+from paged_bench.errors import ConfigError
+from paged_bench.model.config import PRESETS
+from paged_bench.request import Request
+from tests.conftest import compose_config
+
+torch = pytest.importorskip("torch")
+
+SMALL_RUN = (
+    "backend.model=tiny", "workload=uniform", "workload.num_requests=6", "workload.rate=200",
+    "workload.prompt_len=16", "workload.output_len=8", "max_model_len=64", "tracking.enabled=false",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_real_backend_run_on_the_wall_clock_with_kv_bytes(tmp_path, backend):
+    cfg = compose_config(f"backend={backend}", "backend.threads=1", *SMALL_RUN)
+    outcome = run_job(cfg, tmp_path)
+    assert outcome.status == "finished"
+    s, tiny = outcome.summary, PRESETS["tiny"]
+    assert s["completed"] == 6 and s["total_output_tokens"] == 6 * 8
+    assert s["kv_bytes_per_token"] == tiny.num_layers * tiny.num_kv_heads * tiny.head_dim * 4 * 2
+    assert s["kv_reserved_bytes_peak"] == s["kv_reserved_slots_peak"] * s["kv_bytes_per_token"]
+    for r in outcome.result.requests:  # wall clock: tokens stamped as steps finish, after arrival
+        assert r.arrival_time <= r.first_scheduled_time <= r.token_times[0]
+        assert r.token_times == sorted(r.token_times) and r.token_times[-1] <= outcome.result.duration
+
+
+def test_wall_clock_is_the_default_for_real_backends():
+    assert build(compose_config("backend=numpy", *SMALL_RUN)).engine.clock.kind == "wall"
+    assert build(compose_config("backend=sim")).engine.clock.kind == "virtual"
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("backend.dtype=float16", "backend.dtype"),  # a GPU choice
+        ("backend.dtype=int8", "backend.dtype"),
+        ("backend.device=tpu", "backend.device"),
+        ("backend.threads=0", "backend.threads"),
+        ("backend.model=nope", "backend.model"),
+        ("backend.model_path=/nonexistent", "backend.model_path"),
+    ],
+)
+def test_torch_backend_option_errors_name_the_key(override, key):
+    with pytest.raises(ConfigError) as e:
+        build(compose_config("backend=torch", *SMALL_RUN, override))
+    assert e.value.key == key
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
+def test_device_auto_is_cpu_without_cuda_and_cuda_is_refused():
+    from paged_bench.backends.torch import TorchBackend
+
+    be = TorchBackend(model="tiny")
+    assert be.device.type == "cpu" and be.compute_dtype == "float32"
+    proc = subprocess.run(
+        [sys.executable, "-m", "paged_bench", "backend=torch", "backend.device=cuda", "backend.model=tiny"],
+        check=False, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: backend.device='cuda' is not allowed: auto or cpu: no CUDA device here"
+    ]
+
+
+@pytest.fixture(scope="module")
+def checkpoint_with_tokenizer(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<unk>", "<s>", "</s>", "hello", "world", "paged", "attention", "is", "fast"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf_tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    cfg = transformers.LlamaConfig(
+        vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("with-tokenizer")
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    hf_tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_checkpoint_tokenizer_is_the_backends(checkpoint_with_tokenizer, backend):
+    bench = build(compose_config(f"backend={backend}", f"backend.model_path={checkpoint_with_tokenizer}"))
+    be = bench.backend
+    assert type(be.tokenizer).__name__ == "HFTokenizer"
+    ids = be.tokenizer.encode("paged attention is fast")
+    assert ids == [5, 6, 7, 8]
+    assert be.tokenizer.decode(ids + [2]) == "paged attention is fast"  # special tokens skipped
+    assert be.eos_token_id == 2 and be.vocab_size == 9
+
+
+def test_seeded_sampling_does_not_depend_on_batch_company():
+    def outputs(max_batch: int) -> list[list[int]]:
+        bench = build(compose_config("backend=numpy", "backend.model=tiny", "clock=virtual", f"max_batch={max_batch}"))
+        reqs = [Request(i, 0.0, [10 + i] * (5 + i), 12, temperature=0.8, top_p=0.9, sampling_seed=i) for i in range(4)]
+        bench.engine.run(reqs)
+        return [r.output_token_ids for r in reqs]
+
+    one_at_a_time, together = outputs(1), outputs(4)
+    assert one_at_a_time == together
+    assert len({tuple(o) for o in together}) == 4  # and they are samples, not one greedy answer
+
+
+def test_hf_generate_serves_the_same_weights_one_request_at_a_time(tmp_path):
+    pytest.importorskip("transformers")
+    run = ("backend.model=tiny", "workload=uniform", "workload.num_requests=3", "workload.rate=1000",
+           "workload.prompt_len=12", "workload.output_len=10", "max_model_len=64", "tracking.enabled=false")  # fmt: skip
+    ours = run_job(compose_config("backend=numpy", *run), tmp_path / "ours")
+    hf = run_job(compose_config("backend=hf_generate", "scheduler=static", "max_batch=1", *run), tmp_path / "hf")
+    assert hf.status == "finished"
+    assert [r.output_token_ids for r in hf.result.requests] == [r.output_token_ids for r in ours.result.requests]
+    # one at a time: each request starts only after the one before it has finished
+    done = sorted(hf.result.requests, key=lambda r: r.first_scheduled_time)
+    assert all(a.finish_time <= b.first_scheduled_time for a, b in itertools.pairwise(done))
+    wrong = run_job(compose_config("backend=hf_generate", "max_batch=4", *run), tmp_path / "wrong")
+    assert wrong.status == "failed" and "one request at a time" in wrong.error
+
+
+def test_token_ids_outside_the_vocabulary_stop_the_run_with_a_clear_error():
+    bench = build(compose_config("backend=numpy", "backend.model=tiny", "clock=virtual"))
+    reqs = [Request(0, 0.0, [1, 2, 3], 4), Request(1, 0.0, [5, 9999], 4)]
+    result = bench.engine.run(reqs)
+    assert "request 1 has token ids outside the model's vocabulary (0 to 257)" in result.error
+    assert result.leaks == [] and all(r.finish_reason.value == "error" for r in reqs)

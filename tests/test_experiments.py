@@ -1,0 +1,167 @@
+"""The experiment registry (conf/experiment/): every experiment is documented, composes and
+builds for every job of its sweep, and on backend=sim shows what it says it shows; the
+seeds' experiment reproduces their shape through the CLI and the report."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from paged_bench import catalog
+from paged_bench.app import run_job
+from paged_bench.build import build
+from paged_bench.sweep import job_overrides
+from tests.tracking_support import run_cli
+
+CONF = Path(__file__).resolve().parents[1] / "conf" / "experiment"
+EXPERIMENTS = sorted(p.stem for p in CONF.glob("*.yaml"))
+
+
+def test_the_registry_has_the_issues_experiments():
+    assert {"seed_batching", "seed_paging", "block_size", "overload", "uniform_lengths", "pool_exhaustion",
+            "prefix_caching"} <= set(EXPERIMENTS)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_each_experiment_says_which_question_it_answers(name):
+    lines = (CONF / f"{name}.yaml").read_text().splitlines()
+    assert lines[0] == "# @package _global_"  # Hydra reads the header before any other comment
+    assert lines[1].startswith("# Question: ") and lines[1].endswith("?")
+    (entry,) = [e for e in catalog.experiments() if e.name == name]
+    assert entry.question.endswith("?") and entry.sweep
+
+
+@cache
+def jobs(name: str) -> list[tuple[list[str], dict]]:
+    """Every job of the experiment's sweep: its overrides and its resolved config."""
+    with initialize_config_module("paged_bench.conf", version_base="1.3"):
+        base = compose("config", overrides=[f"+experiment={name}"], return_hydra_config=True)
+        out = []
+        for overrides in job_overrides(base):  # the sweep's own, then +experiment=NAME, as Hydra passes them
+            cfg = compose("config", overrides=overrides)
+            out.append(
+                ([o for o in overrides if not o.startswith("+experiment=")], OmegaConf.to_container(cfg, resolve=True))
+            )
+    return out
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_job_of_every_experiment_composes_and_builds(name):
+    all_jobs = jobs(name)
+    assert len(all_jobs) >= 2
+    for overrides, cfg in all_jobs:
+        assert cfg["experiment_name"] == name  # MLflow groups its runs under its name
+        bench = build(cfg)  # every value checked, every plugin constructed
+        assert bench.requests, overrides
+
+
+@cache
+def results(name: str) -> dict[str, dict]:
+    """Run every job of the experiment on the sim; summary per job, keyed by its overrides."""
+    out = {}
+    for overrides, cfg in jobs(name):
+        assert cfg["backend"]["name"] == "sim"
+        outcome = run_job(cfg, Path(tempfile.mkdtemp(prefix="pb-exp-")))
+        assert outcome.status == "finished", (overrides, outcome.error)
+        out[" ".join(overrides)] = outcome.summary
+    return out
+
+
+def ttft_gain(r: dict[str, dict], max_batch: int) -> float:
+    """How many times lower continuous batching's median TTFT is than static's."""
+    static, continuous = (r[f"scheduler={s} max_batch={max_batch}"]["median_ttft_ms"] for s in ("static", "continuous"))
+    return static / continuous
+
+
+def test_seed_batching_continuous_cuts_ttft_more_as_the_batch_widens():
+    r = results("seed_batching")
+    gain = {b: ttft_gain(r, b) for b in (2, 4, 8, 16, 32)}
+    assert gain[16] > 4 and gain[32] > gain[16]  # several-fold at 16, more at 32
+    for scheduler in ("static", "continuous"):
+        throughput = [r[f"scheduler={scheduler} max_batch={b}"]["output_throughput"] for b in (2, 4, 8, 16, 32)]
+        assert throughput == sorted(throughput), (scheduler, throughput)  # rises with max_batch
+
+
+def test_seed_paging_contiguous_reserves_several_times_more():
+    r = results("seed_paging")
+    contiguous, paged = r["allocator=contiguous"], r["allocator=paged"]
+    assert contiguous["kv_live_slots_peak"] == paged["kv_live_slots_peak"]  # the same tokens live
+    assert contiguous["kv_reserved_slots_peak"] > 3 * paged["kv_reserved_slots_peak"]
+    assert paged["kv_waste_pct"] < 10 < contiguous["kv_waste_pct"]
+
+
+def test_block_size_trades_waste_for_table_size():
+    r = results("block_size")
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
+    waste = [r[f"block_size={b}"]["kv_waste_pct"] for b in sizes]
+    entries = [r[f"block_size={b}"]["kv_reserved_slots_peak"] / b for b in sizes]
+    assert waste == sorted(waste) and waste[0] == 0 and waste[-1] > 20
+    assert entries == sorted(entries, reverse=True)
+
+
+def test_overload_static_falls_furthest_behind():
+    r = results("overload")
+    static, continuous = r["scheduler=static"], r["scheduler=continuous"]
+    assert static["median_ttft_ms"] > continuous["median_ttft_ms"] > 1000  # everyone queues at 100 req/s
+    assert static["output_throughput"] < continuous["output_throughput"]
+    assert r["scheduler=preemptive"]["num_preemptions"] == 0  # the pool holds max_batch full sequences
+
+
+def test_uniform_lengths_static_nearly_catches_up():
+    uniform, heavy = results("uniform_lengths"), results("seed_batching")
+    for b in (16, 32):
+        gap = {"uniform": ttft_gain(uniform, b), "heavy": ttft_gain(heavy, b)}
+        assert gap["uniform"] < gap["heavy"], (b, gap)
+        throughput = uniform[f"scheduler=static max_batch={b}"]["output_throughput"]
+        assert throughput > 0.85 * uniform[f"scheduler=continuous max_batch={b}"]["output_throughput"]
+
+
+def test_pool_exhaustion_preempts_more_as_the_pool_shrinks():
+    r = results("pool_exhaustion")
+    for mode in ("recompute", "swap"):
+        preemptions = [r[f"scheduler.mode={mode} num_blocks={n}"]["num_preemptions"] for n in (256, 128, 64, 40)]
+        assert preemptions == sorted(preemptions) and preemptions[-1] > 0, (mode, preemptions)
+        assert all(r[f"scheduler.mode={mode} num_blocks={n}"]["completed"] == 48 for n in (256, 128, 64, 40))
+    assert r["scheduler.mode=swap num_blocks=40"]["swapped_blocks"] > 0
+    assert r["scheduler.mode=swap num_blocks=40"]["recomputed_tokens"] == 0
+    assert r["scheduler.mode=recompute num_blocks=40"]["recomputed_tokens"] > 0
+
+
+def test_prefix_caching_hits_and_cuts_ttft():
+    r = results("prefix_caching")
+    off, on = r["allocator.prefix_caching=False"], r["allocator.prefix_caching=True"]
+    assert off["prefix_cache_hit_rate"] == 0 and on["prefix_cache_hit_rate"] > 0.5
+    assert on["median_ttft_ms"] < off["median_ttft_ms"] / 5
+
+
+def test_the_listing_command_shows_every_experiment(tmp_path):
+    proc = run_cli(tmp_path, "--experiments")
+    assert proc.returncode == 0, proc.stderr
+    for name in EXPERIMENTS:
+        (line,) = [l for l in proc.stdout.splitlines() if l.strip().startswith(name + " ")]
+        assert line.rstrip().endswith("?")
+
+
+@pytest.mark.slow
+def test_seed_batching_through_the_cli_and_its_report(tmp_path):
+    """The README's results: the issue's command, then the report of its sweep."""
+    proc = run_cli(tmp_path, "-m", "+experiment=seed_batching", "backend=sim", "tracking.enabled=false")
+    assert proc.returncode == 0, proc.stderr
+    (sweep_dir,) = [p.parent for p in tmp_path.glob("runs/multirun/*/*/sweep.json")]
+    report = run_cli(tmp_path, str(sweep_dir), module="paged_bench.report")
+    assert report.returncode == 0, report.stderr
+    md = report.stdout
+    assert md.startswith("### seed_batching") and "continuous vs static" in md
+    s16 = json.loads((sweep_dir / "3" / "summary.json").read_text())  # job 3: static, max_batch 16
+    c16 = json.loads((sweep_dir / "8" / "summary.json").read_text())  # job 8: continuous, max_batch 16
+    row = next(l for l in md.splitlines() if l.startswith("|        16 | TTFT p50"))
+    assert f"{s16['median_ttft_ms']:,.0f}" in row and f"{c16['median_ttft_ms']:,.0f}" in row
+    assert f"{s16['median_ttft_ms'] / c16['median_ttft_ms']:.2f}x" in row
+    for png in ("ttft_cdf.png", "vs_max_batch.png", "kv_over_time.png"):
+        assert (sweep_dir / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,135 @@
+"""Reports: runs and sweeps on disk -> the comparison table (CSV + markdown), the head-to-head
+view with each policy's gain over the baseline, and the PNG plots; from the figures the runs
+wrote, never typed in."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from paged_bench.app import run_job
+from paged_bench.report.__main__ import main as report_main
+from paged_bench.report.build import build_report, run_plots
+from paged_bench.report.load import RunSet, find_runs, save_config
+from paged_bench.report.tables import gain, metric
+from tests.conftest import compose_config
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def make_sweep(root: Path, jobs: list[list[str]], extra: tuple[str, ...] = ()) -> Path:
+    """A sweep folder as the CLI leaves it: one run folder per job, named by its number."""
+    for num, overrides in enumerate(jobs):
+        run_dir = root / str(num)
+        config = compose_config(*overrides, *extra)
+        save_config(run_dir, config)
+        run_job(config, run_dir)
+    return root
+
+
+def batching_sweep(root: Path) -> Path:
+    jobs = [[f"scheduler={s}", f"max_batch={b}"] for s in ("static", "continuous") for b in (4, 16)]
+    return make_sweep(root, jobs, ("workload.num_requests=24",))
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    return batching_sweep(tmp_path_factory.mktemp("sweep"))
+
+
+def test_the_runs_and_what_varies_between_them(sweep):
+    runs = find_runs(sweep)
+    assert [r.job for r in runs] == [0, 1, 2, 3] and all(r.status == "finished" for r in runs)
+    rs = RunSet.of(runs)
+    assert rs.dims == ["scheduler.name", "max_batch"]  # max_batch, not its twin scheduler.max_batch
+    assert rs.policy == "scheduler.name" and rs.axes == ["max_batch"]
+    assert rs.policy_values() == ["static", "continuous"]  # sweep order: static is the baseline
+    assert rs.label(runs[1]) == "scheduler=static max_batch=16"
+
+
+def test_the_report_tables_hold_the_runs_own_figures(sweep, tmp_path):
+    rep = build_report(find_runs(sweep), tmp_path, title="batching")
+    summaries = [json.loads((sweep / str(j) / "summary.json").read_text()) for j in range(4)]
+    table = pd.read_csv(tmp_path / "table.csv")
+    assert list(table["scheduler"]) == ["static", "static", "continuous", "continuous"]
+    assert list(table["max_batch"]) == [4, 16, 4, 16]
+    assert table["median_ttft_ms"].tolist() == pytest.approx([s["median_ttft_ms"] for s in summaries])
+    assert table["output_throughput"].tolist() == pytest.approx([s["output_throughput"] for s in summaries])
+
+    # head to head: static and continuous side by side per max_batch, with continuous's gain
+    row = next(l for l in rep.markdown.splitlines() if l.startswith("|        16 | TTFT p50"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    static, continuous = summaries[1]["median_ttft_ms"], summaries[3]["median_ttft_ms"]  # jobs 1 and 3: max_batch 16
+    assert cells[2:] == [f"{static:,.0f}", f"{continuous:,.0f}", gain(metric("median_ttft_ms"), static, continuous)]
+    assert rep.markdown.startswith("### batching") and "| continuous vs static |" in rep.markdown
+    assert (tmp_path / "report.md").read_text() == rep.markdown
+    for name in ("ttft_cdf.png", "vs_max_batch.png", "kv_over_time.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG and f"]({name})" in rep.markdown
+    assert not (tmp_path / "preemptions_over_time.png").exists()  # nothing was preempted
+
+
+def test_gains_point_the_right_way():
+    assert gain(metric("median_ttft_ms"), 1000.0, 100.0) == "10.0x"  # lower is better: 10x better
+    assert gain(metric("output_throughput"), 400.0, 600.0) == "1.50x"  # higher is better
+    assert gain(metric("median_ttft_ms"), 100.0, None) == "n/a" and gain(metric("num_preemptions"), 0, 0) == "n/a"
+
+
+def test_preemptions_are_plotted_when_there_are_any(tmp_path):
+    jobs = [[f"scheduler.mode={m}"] for m in ("recompute", "swap")]
+    sweep = make_sweep(tmp_path / "sweep", jobs, ("scheduler=preemptive", "max_batch=32", "num_blocks=40"))
+    rep = build_report(find_runs(sweep), tmp_path / "out")
+    assert (tmp_path / "out" / "preemptions_over_time.png").read_bytes()[:8] == PNG
+    assert "recompute" in rep.markdown and "swap vs recompute" in rep.markdown
+
+
+def test_failed_runs_are_listed_not_dropped(tmp_path):
+    sweep = make_sweep(tmp_path / "sweep", [["max_batch=8"]])
+    failed = tmp_path / "sweep" / "1"
+    save_config(failed, {**compose_config("max_batch=8"), "max_batch": -1})
+    (failed / "run_info.json").write_text(json.dumps({"status": "failed", "error": "max_batch=-1 is not allowed"}))
+    rep = build_report(find_runs(sweep), tmp_path / "out")
+    assert rep.num_failed == 1
+    assert "- max_batch=-1: failed: max_batch=-1 is not allowed" in rep.markdown
+    assert "| failed" in rep.table
+
+
+def test_a_single_run_gets_its_figures_and_plots(tmp_path):
+    run_dir = make_sweep(tmp_path / "runs", [["max_batch=8"]]) / "0"
+    plots = run_plots(run_dir)
+    assert {p.name for p in plots} == {"ttft_cdf.png", "kv_over_time.png"}
+    rep = build_report(find_runs(run_dir), tmp_path / "out", metrics=["completed", "median_ttft_ms"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = {
+        cells[0]: cells[1] for cells in ([c.strip() for c in l.strip("|").split("|")] for l in rep.table.splitlines())
+    }
+    assert rows["TTFT p50 (ms)"] == f"{summary['median_ttft_ms']:,.0f}" and rows["completed"] == str(
+        summary["completed"]
+    )
+
+
+def test_the_command_writes_next_to_the_sweep_and_prints_the_markdown(sweep, capsys):
+    assert report_main([str(sweep), "--metrics", "output_throughput,p99_ttft_ms", "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "output throughput (tok/s)" in out and "TTFT p99 (ms)" in out and "TTFT p50" not in out
+    assert (sweep / "report" / "table.md").is_file() and (sweep / "report" / "report.md").read_text() == out.rstrip(
+        "\n"
+    ) + "\n"
+
+
+def test_the_command_says_when_there_is_nothing_to_report(tmp_path, capsys):
+    assert report_main([str(tmp_path)]) == 1
+    assert "no runs found" in capsys.readouterr().err
+
+
+def test_the_markdown_file_links_to_the_plots_from_where_it_is(sweep, tmp_path, capsys):
+    md = tmp_path / "docs" / "results.md"
+    assert report_main([str(sweep), "--out", str(tmp_path / "docs" / "results" / "batching"), "--md", str(md)]) == 0
+    text = md.read_text()
+    assert text == capsys.readouterr().out.rstrip("\n") + "\n"
+    links = re.findall(r"\]\(([^)]+)\)", text)
+    assert "results/batching/vs_max_batch.png" in links and "results/batching/table.csv" in links
+    assert all((md.parent / link).is_file() for link in links)

@@ -1,0 +1,54 @@
+"""Incremental detokenization and stop strings (serve.text), with the byte tokenizer."""
+
+from __future__ import annotations
+
+from paged_bench.serve.text import TextStream, chat_renderer, simple_chat_template
+from paged_bench.tokenizer import ByteTokenizer
+
+TOK = ByteTokenizer()
+
+
+def deltas(text: str, stop: tuple[str, ...] = ()) -> tuple[list[str], TextStream]:
+    stream, out = TextStream(TOK.decode, stop), []
+    for t in TOK.encode(text):
+        out.append(stream.add(t))
+        if stream.stopped:  # the server ends the request here
+            break
+    return out, stream
+
+
+def test_one_delta_per_token_and_the_text_adds_up():
+    out, stream = deltas("héllo ✓")
+    assert len(out) == len("héllo ✓".encode())
+    assert "".join(out) + stream.flush() == "héllo ✓"
+
+
+def test_incomplete_utf8_is_held_back_until_complete():
+    out, _ = deltas("é✓")  # 2 + 3 bytes
+    assert out == ["", "é", "", "", "✓"]
+
+
+def test_stop_string_cuts_the_text_before_it():
+    out, stream = deltas("one two STOP three", stop=("STOP",))
+    assert stream.stopped
+    assert "".join(out) == "one two "
+    assert len(out) == len("one two STOP")  # stops at the token that completes the string
+    assert stream.flush() == ""
+
+
+def test_a_possible_stop_prefix_is_held_back_then_released():
+    out, stream = deltas("aST b", stop=("STOP",))
+    assert out[:3] == ["a", "", ""]  # "S", "ST" could start "STOP"
+    assert out[3] == "ST "  # no: released with the next character
+    assert not stream.stopped and "".join(out) + stream.flush() == "aST b"
+
+
+def test_earliest_of_several_stop_strings_wins():
+    out, stream = deltas("xx<end>yy", stop=("yy", "<end>"))
+    assert stream.stopped and "".join(out) == "xx"
+
+
+def test_simple_chat_template_for_tokenizers_without_one():
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert simple_chat_template(messages) == "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n"
+    assert chat_renderer(TOK)(messages) == TOK.encode(simple_chat_template(messages))

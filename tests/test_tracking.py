@@ -1,0 +1,175 @@
+"""MLflow tracking: what a run logs (params, metrics = summary.json keys, step series, tags,
+artifacts) to the default store under runs/, a store that fails (warn once, results kept,
+exit 0), and an interrupted run (KILLED, never RUNNING)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from paged_bench.engine import STEP_COLUMNS
+from paged_bench.tracking import store
+from paged_bench.tracking.runs import PREEMPTIONS_SERIES, STEP_SERIES, JobRecord, log_job, params_of, step_metrics
+from tests.tracking_support import artifact_paths, cli_env, client, fresh_store, run_cli, runs_of
+
+
+def _run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.glob("runs/20*/*/run_info.json"))
+
+
+def test_a_run_logs_its_config_summary_steps_and_files_to_the_default_store(tmp_path):
+    uri = fresh_store(tmp_path)  # where the CLI looks when MLFLOW_TRACKING_URI is unset
+    proc = run_cli(tmp_path, "max_batch=8", "scheduler=static", "tracking.step_metrics=100000")  # every step
+    assert proc.returncode == 0, proc.stderr
+    assert "warning" not in proc.stderr
+    (run_dir,) = _run_dirs(tmp_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+
+    c, runs = runs_of(uri, "paged_bench")
+    (run,) = runs
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "max_batch=8 scheduler=static tracking.step_metrics=100000"
+    assert run.info.artifact_uri.startswith(f"file://{tmp_path}/runs/mlartifacts/")
+    # params: the resolved config, flattened
+    params = run.data.params
+    assert params["scheduler.name"] == "static" and params["max_batch"] == "8" and params["scheduler.max_batch"] == "8"
+    assert params["allocator.name"] == "paged" and params["block_size"] == "16" and params["backend.name"] == "sim"
+    assert params["workload.rate"] == "25.0" and params["seed"] == "0" and params["num_blocks"] == "null"
+    assert not any(k.startswith("tracking.") for k in params)
+    # metrics: exactly summary.json's non-null keys (plus the step series), same values
+    logged = {k: v for k, v in run.data.metrics.items() if not k.startswith("step/")}
+    assert logged == pytest.approx({k: float(v) for k, v in summary.items() if v is not None})
+    # step series: one point per engine step, step = its index
+    steps = (run_dir / "steps.csv").read_text().splitlines()[1:]
+    history = c.get_metric_history(run.info.run_id, "step/batch_size")
+    assert len(history) == len(steps) and [m.step for m in history] == list(range(len(steps)))
+    batch_col = STEP_COLUMNS.index("batch_size")
+    assert [m.value for m in history] == [float(row.split(",")[batch_col]) for row in steps]
+    assert {"step/queue_length", "step/kv_live_slots", "step/kv_reserved_slots", PREEMPTIONS_SERIES} <= set(
+        run.data.metrics
+    )
+    # tags and artifacts
+    tags = run.data.tags
+    assert tags["experiment"] == "paged_bench" and tags["host"] and tags["status"] == "finished"
+    assert len(tags.get("git_commit", "0" * 40)) == 40
+    assert tags["run_dir"] == str(run_dir)
+    assert {"summary.json", "requests.csv", "steps.csv", "run_info.json", "config.yaml", "plots"} <= artifact_paths(
+        c, run.info.run_id
+    )
+    assert {"plots/kv_over_time.png", "plots/ttft_cdf.png"} <= artifact_paths(c, run.info.run_id, "plots")
+
+
+def test_tracking_can_be_turned_off(tmp_path):
+    proc = run_cli(tmp_path, "tracking.enabled=false")
+    assert proc.returncode == 0, proc.stderr
+    assert _run_dirs(tmp_path) and not (tmp_path / "runs" / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("broken", ["unreachable", "not_a_database"])
+def test_a_failing_store_warns_once_and_keeps_the_results(tmp_path, broken):
+    if broken == "unreachable":
+        uri = "http://127.0.0.1:9"  # discard port: nothing listens
+    else:
+        (tmp_path / "garbage.db").write_text("this is not an SQLite database\n" * 100)
+        uri = f"sqlite:///{tmp_path / 'garbage.db'}"
+    proc = run_cli(tmp_path, MLFLOW_TRACKING_URI=uri, MLFLOW_HTTP_REQUEST_MAX_RETRIES="0")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("warning: MLflow tracking failed") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (run_dir,) = _run_dirs(tmp_path)
+    assert json.loads((run_dir / "summary.json").read_text())["completed"] == 48
+    assert str(run_dir) in proc.stderr  # the warning says where the results are
+    assert "requests completed" in proc.stdout  # the summary table was printed
+
+
+@pytest.mark.slow
+def test_ctrl_c_marks_the_run_killed_and_keeps_what_was_measured(tmp_path):
+    uri = fresh_store(tmp_path)
+    # 1.6 million one-sequence steps: tens of seconds on the sim, so the signal lands inside the run
+    args = ["workload.num_requests=4000", "workload.output_len=400", "max_model_len=1024", "max_batch=1"]
+    proc = subprocess.Popen([sys.executable, "-m", "paged_bench", *args], cwd=tmp_path, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 60
+    while not list(tmp_path.glob("runs/20*/*/config.yaml")) and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.5)  # past building the engine (well under a second for 2000 requests)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    (run_dir,) = [p.parent for p in tmp_path.glob("runs/20*/*/config.yaml")]
+    info = json.loads((run_dir / "run_info.json").read_text())
+    assert info["status"] == "interrupted"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert 0 < summary["completed"] < 4000  # what finished before Ctrl-C is kept
+    _, (run,) = runs_of(uri, "paged_bench")
+    assert run.info.status == "KILLED" and run.data.tags["status"] == "interrupted"
+    assert run.data.metrics["completed"] == summary["completed"]
+
+
+# -- the pieces, in-process -------------------------------------------------------------------
+
+
+def _steps(n: int, preempt_at: tuple[int, ...] = ()) -> list[tuple]:
+    col = {c: i for i, c in enumerate(STEP_COLUMNS)}
+    rows = []
+    for i in range(n):
+        row = [0] * len(STEP_COLUMNS)
+        row[col["step"]], row[col["time"]], row[col["batch_size"]] = i, 0.01 * (i + 1), i % 7
+        row[col["preemptions"]] = 1 if i in preempt_at else 0
+        rows.append(tuple(row))
+    return rows
+
+
+def test_step_series_are_thinned_without_losing_preemptions_or_the_last_step():
+    steps = _steps(1000, preempt_at=(3, 5, 998))
+    metrics = step_metrics(steps, start_ms=1_000_000, max_points=100)
+    series = {name: [m for m in metrics if m.key == name] for name in [*STEP_SERIES.values(), PREEMPTIONS_SERIES]}
+    assert all(len(points) == 101 for points in series.values())  # every 10th step, plus the last
+    assert series[PREEMPTIONS_SERIES][-1].value == 3 and series[PREEMPTIONS_SERIES][-1].step == 999
+    batch = series["step/batch_size"]
+    assert [m.step for m in batch[:3]] == [0, 10, 20] and [m.value for m in batch[:3]] == [0.0, 3.0, 6.0]
+    assert batch[1].timestamp == 1_000_000 + 110  # the run's clock: step 10 ended at 0.11 s
+    assert step_metrics(steps, 0, 0) == [] and step_metrics([], 0, 100) == []
+    assert len([m for m in step_metrics(_steps(50), 0, 100) if m.key == "step/batch_size"]) == 50
+
+
+def test_params_flatten_the_config_and_leave_out_the_store():
+    params = params_of({"scheduler": {"name": "sjf", "noise": 0.5}, "slo": {"ttft_ms": None},
+                        "report": {"metrics": ["a", "b"]}, "tracking": {"uri": "http://user:secret@host"}})  # fmt: skip
+    assert params == {
+        "scheduler.name": "sjf",
+        "scheduler.noise": "0.5",
+        "slo.ttft_ms": "null",
+        "report.metrics": '["a", "b"]',
+    }
+
+
+def test_the_store_is_absolute_and_the_environment_overrides_the_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert store.resolve_uri() == f"sqlite:///{tmp_path}/runs/mlflow.db"
+    assert store.artifact_root(store.resolve_uri()) == tmp_path / "runs" / "mlartifacts"
+    assert store.resolve_uri("sqlite:///rel/x.db") == f"sqlite:///{tmp_path}/rel/x.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert store.resolve_uri() == "http://127.0.0.1:5000" and store.artifact_root("http://127.0.0.1:5000") is None
+    assert store.resolve_uri("sqlite:////abs/y.db") == "sqlite:////abs/y.db"  # tracking.uri beats the environment
+
+
+def test_a_job_that_failed_is_logged_failed_with_its_error(tmp_path):
+    uri = fresh_store(tmp_path)
+    (tmp_path / "config.yaml").write_text("max_batch: -1\n")
+    config = {"max_batch": -1, "experiment_name": "unit"}
+    record = JobRecord(config, tmp_path, "failed", "max_batch=-1 is not allowed", start_time=time.time(),
+                       run_name="max_batch=-1", artifacts=[tmp_path / "config.yaml"])  # fmt: skip
+    run_id = log_job(record, {"uri": uri})
+    run = client(uri).get_run(run_id)
+    assert run.info.status == "FAILED" and run.data.tags["error"] == "max_batch=-1 is not allowed"
+    assert run.data.params == {"max_batch": "-1", "experiment_name": "unit"} and run.data.metrics == {}
+    assert artifact_paths(client(uri), run_id) == {"config.yaml"}
