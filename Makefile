@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run serve test bench ui clean
+.PHONY: install run serve test bench ui results clean
 
 install: $(STAMP)
 
@@ -37,6 +37,13 @@ ui: install
 	mkdir -p runs
 	MLFLOW_DISABLE_TELEMETRY=true MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(VENV)/bin/mlflow ui \
 		--backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port $(UI_PORT)
+
+# make results: rerun the seeds' two experiments on the simulator and write their report into
+# the README's results section (and docs/results/: tables and plots)
+results: install
+	$(PY) -m paged_bench -m +experiment=seed_batching backend=sim
+	$(PY) -m paged_bench -m +experiment=seed_paging backend=sim
+	$(PY) -m paged_bench.report --experiment seed_batching --experiment seed_paging --out docs/results --into README.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks .hypothesis

@@ -133,3 +133,18 @@ def test_the_markdown_file_links_to_the_plots_from_where_it_is(sweep, tmp_path, 
     links = re.findall(r"\]\(([^)]+)\)", text)
     assert "results/batching/vs_max_batch.png" in links and "results/batching/table.csv" in links
     assert all((md.parent / link).is_file() for link in links)
+
+
+def test_into_rewrites_only_the_marked_section_of_a_file(sweep, tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("# Title\n\n<!-- report:start -->\nold table\n<!-- report:end -->\n\nAfter.\n")
+    assert report_main([str(sweep), "--out", str(tmp_path / "docs" / "results"), "--into", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("# Title\n\n<!-- report:start -->\n### ") and text.endswith("<!-- report:end -->\n\nAfter.\n")
+    assert "old table" not in text
+    links = re.findall(r"\]\(([^)]+)\)", text)
+    assert links and all((tmp_path / link).is_file() for link in links)
+    unmarked = tmp_path / "plain.md"
+    unmarked.write_text("no markers\n")
+    assert report_main([str(sweep), "--no-plots", "--into", str(unmarked)]) == 1
+    assert "no <!-- report:start -->" in capsys.readouterr().err and unmarked.read_text() == "no markers\n"

@@ -17,7 +17,6 @@ from paged_bench.allocators.block_pool import BlockPool
 from paged_bench.errors import check, check_int
 from paged_bench.request import Request
 
-
 _NEVER = 1 << 62
 
 

@@ -3,7 +3,8 @@
 PATH is a run directory, a sweep directory, or any folder of runs; ``--experiment NAME`` takes
 the latest sweep of that MLflow experiment (from the same store the runs were logged to). Each
 source gets its folder of files (``table.csv``, ``table.md``, ``report.md``, PNGs); the
-markdown is printed too.
+markdown is printed too. ``--into FILE`` replaces the part of FILE between the lines
+``<!-- report:start -->`` and ``<!-- report:end -->`` (how the README's results are made).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from paged_bench.errors import PagedBenchError
 
+START, END = "<!-- report:start -->", "<!-- report:end -->"
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m paged_bench.report", description=__doc__.split("\n\n")[0])
@@ -22,6 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", action="append", default=[], help="an MLflow experiment (repeatable)")
     p.add_argument("--out", type=Path, help="where the files go (default: PATH/report, runs/reports/NAME)")
     p.add_argument("--md", type=Path, help="also write all sections to this markdown file, its links relative to it")
+    p.add_argument("--into", type=Path, help=f"write all sections into this file between {START} and {END}")
     p.add_argument("--metrics", help="comma-separated summary keys (default: the experiment's report.metrics)")
     p.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else ./runs/mlflow.db)")
     p.add_argument("--no-plots", action="store_true")
@@ -29,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _report(runs, out: Path, name: str, args) -> str:
-    from paged_bench.catalog import experiment_description
+    from paged_bench.cli.catalog import experiment_description
     from paged_bench.report.build import build_report
 
     metrics = args.metrics.split(",") if args.metrics else None
@@ -37,7 +41,18 @@ def _report(runs, out: Path, name: str, args) -> str:
     rep = build_report(runs, out, title=title, description=experiment_description(title), metrics=metrics,
                        plots=not args.no_plots)  # fmt: skip
     print(f"report of {len(runs)} run(s) -> {out}", file=sys.stderr)
-    return rep.markdown_at(args.md.resolve().parent if args.md else rep.out_dir)
+    target = args.into or args.md
+    return rep.markdown_at(target.resolve().parent if target else rep.out_dir)
+
+
+def write_into(path: Path, markdown: str) -> None:
+    """Replace what stands between the report markers of ``path``; the rest stays as it is."""
+    text = path.read_text() if path.exists() else ""
+    head, start, rest = text.partition(START)
+    _, end, tail = rest.partition(END)
+    if not (start and end):
+        raise PagedBenchError(f"{path} has no {START} ... {END} section to write the report into")
+    path.write_text(f"{head}{START}\n{markdown}{END}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     markdown = "\n".join(sections)  # each ends with a newline: a blank line between them
+    try:
+        if args.into:
+            write_into(args.into, markdown)
+    except PagedBenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
     if args.md:
         args.md.parent.mkdir(parents=True, exist_ok=True)
         args.md.write_text(markdown)

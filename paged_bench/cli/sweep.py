@@ -127,7 +127,7 @@ def start(config: DictConfig) -> None:
     info["shared_keys"] = [o.get_key_element() for o in _safe_overrides(config) if not o.is_sweep_override()]
     info["tracking"] = asdict(link) if link else None
     (sweep_dir / SWEEP_FILE).write_text(json.dumps(info, indent=2) + "\n")
-    from paged_bench.progress import SweepBar
+    from paged_bench.cli.progress import SweepBar
 
     _active = _Sweep(sweep_dir, total, experiment, link, SweepBar(sweep_dir, total, job_counts))
     _outcome = None
@@ -179,7 +179,7 @@ def _summarize(sweep: _Sweep) -> tuple[int, int, list[Path], str | None]:
     jobs = max(len(runs), sweep.total or 0)
     failed += jobs - len(runs)  # jobs that never ran (an interrupted sweep)
     try:
-        from paged_bench.catalog import experiment_description
+        from paged_bench.cli.catalog import experiment_description
         from paged_bench.report.build import build_report
 
         report = build_report(runs, sweep.sweep_dir / REPORT_DIR, title=sweep.experiment,
