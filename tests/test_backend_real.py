@@ -62,13 +62,14 @@ def test_torch_backend_option_errors_name_the_key(override, key):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
-def test_device_auto_is_cpu_without_cuda_and_cuda_is_refused():
+def test_device_auto_is_cpu_without_cuda_and_cuda_is_refused(tmp_path):
     from paged_bench.backends.torch import TorchBackend
 
     be = TorchBackend(model="tiny")
     assert be.device.type == "cpu" and be.compute_dtype == "float32"
     proc = subprocess.run(
-        [sys.executable, "-m", "paged_bench", "backend=torch", "backend.device=cuda", "backend.model=tiny"],
+        [sys.executable, "-m", "paged_bench", "backend=torch", "backend.device=cuda", "backend.model=tiny",
+         f"hydra.run.dir={tmp_path}", "tracking.enabled=false"],
         check=False, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2

@@ -13,9 +13,9 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from paged_bench.cli import catalog
 from paged_bench.app import run_job
 from paged_bench.build import build
+from paged_bench.cli import catalog
 from paged_bench.cli.sweep import job_overrides
 from tests.tracking_support import run_cli
 

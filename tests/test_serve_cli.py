@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -14,8 +15,9 @@ from paged_bench.loadgen.spawn import free_port
 
 
 def run_serve(*overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "paged_bench.serve", *overrides], capture_output=True, text=True,
-                          timeout=60, check=False)
+    with tempfile.TemporaryDirectory() as run_dir:  # keeps the checkout's runs/ clean
+        return subprocess.run([sys.executable, "-m", "paged_bench.serve", *overrides, f"hydra.run.dir={run_dir}"],
+                              capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_ctrl_c_shuts_down_cleanly_even_mid_stream(tmp_path):
