@@ -17,17 +17,10 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from hydra import compose, initialize_config_module
-from omegaconf import OmegaConf
-
 from paged_bench.app import JobOutcome, run_job
+from paged_bench.config import compose_config
 
 WORKLOAD = ("workload=uniform", "workload.prompt_len=64", "workload.output_len=64")
-
-
-def config(*overrides: str) -> dict:
-    with initialize_config_module("paged_bench.conf", version_base="1.3"):
-        return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
 
 
 def in_flight(outcome: JobOutcome) -> float:
@@ -51,8 +44,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for rate in args.rates.split(","):
             base = (*WORKLOAD, f"workload.num_requests={args.requests}", f"workload.rate={rate}", *args.overrides)
-            local = run_job(config(*base, "target=engine"), Path(tmp, f"engine-{rate}"))
-            served = run_job(config(*base, "target=served"), Path(tmp, f"served-{rate}"))
+            local = run_job(compose_config(*base, "target=engine"), Path(tmp, f"engine-{rate}"))
+            served = run_job(compose_config(*base, "target=served"), Path(tmp, f"served-{rate}"))
             overhead = served.summary["http_ttft_overhead_ms"]
             delta = abs(served.summary["median_ttft_ms"] - local.summary["median_ttft_ms"])
             for name, out in (("engine", local), ("served", served)):

@@ -17,19 +17,12 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from hydra import compose, initialize_config_module
-from omegaconf import OmegaConf
-
 from paged_bench.app import run_job
+from paged_bench.config import compose_config
 from paged_bench.model.calibrate import calibrate, default_shapes
 from paged_bench.model.roofline import measure_cpu, save_preset
 
 KEYS = ("median_ttft_ms", "output_throughput")
-
-
-def config(*overrides: str) -> dict:
-    with initialize_config_module("paged_bench.conf", version_base="1.3"):
-        return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
 
 
 def measure(overrides: list[str], repeats: int) -> dict[str, float]:
@@ -37,7 +30,7 @@ def measure(overrides: list[str], repeats: int) -> dict[str, float]:
     runs = []
     for _ in range(repeats):
         with tempfile.TemporaryDirectory() as d:
-            runs.append(run_job(config(*overrides, "tracking.enabled=false"), Path(d)).summary)
+            runs.append(run_job(compose_config(*overrides, "tracking.enabled=false"), Path(d)).summary)
     return {k: statistics.median(r[k] for r in runs) for k in KEYS}
 
 
@@ -50,7 +43,7 @@ def main() -> None:
     args = p.parse_args()
     preset = args.preset
     if preset is None:
-        cfg = config("backend=numpy")
+        cfg = compose_config("backend=numpy")
         cost, info = calibrate(cfg, measure_cpu(), default_shapes(cfg["max_model_len"]), repeats=5)
         save_preset(args.out, cost, info)
         preset = args.out

@@ -25,21 +25,15 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_module
-from omegaconf import OmegaConf
 
 from paged_bench.app import run_job
+from paged_bench.config import compose_config
 from paged_bench.engine import STEP_COLUMNS
 from paged_bench.model.config import DTYPE_BYTES, PRESETS
 from paged_bench.model.hf import to_transformers
 from paged_bench.model.weights import random_state
 
 COL = {name: i for i, name in enumerate(STEP_COLUMNS)}
-
-
-def config(*overrides: str) -> dict:
-    with initialize_config_module("paged_bench.conf", version_base="1.3"):
-        return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, seconds: float = 2.0) -> float:
@@ -57,7 +51,7 @@ def copy_bandwidth(nbytes: int = 1 << 30, seconds: float = 2.0) -> float:
 
 def run(*overrides: str):
     with tempfile.TemporaryDirectory() as d:
-        return run_job(config(*overrides, "tracking.enabled=false"), Path(d))
+        return run_job(compose_config(*overrides, "tracking.enabled=false"), Path(d))
 
 
 def workload(n: int, prompt: int, new: int) -> list[str]:

@@ -95,7 +95,7 @@ class Engine:
         output = self.backend.execute(plan)
         end = self.clock.advance(start, output.duration)
         finished = sched.update(plan, output, end)
-        decodes = plan.num_new_tokens.count(1)
+        decodes = plan.num_decode_tokens
         free_blocks = allocator.num_free_blocks
         self.num_steps += 1
         self.steps.append((

@@ -32,17 +32,9 @@ class StepPlan:
                 return
 
     @property
-    def num_scheduled_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
-    @property
     def num_decode_tokens(self) -> int:
         """One-token chunks: decodes (a one-token prompt's prefill is counted here too)."""
         return self.num_new_tokens.count(1)
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return self.num_scheduled_tokens - self.num_decode_tokens
 
 
 @dataclass(slots=True)

@@ -27,7 +27,7 @@ from paged_bench.errors import EngineError, check, check_int
 from paged_bench.model.config import resolve_model
 from paged_bench.model.hf import to_transformers
 from paged_bench.model.ops_torch import pick_device, pick_dtype
-from paged_bench.model.tokenizers import load_tokenizer
+from paged_bench.model.runner import adopt_model
 from paged_bench.model.weights import make_state
 from paged_bench.request import Request
 from paged_bench.step import StepOutput, StepPlan
@@ -71,13 +71,10 @@ class HFGenerateBackend(Backend):
         check(max_batch == 1, "backend.max_batch", max_batch, "1: a generate loop has room for one request")
         dev = pick_device(device)
         dt = pick_dtype(dtype, dev)
-        self.model_config = cfg = resolve_model(model, model_path)
+        cfg = resolve_model(model, model_path)
+        adopt_model(self, cfg, model_path, dt)
         self.model = to_transformers(cfg, make_state(cfg, model_path, seed), str(dev), dt)
         self.device = dev
-        self.tokenizer = load_tokenizer(model_path)
-        self.vocab_size = cfg.vocab_size
-        self.eos_token_id = cfg.eos_token_id
-        self.kv_bytes_per_token = cfg.kv_bytes_per_token(dt)
         self._seed = seed
         self._current: Request | None = None
         self._tokens: queue.Queue = queue.Queue()

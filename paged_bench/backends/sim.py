@@ -42,11 +42,11 @@ class LinearCost:
     per_swap_block: float
 
     def duration(self, plan: StepPlan) -> float:
-        decodes = plan.num_decode_tokens
-        kv_read = sum(plan.num_new_tokens) + sum([r.num_computed_tokens for r in plan.reqs])
+        decodes, scheduled = plan.num_decode_tokens, sum(plan.num_new_tokens)
+        kv_read = scheduled + sum([r.num_computed_tokens for r in plan.reqs])
         return (
             self.step_overhead
-            + self.per_prefill_token * (sum(plan.num_new_tokens) - decodes)
+            + self.per_prefill_token * (scheduled - decodes)
             + self.per_decode_seq * decodes
             + self.per_kv_token * kv_read
             + self.per_swap_block * (len(plan.swap_in) + len(plan.swap_out))

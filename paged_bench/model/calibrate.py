@@ -202,14 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per shape (median)")
     args = parser.parse_args(argv)
-    from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from paged_bench.config import compose_config
+
     try:
-        with initialize_config_module("paged_bench.conf", version_base="1.3"):
-            cfg = OmegaConf.to_container(compose("config", overrides=args.overrides), resolve=True)
+        cfg = compose_config(*args.overrides)
     except (HydraException, OmegaConfBaseException) as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2

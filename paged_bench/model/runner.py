@@ -26,6 +26,16 @@ from paged_bench.model.weights import fuse, make_state
 from paged_bench.step import StepOutput, StepPlan
 
 
+def adopt_model(backend: Backend, cfg: ModelConfig, model_path: str | None, kv_dtype: str) -> None:
+    """Set what the engine, the workloads and the server read off a backend serving ``cfg``:
+    its tokenizer (the checkpoint's, else the byte tokenizer), vocabulary, EOS and KV bytes."""
+    backend.model_config = cfg
+    backend.tokenizer = load_tokenizer(model_path)
+    backend.vocab_size = cfg.vocab_size
+    backend.eos_token_id = cfg.eos_token_id
+    backend.kv_bytes_per_token = cfg.kv_bytes_per_token(kv_dtype)
+
+
 class ModelBackend(Backend):
     clock = "wall"
     compute_dtype = "float32"  # what the K/V pool holds (a torch backend on CUDA picks its own)
@@ -35,13 +45,10 @@ class ModelBackend(Backend):
     ) -> None:
         super().__init__()
         check_int("backend.seed", seed, 0)
-        self.model_config = cfg = resolve_model(model, model_path)
+        cfg = resolve_model(model, model_path)
+        adopt_model(self, cfg, model_path, self.compute_dtype)
         self.ops = self.make_ops(cfg)
         self.weights = fuse(make_state(cfg, model_path, seed), cfg, self.ops.asarray, self.ops.asmatrix)
-        self.tokenizer = load_tokenizer(model_path)
-        self.vocab_size = cfg.vocab_size
-        self.eos_token_id = cfg.eos_token_id
-        self.kv_bytes_per_token = cfg.kv_bytes_per_token(self.compute_dtype)
         self._rng = np.random.default_rng(seed)
         self.pool: Any = None
         self.swap: Any = None

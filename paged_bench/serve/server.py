@@ -20,6 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from paged_bench.build import build
+from paged_bench.config import compose_config
 from paged_bench.engine import Engine
 from paged_bench.errors import check, check_int, check_number
 from paged_bench.serve.api import OpenAIServer, create_app
@@ -153,15 +154,6 @@ def start_in_thread(app: FastAPI, cfg: ServerConfig, timeout: float = 30.0) -> S
     return ServerHandle(server, thread, f"http://{shown}:{port}")
 
 
-def compose_config(*overrides: str) -> dict[str, Any]:
-    """The resolved config ``python -m paged_bench.serve <overrides>`` would serve."""
-    from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
-
-    with initialize_config_module("paged_bench.conf", version_base="1.3"):
-        return OmegaConf.to_container(compose("serve", overrides=list(overrides)), resolve=True)
-
-
 def serve_in_thread(*overrides: str) -> ServerHandle:
     """Serve a config in this process, e.g. from a notebook::
 
@@ -169,6 +161,6 @@ def serve_in_thread(*overrides: str) -> ServerHandle:
         ...  # requests to handle.url + "/v1"
         handle.stop()
     """
-    app, cfg = build_app(compose_config(*overrides))
+    app, cfg = build_app(compose_config(*overrides, config_name="serve"))
     return start_in_thread(app, cfg)
 
