@@ -30,8 +30,7 @@ if TYPE_CHECKING:
 ReqId = int | str
 
 
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
+class SamplingParams(NamedTuple):
     """How a request's tokens are drawn and when it stops (greedy when temperature == 0)."""
 
     temperature: float = 0.0
@@ -41,9 +40,9 @@ class SamplingParams:
     ignore_eos: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class NewRequestData:
-    """Everything a backend needs to start (or restart) a request; sent once."""
+class NewRequestData(NamedTuple):
+    """Everything a backend needs to start (or restart) a request; sent once. Named tuples,
+    as the plan: immutable, picklable, and cheap to build at every admission."""
 
     req_id: ReqId
     token_ids: tuple[int, ...]  # every token known now: the prompt, then any generated before a preemption

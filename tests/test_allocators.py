@@ -53,7 +53,7 @@ def test_pool_allocates_least_recently_freed_and_reuses_freed_blocks_at_once():
 def test_pool_evicts_uncached_blocks_before_cached_ones():
     pool = BlockPool(3)
     b0, b1, b2 = pool.allocate(3)
-    pool.cache(b0, 111)
+    pool.cache([b0], [111])
     for b in (b0, b1, b2):
         pool.release(b)
     got = pool.allocate(2)
@@ -66,7 +66,7 @@ def test_pool_evicts_uncached_blocks_before_cached_ones():
 def test_pool_touch_revives_a_free_cached_block_in_o1():
     pool = BlockPool(2)
     (b,) = pool.allocate(1)
-    pool.cache(b, 7)
+    pool.cache([b], [7])
     pool.release(b)
     assert pool.is_free(b)
     assert pool.touch(b) is True and pool.num_free == 1

@@ -11,7 +11,7 @@ from the middle (a cache hit on a free block) are all O(1).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 
 
 class BlockPool:
@@ -60,11 +60,14 @@ class BlockPool:
             self._free.move_to_end(block, last=False)
         return True
 
-    def cache(self, block: int, block_hash: Hashable) -> None:
-        """Index a full, computed block under its hash (first writer wins)."""
-        if block_hash not in self.cached:
-            self.cached[block_hash] = block
-            self.block_hash[block] = block_hash
+    def cache(self, blocks: Iterable[int], hashes: Iterable[Hashable]) -> None:
+        """Index full blocks under their hashes (first writer wins: a block whose content
+        is already indexed elsewhere stays unindexed)."""
+        cached, block_hash = self.cached, self.block_hash
+        for block, h in zip(blocks, hashes):
+            if h not in cached:
+                cached[h] = block
+                block_hash[block] = h
 
     def uncache(self, block: int) -> None:
         """Drop a block from the index (its K/V will never be computed)."""

@@ -26,6 +26,7 @@ from paged_bench.errors import check, check_int
 from paged_bench.request import Request
 
 _NEVER = 1 << 62
+_NO_NEW_BLOCKS: dict[int | str, tuple[int, ...]] = {}  # shared by every plan without new blocks: read-only
 
 
 @dataclass(slots=True)
@@ -35,6 +36,7 @@ class _Seq:
     capacity: int  # len(blocks) * block size
     num_cached: int = 0  # leading blocks already indexed in the prefix cache
     cache_at: int = _NEVER  # slots at which the next block is full and can be cached
+    plain_below: int = 0  # totals below this need neither a new block nor caching: the hot path
     on_cpu: bool = False
 
 
@@ -114,20 +116,21 @@ class PagedAllocator(Allocator):
         seq.num_slots = total
         if total >= seq.cache_at:
             self._cache_full_blocks(req, seq)
+        seq.plain_below = min(seq.capacity + 1, seq.cache_at)
         return True
 
     def allocate_rows(self, reqs: list[Request], nums: list[int]) -> int:
         # allocate_slots for running requests, inlined for the common row: within capacity,
         # no block to cache; anything else goes through allocate_slots itself
         seqs, filled = self._seqs, 0
-        for i, (req, n) in enumerate(zip(reqs, nums)):
+        for req, n in zip(reqs, nums):
             seq = seqs[req]
             total = req.num_computed_tokens + n
-            if total > seq.capacity or total >= seq.cache_at:
+            if total >= seq.plain_below:
                 self._unfilled_slots -= filled
                 filled = 0
                 if not self.allocate_slots(req, n):
-                    return i
+                    return reqs.index(req)
                 continue
             filled += total - seq.num_slots
             seq.num_slots = total
@@ -168,7 +171,10 @@ class PagedAllocator(Allocator):
         return list(zip(cpu.blocks, self._seqs[req].blocks))
 
     def take_new_blocks(self) -> dict[int | str, tuple[int, ...]]:
-        out, self._new_blocks = self._new_blocks, {}
+        out = self._new_blocks
+        if not out:
+            return _NO_NEW_BLOCKS
+        self._new_blocks = {}
         return out
 
     def block_table(self, req: Request) -> list[int]:
@@ -240,11 +246,8 @@ class PagedAllocator(Allocator):
         seq.num_cached = min(seq.num_cached, first)
 
     def _cache_full_blocks(self, req: Request, seq: _Seq) -> None:
-        num_full = seq.num_slots // self.pool_block_slots
-        hashes = self._block_hashes(req, num_full)
-        cache, blocks = self.pool.cache, seq.blocks
-        for i in range(seq.num_cached, num_full):
-            cache(blocks[i], hashes[i])
+        num_full, first = seq.num_slots // self.pool_block_slots, seq.num_cached
+        self.pool.cache(seq.blocks[first:num_full], self._block_hashes(req, num_full)[first:])
         seq.num_cached = num_full
         seq.cache_at = (num_full + 1) * self.pool_block_slots
 
@@ -256,6 +259,6 @@ class PagedAllocator(Allocator):
         bs, tokens, hash_block = self.pool_block_slots, req.token_ids, self._hash_block
         parent = hashes[-1] if hashes else self._root_hash
         for i in range(len(hashes), num_blocks):
-            parent = hash_block(parent, tuple(tokens[i * bs : (i + 1) * bs]))
+            parent = hash_block((parent, tuple(tokens[i * bs : (i + 1) * bs]), None))
             hashes.append(parent)
         return hashes

@@ -18,7 +18,6 @@ The scheduler asks the allocator for room and never touches blocks itself.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from paged_bench.allocators.base import Allocator
@@ -29,21 +28,39 @@ from paged_bench.step import NewRequestData, ReqId, StepOutput, StepPlan
 RUNNING = RequestStatus.RUNNING
 LENGTH = FinishReason.LENGTH
 _NO_ROWS: frozenset[int] = frozenset()
+_new_tuple = tuple.__new__  # builds a named tuple from its fields in order, in C
 
 
-@dataclass(slots=True)
 class PlanDraft:
-    """The step being planned; the policy hooks see it, the backend sees its frozen plan."""
+    """The step being planned; the policy hooks see it, the backend sees its frozen plan.
+    (A plain slotted class: one is built every step.)"""
 
-    budget: int  # tokens the step may still take
-    reqs: list[Request] = field(default_factory=list)  # scheduled, in batch order
-    num_new_tokens: list[int] = field(default_factory=list)
-    new_reqs: list[NewRequestData] = field(default_factory=list)
-    partial_rows: list[int] = field(default_factory=list)
-    num_prefill_rows_of_one_token: int = 0  # one-token rows that are not decodes
-    swap_out: list[tuple[int, int]] = field(default_factory=list)
-    swap_in: list[tuple[int, int]] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
+    __slots__ = (
+        "budget",
+        "new_reqs",
+        "num_new_tokens",
+        "num_prefill_rows_of_one_token",
+        "partial_rows",
+        "preempted",
+        "req_ids",
+        "reqs",
+        "starts",
+        "swap_in",
+        "swap_out",
+    )  # fmt: skip
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget  # tokens the step may still take
+        self.reqs: list[Request] = []  # scheduled, in batch order; the plan's columns beside them
+        self.req_ids: list[ReqId] = []
+        self.starts: list[int] = []  # num_computed_tokens before the step
+        self.num_new_tokens: list[int] = []
+        self.new_reqs: list[NewRequestData] = []
+        self.partial_rows: list[int] = []
+        self.num_prefill_rows_of_one_token = 0  # one-token rows that are not decodes
+        self.swap_out: list[tuple[int, int]] = []
+        self.swap_in: list[tuple[int, int]] = []
+        self.preempted: list[Request] = []
 
     @property
     def num_preempted(self) -> int:
@@ -56,6 +73,8 @@ class PlanDraft:
         if req.num_computed_tokens + n < len(req.token_ids):
             self.partial_rows.append(len(self.reqs))
         self.reqs.append(req)
+        self.req_ids.append(req.request_id)
+        self.starts.append(req.num_computed_tokens)
         self.num_new_tokens.append(n)
         self.budget -= n
 
@@ -64,7 +83,7 @@ class PlanDraft:
         for i, r in enumerate(self.reqs):
             if r is req:
                 n = self.num_new_tokens.pop(i)
-                del self.reqs[i]
+                del self.reqs[i], self.req_ids[i], self.starts[i]
                 self.budget += n
                 if n == 1 and req.num_computed_tokens < req.num_prompt_tokens:
                     self.num_prefill_rows_of_one_token -= 1
@@ -218,20 +237,22 @@ class Scheduler:
         and allocated in one call, up to the first row that needs care; the careful pass
         takes the rest of the list from there."""
         running, reqs, nums, budget = self.running, draft.reqs, draft.num_new_tokens, draft.budget
-        add_req, add_num = reqs.append, nums.append
+        add_req, add_id, add_start, add_num = reqs.append, draft.req_ids.append, draft.starts.append, nums.append
         for req in running:
             computed = req.num_computed_tokens
             n = len(req.token_ids) - computed
             if n > budget or (n == 1 and computed < req.num_prompt_tokens):
                 break
             add_req(req)
+            add_id(req.request_id)
+            add_start(computed)
             add_num(n)
             budget -= n
         num_plain = len(reqs)
         allocated = self.allocator.allocate_rows(reqs, nums) if num_plain else 0
         if allocated < num_plain:  # no room for reqs[allocated]: hand it to the careful pass
             budget += sum(nums[allocated:])
-            del reqs[allocated:], nums[allocated:]
+            del reqs[allocated:], nums[allocated:], draft.req_ids[allocated:], draft.starts[allocated:]
         draft.budget = budget
         if allocated < len(running):
             self._schedule_running_from(draft, allocated)
@@ -316,20 +337,21 @@ class Scheduler:
         if draft.preempted:
             self._preempted_ids += [r.request_id for r in draft.preempted]
         # positional, in StepPlan's field order: built every step, so built the cheap way
-        plan = StepPlan._make((
-            tuple([r.request_id for r in reqs]),
-            tuple([r.num_computed_tokens for r in reqs]),
+        swaps = draft.swap_out or draft.swap_in
+        plan = _new_tuple(StepPlan, (
+            tuple(draft.req_ids),
+            tuple(draft.starts),
             tuple(nums),
-            tuple(draft.new_reqs),
+            tuple(draft.new_reqs) if draft.new_reqs else (),
             self.allocator.take_new_blocks(),
             frozenset(draft.partial_rows) if draft.partial_rows else _NO_ROWS,
             nums.count(1) - draft.num_prefill_rows_of_one_token,
-            tuple(draft.swap_out),
-            tuple(draft.swap_in),
-            tuple(self._preempted_ids),
-            tuple(self._finished_ids),
+            tuple(draft.swap_out) if swaps else (),
+            tuple(draft.swap_in) if swaps else (),
+            tuple(self._preempted_ids) if self._preempted_ids else (),
+            tuple(self._finished_ids) if self._finished_ids else (),
         ))  # fmt: skip
-        if reqs or draft.swap_out or draft.swap_in:  # an empty plan is not executed: its news wait
+        if reqs or swaps:  # an empty plan is not executed: its news wait for the next one
             if self._preempted_ids:
                 self._preempted_ids = []
             if self._finished_ids:
