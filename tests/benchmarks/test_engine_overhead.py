@@ -25,12 +25,13 @@ from paged_bench.step import StepOutput
 from tests.conftest import compose_config
 
 NANO_VLLM_US_PER_SEQ_STEP = (0.59, 0.75)  # block size 256, this machine, outside the project
-MAX_DECODE_STEPS = 4096  # the pool holds this many decode steps per sequence
 
 
-def decoding_engine(num_seqs: int, block_size: int = 16) -> Engine:
-    """An engine with ``num_seqs`` requests past their prefill, decoding for ever."""
-    alloc = PagedAllocator(num_blocks=num_seqs * ((64 + MAX_DECODE_STEPS) // block_size + 2), block_size=block_size)
+def decoding_engine(num_seqs: int, block_size: int = 16, max_decode_steps: int = 4096) -> Engine:
+    """An engine with ``num_seqs`` requests past their prefill, decoding (up to
+    ``max_decode_steps`` steps: what the pool holds)."""
+    blocks_per_seq = (64 + max_decode_steps) // block_size + 2
+    alloc = PagedAllocator(num_blocks=num_seqs * blocks_per_seq, block_size=block_size)
     sched = ContinuousScheduler(alloc, max_model_len=1 << 20, max_batch=num_seqs, max_num_batched_tokens=1 << 30)
     for i in range(num_seqs):
         sched.add_request(Request(i, 0.0, list(range(i * 64, i * 64 + 64)), 1 << 20), 0.0)
@@ -45,7 +46,8 @@ def decoding_engine(num_seqs: int, block_size: int = 16) -> Engine:
 @pytest.mark.parametrize("num_seqs", [32, 256, 1024])
 def test_scheduler_overhead_per_decode_sequence_step(benchmark, num_seqs, block_size):
     """schedule + allocate + update, one whole block of decode steps per round."""
-    sched = decoding_engine(num_seqs, block_size).scheduler
+    rounds = (4 if num_seqs == 1024 else 16) * (16 if block_size == 16 else 1)  # about 4k (1k) steps
+    sched = decoding_engine(num_seqs, block_size, (rounds + 1) * block_size).scheduler
     tokens = StepOutput([0] * num_seqs)
 
     def one_block_of_steps():
@@ -53,7 +55,6 @@ def test_scheduler_overhead_per_decode_sequence_step(benchmark, num_seqs, block_
             plan = sched.schedule(0.0)
             sched.update(plan, tokens, 0.0)
 
-    rounds = max(3, MAX_DECODE_STEPS // block_size // (4 if num_seqs == 1024 else 2))
     benchmark.pedantic(one_block_of_steps, rounds=rounds, iterations=1, warmup_rounds=1)
     if benchmark.stats:
         us = benchmark.stats["median"] * 1e6 / (num_seqs * block_size)
