@@ -56,6 +56,7 @@ class Engine:
         self.scheduler = scheduler
         self.allocator = scheduler.allocator
         self.backend = backend
+        scheduler.plan_token_ids = backend.reads_token_ids
         self.clock = clock
         # a long-lived server keeps only the latest step records, so its memory stays flat
         self.steps = StepRecords(max_step_records)
@@ -73,7 +74,7 @@ class Engine:
         sched, allocator = self.scheduler, self.allocator
         start = self.clock.now()
         plan = sched.schedule(start)
-        if plan.is_empty:
+        if not (plan.req_ids or plan.swap_in or plan.swap_out):  # plan.is_empty, inlined: every step
             if plan.num_preempted:  # everyone was preempted: they are readmitted next step
                 return []
             raise EngineError(

@@ -45,20 +45,21 @@ class NewRequestData(NamedTuple):
     as the plan: immutable, picklable, and cheap to build at every admission."""
 
     req_id: ReqId
-    token_ids: tuple[int, ...]  # every token known now: the prompt, then any generated before a preemption
+    token_ids: tuple[int, ...]  # every token known now: the prompt, then any generated before a
+    # preemption; () for a backend that reads no tokens (``Backend.reads_token_ids``: the sim)
     num_prompt_tokens: int
     block_ids: tuple[int, ...]  # the whole block table
     num_computed_tokens: int  # already in the cache (a prefix hit, or swapped back in)
     sampling: SamplingParams
 
     @classmethod
-    def from_request(cls, req: Request, block_ids: Iterable[int]) -> NewRequestData:
+    def from_request(cls, req: Request, block_ids: Iterable[int], with_tokens: bool = True) -> NewRequestData:
         sampling = SamplingParams(
             req.temperature, req.top_p, req.sampling_seed, req.max_num_tokens - req.num_prompt_tokens, req.ignore_eos
         )
         return cls(
             req.request_id,
-            tuple(req.token_ids),
+            tuple(req.token_ids) if with_tokens else (),
             req.num_prompt_tokens,
             tuple(block_ids),
             req.num_computed_tokens,

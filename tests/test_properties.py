@@ -75,6 +75,8 @@ class MirroringSim(SimBackend):
     """The sim, plus what a real backend keeps from the plans alone, checked against the
     scheduler's requests and the allocator's tables at every step (the step contract)."""
 
+    reads_token_ids = True
+
     def __init__(self, sched, by_id) -> None:
         super().__init__()
         self.sched, self.by_id, self.states = sched, by_id, RequestStates()

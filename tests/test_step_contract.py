@@ -89,3 +89,12 @@ def test_starting_plans_drive_a_backend_directly():
     plan = StepPlan.starting([(NewRequestData.from_request(r, [7, 8]), 2)])
     assert plan.req_ids == (3,) and plan.num_computed_tokens == (2,) and plan.partial_rows == frozenset({0})
     assert [row.samples for row in plan.rows()] == [False]
+
+
+def test_a_backend_that_reads_no_tokens_gets_plans_without_them():
+    engine = make_engine()  # the sim: a cost model needs counts only
+    (r,) = reqs([(0.0, 40, 2)])
+    engine.add_request(r)
+    plan = engine.scheduler.schedule(0.0)
+    assert plan.new_reqs[0].token_ids == () and plan.new_reqs[0].num_prompt_tokens == 40
+    assert plan.num_new_tokens == (40,)

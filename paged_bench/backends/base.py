@@ -1,4 +1,4 @@
-"""The backend protocol: executes a step plan and returns the sampled tokens.
+"""The backend protocol: executes a frozen step plan and returns the sampled tokens.
 
 A real backend (``numpy``, ``torch``) computes a transformer step whose attention reads
 K/V through the allocator's block tables, on the wall clock. A cost-model backend
@@ -22,6 +22,7 @@ class Backend(ABC):
     vocab_size: int = ByteTokenizer.vocab_size
     eos_token_id: int | None = None
     kv_bytes_per_token: int | None = None  # for the byte figures, when the model is known
+    reads_token_ids: ClassVar[bool] = True  # False: plans carry no token ids (a cost model needs none)
 
     def __init__(self) -> None:
         self.tokenizer = ByteTokenizer()
@@ -29,12 +30,14 @@ class Backend(ABC):
 
     def bind(self, allocator: Allocator) -> None:
         """Called once before the first step: a real backend allocates its KV pool here, shaped
-        by ``allocator.layout``, and later reads ``allocator.block_table(req)``."""
+        by ``allocator.layout``. Block tables come with the plans, never from the allocator."""
         self.allocator = allocator
 
     @abstractmethod
     def execute(self, plan: StepPlan) -> StepOutput:
-        """Do the plan's swap copies, then compute its tokens; one sampled token per request."""
+        """Do the plan's swap copies, then compute its rows; one sampled token per row. Read the
+        plan alone (``paged_bench.step``; ``backends.request_state`` keeps what a real backend
+        needs between steps): no live ``Request`` reaches a backend."""
 
     def close(self) -> None:
         """Release whatever the backend holds (device memory, threads)."""

@@ -59,6 +59,7 @@ _hardware = hardware  # the option below shadows the function's name
 class SimBackend(Backend):
     name = "sim"
     clock = "virtual"
+    reads_token_ids = False  # a cost model reads counts only: plans skip copying prompts
 
     def __init__(
         self,

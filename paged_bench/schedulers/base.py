@@ -95,6 +95,7 @@ class Scheduler:
     name: ClassVar[str] = ""
     preemption_mode: Literal["recompute", "swap"] = "recompute"
     admission_reserve_blocks: int = 0
+    plan_token_ids: bool = True  # new requests carry their tokens (the engine sets the backend's choice)
 
     def __init__(
         self,
@@ -309,7 +310,7 @@ class Scheduler:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
             self.running.append(req)
-            draft.new_reqs.append(NewRequestData.from_request(req, allocator.block_table(req)))
+            draft.new_reqs.append(NewRequestData.from_request(req, allocator.block_table(req), self.plan_token_ids))
             draft.add(req, n)
 
     def _preempt(self, victim: Request, draft: PlanDraft) -> None:
