@@ -1,0 +1,183 @@
+"""Per-request output records: what a run measured about each request, in-process or over HTTP.
+
+``RequestOutput`` is one request as the load generator measures it (vLLM's
+``RequestFuncOutput``): when it was sent, when each chunk carrying content arrived, when it
+ended, its token counts and outcome. ``RequestRecords`` holds every request of a run as
+columns (numpy arrays; times in seconds on the run's clock), built from the engine's
+``Request``s (``from_requests``) or from the load generator's ``RequestOutput``s
+(``from_outputs``). It is the one input of ``metrics.summarize`` and of ``requests.csv``,
+so engine and HTTP runs are measured by the same code.
+
+Chunk times are one per generated token in-process, and one per streamed chunk that carries
+a choice over HTTP (a server may bundle several tokens into one chunk; the output token
+count then comes from ``usage``, not from the chunks).
+
+Digests let runs be compared token for token: ``output_digest`` is BLAKE2b (8 bytes, hex) of
+the output token ids as little-endian 64-bit integers (known in-process), ``text_digest`` of
+the returned text as UTF-8 (known over HTTP). Equal digests mean equal outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
+
+from paged_bench.request import Request
+
+_DIGEST_BYTES = 8
+_SWAP = sys.byteorder != "little"  # digests hash little-endian ids on every machine
+
+
+def token_digest(token_ids: Sequence[int]) -> str:
+    """The stable digest of a sequence of token ids."""
+    ids = array("q", token_ids)
+    if _SWAP:
+        ids.byteswap()
+    return hashlib.blake2b(ids, digest_size=_DIGEST_BYTES).hexdigest()
+
+
+def text_digest(text: str) -> str:
+    """The stable digest of a text."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=_DIGEST_BYTES).hexdigest()
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """One request as a client saw it; times are seconds on the run's clock."""
+
+    request_id: int | str
+    send_time: float
+    max_tokens: int
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    chunk_times: list[float] = field(default_factory=list)  # chunks that carried content
+    finish_time: float | None = None  # when the request was over: stream closed, failed or timed out
+    finish_reason: str = ""  # length | stop | error | abort
+    error: str | None = None
+    text_digest: str = ""
+
+    @property
+    def succeeded(self) -> bool:
+        return self.finish_reason in ("length", "stop")
+
+
+def _floats(values) -> np.ndarray:
+    """A float column; None becomes nan (unknown)."""
+    return np.array(values, dtype=float)
+
+
+@dataclass
+class RequestRecords:
+    """Every request of a run, in columns; ``chunk_times[chunk_offsets[i]:chunk_offsets[i + 1]]``
+    are request ``i``'s. Unknown times are nan; unknown counts None."""
+
+    request_id: list
+    arrival_time: np.ndarray  # when the request arrived at the engine, or was sent over HTTP
+    first_scheduled_time: np.ndarray
+    finish_time: np.ndarray
+    chunk_times: np.ndarray
+    chunk_offsets: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    max_tokens: np.ndarray
+    cached_tokens: list
+    num_preemptions: list
+    finish_reason: list[str]
+    error: list[str]
+    succeeded: np.ndarray
+    output_digest: list[str]
+    text_digest: list[str]
+
+    def __len__(self) -> int:
+        return len(self.request_id)
+
+    @classmethod
+    def from_requests(cls, requests: Sequence[Request]) -> RequestRecords:
+        """The engine's requests, finished or not."""
+        n = len(requests)
+        counts = np.fromiter((len(r.token_times) for r in requests), np.int64, n)
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        reasons = [r.finish_reason for r in requests]
+        return cls(
+            request_id=[r.request_id for r in requests],
+            arrival_time=np.fromiter((r.arrival_time for r in requests), float, n),
+            first_scheduled_time=_floats([r.first_scheduled_time for r in requests]),
+            finish_time=_floats([r.finish_time for r in requests]),
+            chunk_times=np.fromiter(chain.from_iterable(r.token_times for r in requests), float, int(offsets[-1])),
+            chunk_offsets=offsets,
+            prompt_tokens=np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n),
+            output_tokens=np.fromiter((r.num_output_tokens for r in requests), np.int64, n),
+            max_tokens=np.fromiter((r.max_tokens for r in requests), np.int64, n),
+            cached_tokens=[r.num_cached_tokens for r in requests],
+            num_preemptions=[r.num_preemptions for r in requests],
+            finish_reason=[x.value if x is not None else "" for x in reasons],
+            error=[r.error or "" for r in requests],
+            succeeded=np.fromiter((x is not None and x.succeeded for x in reasons), bool, n),
+            output_digest=[token_digest(r.output_token_ids) for r in requests],
+            text_digest=[""] * n,
+        )
+
+    @classmethod
+    def from_outputs(cls, outputs: Sequence[RequestOutput]) -> RequestRecords:
+        """The load generator's outputs; what a client cannot know (queueing, prefix hits,
+        preemptions, token ids) stays unknown."""
+        n = len(outputs)
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum([len(o.chunk_times) for o in outputs], out=offsets[1:])
+        return cls(
+            request_id=[o.request_id for o in outputs],
+            arrival_time=_floats([o.send_time for o in outputs]),
+            first_scheduled_time=np.full(n, np.nan),
+            finish_time=_floats([o.finish_time for o in outputs]),
+            chunk_times=_floats(list(chain.from_iterable(o.chunk_times for o in outputs))),
+            chunk_offsets=offsets,
+            prompt_tokens=np.array([o.num_prompt_tokens for o in outputs], np.int64),
+            output_tokens=np.array([o.num_output_tokens for o in outputs], np.int64),
+            max_tokens=np.array([o.max_tokens for o in outputs], np.int64),
+            cached_tokens=[None] * n,
+            num_preemptions=[None] * n,
+            finish_reason=[o.finish_reason for o in outputs],
+            error=[o.error or "" for o in outputs],
+            succeeded=np.array([o.succeeded for o in outputs], bool),
+            output_digest=[""] * n,
+            text_digest=[o.text_digest for o in outputs],
+        )
+
+    @property
+    def num_chunks(self) -> np.ndarray:
+        return np.diff(self.chunk_offsets)
+
+    def _chunk_at(self, index: np.ndarray) -> np.ndarray:
+        """``chunk_times[index]`` where the request has chunks, else nan."""
+        has = self.num_chunks > 0
+        out = np.full(len(self), np.nan)
+        out[has] = self.chunk_times[index[has]]
+        return out
+
+    @property
+    def first_chunk_time(self) -> np.ndarray:
+        return self._chunk_at(self.chunk_offsets[:-1])
+
+    @property
+    def last_chunk_time(self) -> np.ndarray:
+        """When the last content arrived: where E2EL ends (not when the stream closed)."""
+        return self._chunk_at(self.chunk_offsets[1:] - 1)
+
+    def chunk_gaps(self, selected: np.ndarray) -> np.ndarray:
+        """Seconds between consecutive chunks of each selected request, pooled in request order."""
+        counts = self.num_chunks
+        in_selected = np.repeat(selected, counts)
+        first = np.zeros(len(self.chunk_times), bool)
+        first[self.chunk_offsets[:-1][counts > 0]] = True
+        keep = in_selected[1:] & ~first[1:]
+        return np.diff(self.chunk_times)[keep]
+
+    def chunk_times_of(self, selected: np.ndarray) -> np.ndarray:
+        return self.chunk_times[np.repeat(selected, self.num_chunks)]
