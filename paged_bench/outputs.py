@@ -52,16 +52,19 @@ def _cells(values: np.ndarray | list) -> list:
     return ["" if v is None else _quoted(v) if isinstance(v, str) else v for v in values]
 
 
-def request_rows(records: RequestRecords) -> Iterable[tuple]:
-    """``requests.csv``'s rows, in ``REQUEST_COLUMNS`` order."""
+def request_columns(records: RequestRecords) -> tuple[np.ndarray | list, ...]:
+    """``requests.csv``'s columns, in ``REQUEST_COLUMNS`` order."""
     lat = request_latencies(records)
-    columns = (
+    return (
         records.request_id, records.arrival_time, records.first_scheduled_time, records.first_chunk_time,
         records.finish_time, records.prompt_tokens, records.output_tokens, records.max_tokens, records.cached_tokens,
         lat.ttft_ms, lat.tpot_ms, lat.e2el_ms, lat.queue_ms, records.num_preemptions, records.finish_reason,
         records.error, records.output_digest, records.text_digest,
     )  # fmt: skip
-    return zip(*map(_cells, columns))
+
+
+def request_rows(records: RequestRecords) -> Iterable[tuple]:
+    return zip(*map(_cells, request_columns(records)))
 
 
 def step_rows(steps) -> Iterable[tuple]:
