@@ -7,12 +7,12 @@ two side by side. Not used by the package."""
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from paged_bench.engine import STEP_COLUMNS, EngineResult
+from paged_bench.metrics import RequestLatency  # the same record then and now
 from paged_bench.request import Request
 
 PERCENTILES = {"mean": None, "median": 50, "p90": 90, "p95": 95, "p99": 99}
@@ -22,15 +22,6 @@ OLD_REQUEST_COLUMNS = (
     "output_tokens", "max_tokens", "cached_tokens", "ttft_ms", "tpot_ms", "e2el_ms", "queue_ms", "num_preemptions",
     "finish_reason", "error",
 )  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class RequestLatency:
-    ttft_ms: float | None
-    tpot_ms: float | None
-    e2el_ms: float | None
-    queue_ms: float | None
-    itl_ms: list[float]
 
 
 def request_latency(req: Request) -> RequestLatency:
