@@ -77,7 +77,8 @@ def main() -> None:
         old_figures = reference.request_summary(result)
         new_figures = request_figures(records, result.duration)
         figures_equal = all(new_figures[k] == v for k, v in old_figures.items())
-    print(f"run: {len(result.requests)} requests, {steps} steps, engine {engine_s:.2f} s ({steps / engine_s:,.0f} steps/s)")
+    print(f"run: {len(result.requests)} requests, {steps} steps, engine {engine_s:.2f} s "
+          f"({steps / engine_s:,.0f} steps/s)")  # fmt: skip
     for name, seconds in timings.items():
         print(f"  {name:<16} {seconds * 1e3:8.1f} ms  {seconds / steps * 1e6:6.2f} us/step")
     old = timings["old figures"] + timings["old tables"]

@@ -93,7 +93,7 @@ def peak_output_tokens_per_s(records: RequestRecords, done: np.ndarray) -> float
     if not done.any():
         return 0.0
     start = records.arrival_time[done].min()
-    buckets = ((records.chunk_times_of(done) - start)).astype(np.int64)
+    buckets = (records.chunk_times_of(done) - start).astype(np.int64)
     return float(np.bincount(buckets).max()) if len(buckets) else 0.0
 
 
@@ -142,7 +142,8 @@ def request_figures(
             values = values[~np.isnan(values)]
         summary.update(_stats(name, values))
     summary["max_output_tokens_per_s"] = peak_output_tokens_per_s(records, done)
-    summary["max_concurrent_requests"] = peak_concurrency(records.arrival_time[done], records.last_chunk_time[done])
+    starts, ends = records.arrival_time[done], records.last_chunk_time[done]
+    summary["max_concurrent_requests"] = peak_concurrency(starts, np.where(np.isnan(ends), starts, ends))
     return summary
 
 

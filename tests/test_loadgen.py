@@ -49,7 +49,8 @@ def test_served_and_in_process_agree_on_token_counts(server, config, tmp_path):
         assert (s["prompt_tokens"], s["output_tokens"], s["finish_reason"]) == (l["prompt_tokens"], l["output_tokens"], "length")
     # token for token: the served text is the in-process tokens' text
     decode = ByteTokenizer().decode
-    assert [s["text_digest"] for s in s_rows] == [text_digest(decode(r.output_token_ids)) for r in local.result.requests]
+    local_texts = [decode(r.output_token_ids) for r in local.result.requests]
+    assert [s["text_digest"] for s in s_rows] == [text_digest(t) for t in local_texts]
     assert all(s["output_digest"] == "" for s in s_rows) and all(l["output_digest"] for l in l_rows)
     assert served.summary["total_output_tokens"] == local.summary["total_output_tokens"]
     assert served.summary["completed"] == 12 and served.summary["failed"] == 0
