@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from paged_bench.engine import STEP_COLUMNS, EngineResult
+from paged_bench.engine import STEP_COLUMNS, EngineResult, StepRecords
 from paged_bench.metrics import request_latencies
 from paged_bench.records import RequestRecords
 
@@ -67,11 +67,9 @@ def request_rows(records: RequestRecords) -> Iterable[tuple]:
     return zip(*map(_cells, request_columns(records)))
 
 
-def step_rows(steps) -> Iterable[tuple]:
+def step_rows(steps: StepRecords) -> Iterable[tuple]:
     """``steps.csv``'s rows, in ``STEP_COLUMNS`` order (numbers only)."""
-    if hasattr(steps, "column"):  # named step columns
-        return zip(*(_cells(steps.column(name)) for name in STEP_COLUMNS))
-    return steps
+    return zip(*(steps.column(name).tolist() for name in STEP_COLUMNS))
 
 
 def _write_csv(path: Path, columns: tuple[str, ...], rows: Iterable[tuple]) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from paged_bench.allocators.base import KVLayout
-from paged_bench.engine import STEP_COLUMNS, EngineResult
+from paged_bench.engine import STEP_COLUMNS, EngineResult, StepRecords
 from paged_bench.metrics import LATENCIES, PERCENTILES, peak_concurrency, request_figures, request_latency, summarize
 from paged_bench.outputs import REQUEST_COLUMNS, _write_csv, request_columns, request_rows
 from paged_bench.records import RequestOutput, RequestRecords, text_digest, token_digest
@@ -35,7 +35,10 @@ def step(t, dt, live, reserved):
 def result(requests, steps=(), duration=2.0, **kw) -> EngineResult:
     base = dict(layout=KVLayout(10, 16, 0), kv_bytes_per_token=None, num_preemptions=0, recomputed_tokens=0,
                 swapped_blocks=0, prefix_query_tokens=0, prefix_hit_tokens=0)
-    return EngineResult(list(requests), list(steps), duration, **{**base, **kw})
+    records = StepRecords()
+    for row in steps:
+        records.append(row)
+    return EngineResult(list(requests), records, duration, **{**base, **kw})
 
 
 def test_per_request_latencies():

@@ -33,7 +33,7 @@ import httpx
 
 from paged_bench.allocators.base import KVLayout
 from paged_bench.build import Bench
-from paged_bench.engine import EngineResult
+from paged_bench.engine import EngineResult, StepRecords
 from paged_bench.loadgen.client import Outcome, request_body, send
 from paged_bench.loadgen.config import TargetConfig
 from paged_bench.loadgen.prometheus import ttft_totals
@@ -44,6 +44,7 @@ from paged_bench.request import FinishReason, Request
 ENGINE_ONLY_FIGURES = (
     "kv_live_slots_peak", "kv_reserved_slots_peak", "kv_utilization_mean", "kv_waste_pct", "kv_bytes_per_token",
     "kv_reserved_bytes_peak", "num_preemptions", "recomputed_tokens", "swapped_blocks", "prefix_cache_hit_rate",
+    "preempted_prefix_hit_tokens",
 )  # fmt: skip
 
 
@@ -135,7 +136,7 @@ class _Run:
             error = f"all {len(outputs)} requests failed, e.g.: {outputs[0].error}"
         return EngineResult(
             requests=[],
-            steps=[],
+            steps=StepRecords(),
             duration=self.duration if self.duration is not None else (self.now() if self.t0 else 0.0),
             layout=KVLayout(0, 0, 0),
             kv_bytes_per_token=None,
