@@ -25,6 +25,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 
@@ -101,25 +102,30 @@ class RequestRecords:
     def from_requests(cls, requests: Sequence[Request]) -> RequestRecords:
         """The engine's requests, finished or not."""
         n = len(requests)
-        counts = np.fromiter((len(r.token_times) for r in requests), np.int64, n)
+
+        def column(name: str) -> list:
+            return list(map(attrgetter(name), requests))
+
+        times = column("token_times")
         offsets = np.zeros(n + 1, np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        reasons = [r.finish_reason for r in requests]
+        np.cumsum(list(map(len, times)), out=offsets[1:])
+        reasons = column("finish_reason")
         return cls(
-            request_id=[r.request_id for r in requests],
-            arrival_time=np.fromiter((r.arrival_time for r in requests), float, n),
-            first_scheduled_time=_floats([r.first_scheduled_time for r in requests]),
-            finish_time=_floats([r.finish_time for r in requests]),
-            chunk_times=np.fromiter(chain.from_iterable(r.token_times for r in requests), float, int(offsets[-1])),
+            request_id=column("request_id"),
+            arrival_time=_floats(column("arrival_time")),
+            first_scheduled_time=_floats(column("first_scheduled_time")),
+            finish_time=_floats(column("finish_time")),
+            chunk_times=np.fromiter(chain.from_iterable(times), float, int(offsets[-1])),
             chunk_offsets=offsets,
-            prompt_tokens=np.fromiter((r.num_prompt_tokens for r in requests), np.int64, n),
-            output_tokens=np.fromiter((r.num_output_tokens for r in requests), np.int64, n),
-            max_tokens=np.fromiter((r.max_tokens for r in requests), np.int64, n),
-            cached_tokens=[r.num_cached_tokens for r in requests],
-            num_preemptions=[r.num_preemptions for r in requests],
+            prompt_tokens=np.array(column("num_prompt_tokens"), np.int64),
+            output_tokens=np.array(column("num_output_tokens"), np.int64),
+            max_tokens=np.array(column("max_tokens"), np.int64),
+            cached_tokens=column("num_cached_tokens"),
+            num_preemptions=column("num_preemptions"),
             finish_reason=[x.value if x is not None else "" for x in reasons],
-            error=[r.error or "" for r in requests],
-            succeeded=np.fromiter((x is not None and x.succeeded for x in reasons), bool, n),
+            error=[e or "" for e in column("error")],
+            succeeded=np.array([x is not None and x.succeeded for x in reasons], bool),
+            # one output at a time: 20,000 live copies would wake the garbage collector
             output_digest=[token_digest(r.output_token_ids) for r in requests],
             text_digest=[""] * n,
         )
