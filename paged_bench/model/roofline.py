@@ -62,9 +62,9 @@ class Hardware:
 # are typical for a well-tuned engine, to be replaced by a calibrated preset where one exists.
 # ``cpu`` is this project's 2-core CI machine, measured (fp32 GEMM, copy bandwidth); it has
 # no memory figure, so num_blocks=auto keeps max_batch full sequences there. GPU memory is the
-# total the driver reports for the 80 GB (81,559 MiB on H100, 81,920 MiB on A100) and 141 GB
-# (143,771 MiB) parts; links are the SXM boards' NVLink (``backend.interconnect=pcie5`` etc.
-# for PCIe cards).
+# total the driver reports for the 80 GB (81,559 MiB on H100, 81,920 MiB on A100), 141 GB
+# (143,771 MiB, H200) and 192 GB (183,359 MiB, B200) parts; links are the SXM boards' NVLink
+# (``backend.interconnect=pcie5`` etc. for PCIe cards).
 _GPU = {"per_seq": 2e-5, "compute_eff": 0.6, "memory_eff": 0.8, "attn_eff": 0.3, "kv_eff": 0.7}
 _MIB = 1 << 20
 HARDWARE: dict[str, Hardware] = {
@@ -83,6 +83,7 @@ HARDWARE: dict[str, Hardware] = {
     "a100": Hardware("a100", 312e12, 2.04e12, 25e9, overhead=4e-3, **_GPU, memory_bytes=81920 * _MIB, link="nvlink3"),
     "h100": Hardware("h100", 989e12, 3.35e12, 50e9, overhead=3e-3, **_GPU, memory_bytes=81559 * _MIB, link="nvlink4"),
     "h200": Hardware("h200", 989e12, 4.8e12, 50e9, overhead=3e-3, **_GPU, memory_bytes=143771 * _MIB, link="nvlink4"),
+    "b200": Hardware("b200", 2.25e15, 8e12, 50e9, overhead=3e-3, **_GPU, memory_bytes=183359 * _MIB, link="nvlink5"),
 }
 
 

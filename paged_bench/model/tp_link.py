@@ -32,11 +32,13 @@ class Link:
 
 
 # Datasheet per-direction peaks: NVLink 3 (A100) 300 GB/s, NVLink 4 (H100/H200) 450 GB/s,
+# NVLink 5 (B200) 900 GB/s,
 # PCIe 4.0 x16 32 GB/s, PCIe 5.0 x16 64 GB/s; a collective reaches ~80% of NVLink and of PCIe.
 # ``shm``: ranks that are processes of one host (gloo over shared memory and loopback).
 LINKS: dict[str, Link] = {
     "nvlink3": Link("nvlink3", 240e9, 1.5e-6),
     "nvlink4": Link("nvlink4", 360e9, 1.5e-6),
+    "nvlink5": Link("nvlink5", 720e9, 1.5e-6),
     "pcie4": Link("pcie4", 25e9, 5e-6),
     "pcie5": Link("pcie5", 50e9, 5e-6),
     "shm": Link("shm", 5e9, 20e-6),
