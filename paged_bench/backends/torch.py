@@ -6,20 +6,32 @@ checkpoint with ``backend.model_path=DIR`` (config.json + safetensors, and its t
 when the folder has one), or random weights from the run's seed, identical to numpy's.
 ``threads`` sets torch's CPU threads while it runs (null: torch's default, one per core);
 on cores shared with other work, 1 avoids threads waiting on each other.
+
+``tensor_parallel_size=N`` splits the model over N ranks, Megatron-style: this process is
+rank 0 and spawns ranks 1..N-1 (``paged_bench.distributed``; gloo on CPU, NCCL on CUDA with
+rank r on cuda:r); each holds its slice of the weights and of every KV slot's heads, and each
+step rank 0 broadcasts what the plan asks (swap copies, the packed batch) and gathers the
+logits. Each rank takes ``threads`` CPU threads (null: an equal share of the cores).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from paged_bench.allocators.base import Allocator
-from paged_bench.errors import check_int
+from paged_bench.backends.base import Backend
+from paged_bench.distributed.group import TPGroup
+from paged_bench.distributed.rank import Bind, Forward, ModelSpec, Swap
+from paged_bench.errors import check, check_int
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.ops_torch import DTYPES, TorchOps, pick_device, pick_dtype
 from paged_bench.model.runner import ModelBackend
+from paged_bench.model.tp_shard import KEY as TP_KEY
+from paged_bench.model.weights import Weights
 from paged_bench.step import StepOutput, StepPlan
 
 
@@ -35,22 +47,53 @@ class TorchBackend(ModelBackend):
         device: str = "auto",
         dtype: str = "auto",
         threads: int | None = None,
+        tensor_parallel_size: int = 1,
     ) -> None:
         self.device = pick_device(device)
         self.compute_dtype = pick_dtype(dtype, self.device)
         self.threads = None if threads is None else check_int("backend.threads", threads)
+        self.num_devices = check_int(TP_KEY, tensor_parallel_size)
+        if self.num_devices > 1:
+            check(
+                self.device.type == "cpu" or torch.cuda.device_count() >= self.num_devices,
+                TP_KEY, tensor_parallel_size, f"at most the {torch.cuda.device_count()} CUDA devices here",
+            )  # fmt: skip
+            if self.threads is None:
+                self.threads = max(1, (os.cpu_count() or 1) // self.num_devices)
+        self.group: TPGroup | None = None  # the tensor-parallel ranks
         self._saved_threads: int | None = None
         super().__init__(model=model, model_path=model_path, seed=seed)
 
     def make_ops(self, cfg: ModelConfig) -> TorchOps:
         return TorchOps(cfg, self.device, DTYPES[self.compute_dtype])
 
+    def make_weights(self, cfg: ModelConfig, model_path: str | None, seed: int) -> Weights:
+        if self.num_devices == 1:
+            return super().make_weights(cfg, model_path, seed)
+        spec = ModelSpec(cfg, model_path, seed, self.device.type, self.compute_dtype, self.threads)
+        self.group = TPGroup(spec, self.num_devices)
+        return self.group.model.weights  # rank 0's slice
+
     def bind(self, allocator: Allocator) -> None:
         if self.threads is not None and self._saved_threads is None:
             self._saved_threads = torch.get_num_threads()
             torch.set_num_threads(self.threads)
+        if self.group is not None:
+            Backend.bind(self, allocator)
+            layout = allocator.layout
+            self.group.run(Bind(layout.num_slots, layout.num_cpu_blocks * layout.block_size))
+            return
         with torch.inference_mode():
             super().bind(allocator)  # allocates the pool and warms the kernels up
+
+    def swap_copies(self, plan: StepPlan) -> None:
+        if self.group is None:
+            return super().swap_copies(plan)
+        for to_host, pairs in ((True, plan.swap_out), (False, plan.swap_in)):
+            if pairs:
+                src, dst = zip(*pairs)
+                self.group.run(Swap(to_host, self.slots(src), self.slots(dst)))
+        return None
 
     def execute(self, plan: StepPlan) -> StepOutput:
         with torch.inference_mode():
@@ -58,9 +101,13 @@ class TorchBackend(ModelBackend):
 
     def logits(self, plan: StepPlan) -> torch.Tensor:
         with torch.inference_mode():  # the pool is an inference tensor
+            if self.group is not None:
+                return self.group.run(Forward(self.batch(plan)))
             return super().logits(plan)
 
     def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
         super().close()
         if self._saved_threads is not None:
             torch.set_num_threads(self._saved_threads)

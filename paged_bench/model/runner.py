@@ -17,12 +17,12 @@ import numpy as np
 from paged_bench.allocators.base import Allocator
 from paged_bench.backends.base import Backend
 from paged_bench.errors import EngineError, check_int
-from paged_bench.model.batch import build_batch, warmup_batch
+from paged_bench.model.batch import StepBatch, build_batch, warmup_batch
 from paged_bench.model.config import ModelConfig, resolve_model
 from paged_bench.model.forward import forward
 from paged_bench.model.sampling import is_greedy, request_rng, sample
 from paged_bench.model.tokenizers import load_tokenizer
-from paged_bench.model.weights import fuse, make_state
+from paged_bench.model.weights import Weights, fuse, make_state
 from paged_bench.step import StepOutput, StepPlan
 
 
@@ -48,13 +48,16 @@ class ModelBackend(Backend):
         cfg = resolve_model(model, model_path)
         adopt_model(self, cfg, model_path, self.compute_dtype)
         self.ops = self.make_ops(cfg)
-        self.weights = fuse(make_state(cfg, model_path, seed), cfg, self.ops.asarray, self.ops.asmatrix)
+        self.weights = self.make_weights(cfg, model_path, seed)
         self._rng = np.random.default_rng(seed)
         self.pool: Any = None
         self.swap: Any = None
 
     def make_ops(self, cfg: ModelConfig) -> Any:
         raise NotImplementedError
+
+    def make_weights(self, cfg: ModelConfig, model_path: str | None, seed: int) -> Weights:
+        return fuse(make_state(cfg, model_path, seed), cfg, self.ops.asarray, self.ops.asmatrix)
 
     def bind(self, allocator: Allocator) -> None:
         super().bind(allocator)
@@ -65,33 +68,39 @@ class ModelBackend(Backend):
             forward(self.ops, self.weights, self.model_config, self.pool, warmup_batch(min(16, layout.num_slots)))
         )
 
-    def _slots(self, blocks: list[int]) -> np.ndarray:
+    def slots(self, blocks: list[int]) -> np.ndarray:
         bs = self.allocator.layout.block_size
         return (np.asarray(blocks, np.int64)[:, None] * bs + np.arange(bs)).ravel()
 
     def swap_copies(self, plan: StepPlan) -> None:
         if plan.swap_out:
             gpu, cpu = zip(*plan.swap_out)
-            self.ops.copy_slots(self.pool, self.swap, self._slots(gpu), self._slots(cpu))
+            self.ops.copy_slots(self.pool, self.swap, self.slots(gpu), self.slots(cpu))
         if plan.swap_in:
             cpu, gpu = zip(*plan.swap_in)
-            self.ops.copy_slots(self.swap, self.pool, self._slots(cpu), self._slots(gpu))
+            self.ops.copy_slots(self.swap, self.pool, self.slots(cpu), self.slots(gpu))
 
-    def logits(self, plan: StepPlan) -> Any:
-        """The forward over the plan's tokens: ops-native logits ``[len(plan.reqs), vocab]``."""
+    def batch(self, plan: StepPlan) -> StepBatch:
+        """The plan's tokens packed, their K/V slots looked up (token ids checked)."""
         batch = build_batch(plan, self.allocator)
         if batch.input_ids.min() < 0 or batch.input_ids.max() >= self.vocab_size:
             bad = next(r for r in plan.reqs if not all(0 <= t < self.vocab_size for t in r.token_ids))
             raise EngineError(
                 f"request {bad.request_id} has token ids outside the model's vocabulary (0 to {self.vocab_size - 1})"
             )
-        return forward(self.ops, self.weights, self.model_config, self.pool, batch)
+        return batch
+
+    def logits(self, plan: StepPlan) -> Any:
+        """The forward over the plan's tokens: ops-native logits ``[len(plan.reqs), vocab]``."""
+        return forward(self.ops, self.weights, self.model_config, self.pool, self.batch(plan))
 
     def execute(self, plan: StepPlan) -> StepOutput:
         self.swap_copies(plan)
         if not plan.reqs:
             return StepOutput([], 0.0)
-        logits = self.logits(plan)
+        return self.sample(plan, self.logits(plan))
+
+    def sample(self, plan: StepPlan, logits: Any) -> StepOutput:
         if all(is_greedy(r) for r in plan.reqs):
             return StepOutput(self.ops.argmax(logits), 0.0)
         rows = self.ops.to_numpy(logits)

@@ -7,15 +7,18 @@ projection and down. So a layer costs two all-reduces of ``tokens x hidden`` act
 KV heads split with the query heads; when there are more ranks than KV heads, each KV head is
 replicated on ``size / num_kv_heads`` ranks (vLLM does the same), so every rank holds one.
 Norm weights are replicated. The simulator prices a rank with these figures and the real
-torch backend cuts its weights with them.
+torch backend cuts its weights with them (``rank_config``, ``shard_state``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from paged_bench.errors import check, check_int
 from paged_bench.model.config import DTYPE_BYTES, ModelConfig
+from paged_bench.model.weights import layer_names
 
 KEY = "backend.tensor_parallel_size"
 
@@ -97,3 +100,43 @@ def tp_shard(model: ModelConfig, size: int) -> TPShard:
     problem = split_problem(model, size)
     check(problem is None, KEY, size, problem or "")
     return TPShard(model, size)
+
+
+def rank_config(shard: TPShard) -> ModelConfig:
+    """The shape one rank's forward runs: its heads, KV heads, MLP width and LM-head rows (the
+    embedding table stays whole on every rank: a lookup, not a matmul)."""
+    return replace(
+        shard.model,
+        num_heads=shard.num_heads,
+        num_kv_heads=shard.num_kv_heads,
+        intermediate_size=shard.intermediate_size,
+        vocab_size=shard.vocab_size,
+        tie_word_embeddings=False,
+    )
+
+
+def shard_state(state: dict[str, np.ndarray], shard: TPShard, rank: int) -> dict[str, np.ndarray]:
+    """Rank ``rank``'s weights, in Hugging Face names and layout (``[out, in]``): Q/K/V, gate and
+    up cut by output rows (column-parallel), o and down by input columns (row-parallel), the
+    LM head by vocabulary rows (the last slice zero-padded to ``shard.vocab_size``)."""
+    m = shard.model
+    d = m.head_dim
+    q = slice(rank * shard.num_heads * d, (rank + 1) * shard.num_heads * d)
+    kv0 = shard.kv_head_start(rank)
+    kv = slice(kv0 * d, (kv0 + shard.num_kv_heads) * d)
+    mlp = slice(rank * shard.intermediate_size, (rank + 1) * shard.intermediate_size)
+    out = {name: state[name] for name in ("model.embed_tokens.weight", "model.norm.weight")}
+    for i in range(m.num_layers):
+        n = layer_names(i)
+        out.update({
+            n["attn_norm"]: state[n["attn_norm"]], n["mlp_norm"]: state[n["mlp_norm"]],
+            n["q"]: state[n["q"]][q], n["k"]: state[n["k"]][kv], n["v"]: state[n["v"]][kv],
+            n["o"]: state[n["o"]][:, q],
+            n["gate"]: state[n["gate"]][mlp], n["up"]: state[n["up"]][mlp], n["down"]: state[n["down"]][:, mlp],
+        })  # fmt: skip
+    head = state["model.embed_tokens.weight" if m.tie_word_embeddings else "lm_head.weight"]
+    rows = head[rank * shard.vocab_size : (rank + 1) * shard.vocab_size]
+    padded = np.zeros((shard.vocab_size, m.hidden_size), rows.dtype)
+    padded[: len(rows)] = rows
+    out["lm_head.weight"] = padded
+    return out
