@@ -122,3 +122,6 @@ def test_shards_split_heads_and_replicate_kv_heads_past_their_count():
             tp_shard(model, bad)
     with pytest.raises(ConfigError, match="backend.tensor_parallel_size"):
         build(compose_config("backend=sim", "backend.tensor_parallel_size=2"))  # linear: no model to split
+    for bad in ("0", "1.5", "true"):
+        with pytest.raises(ConfigError, match="backend.gpu_memory_utilization"):
+            build(compose_config(*ROOFLINE, f"backend.gpu_memory_utilization={bad}"))

@@ -30,7 +30,7 @@ from paged_bench.allocators.base import Allocator
 from paged_bench.backends.base import Backend
 from paged_bench.errors import check, check_int, check_number
 from paged_bench.model.config import DTYPE_BYTES, resolve_model
-from paged_bench.model.kv_capacity import KVBudget
+from paged_bench.model.kv_capacity import KVBudget, check_utilization
 from paged_bench.model.roofline import RooflineCost, hardware, load_preset
 from paged_bench.model.tp_shard import KEY as TP_KEY
 from paged_bench.step import StepOutput, StepPlan
@@ -88,7 +88,7 @@ class SimBackend(Backend):
         self.vocab_size = check_int("backend.vocab_size", vocab_size, 2)
         check(cost_model in ("linear", "roofline"), "backend.cost_model", cost_model, "linear or roofline")
         tp = check_int(TP_KEY, tensor_parallel_size)
-        self.gpu_memory_utilization = gpu_memory_utilization
+        self.gpu_memory_utilization = check_utilization(gpu_memory_utilization)
         self.roofline: RooflineCost | None = None
         if preset:
             self.roofline = replace(load_preset(preset), tp=tp, interconnect=interconnect)

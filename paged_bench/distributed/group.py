@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import signal
 import socket
 import threading
@@ -121,7 +122,7 @@ class TPGroup:
         while pending:
             try:
                 rank, error = ready.get(timeout=0.2)
-            except Exception:  # noqa: BLE001  (queue.Empty: look at the workers, then wait on)
+            except queue.Empty:  # look at the workers, then wait on
                 dead = [w for w in self.workers if not w.is_alive()]
                 if dead:
                     raise EngineError(f"tensor-parallel worker {dead[0].name} exited with code {dead[0].exitcode}")

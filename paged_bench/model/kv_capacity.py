@@ -23,7 +23,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from paged_bench.errors import ConfigError, check_number
+from paged_bench.errors import ConfigError, check
 from paged_bench.model.config import DTYPE_BYTES
 from paged_bench.model.tp_shard import KEY as TP_KEY
 from paged_bench.model.tp_shard import TPShard, split_problem
@@ -74,6 +74,12 @@ class KVBudget:
         )
 
 
+def check_utilization(value: float) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
+    check(ok, "backend.gpu_memory_utilization", value, "a fraction in (0, 1]")
+    return float(value)
+
+
 def activation_bytes(shard: TPShard, dtype: str, max_num_batched_tokens: int, max_num_seqs: int) -> int:
     m = shard.model
     mlp = max_num_batched_tokens * (2 * m.hidden_size + 3 * shard.intermediate_size) * DTYPE_BYTES[dtype]
@@ -101,9 +107,7 @@ def kv_budget(
     the model leaves no room for KV."""
     if memory is None:
         return None
-    util = check_number("backend.gpu_memory_utilization", gpu_memory_utilization, 0, strict=True)
-    if util > 1:
-        raise ConfigError("backend.gpu_memory_utilization", gpu_memory_utilization, "a fraction in (0, 1]")
+    util = check_utilization(gpu_memory_utilization)
     budget = _budget(shard, dtype, memory, hardware, util, max_num_batched_tokens, max_num_seqs)
     if budget.kv_bytes < budget.kv_bytes_per_token:
         fits = _smallest_fitting(shard, dtype, memory, hardware, util, max_num_batched_tokens, max_num_seqs)
