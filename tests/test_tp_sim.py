@@ -125,3 +125,16 @@ def test_shards_split_heads_and_replicate_kv_heads_past_their_count():
     for bad in ("0", "1.5", "true"):
         with pytest.raises(ConfigError, match="backend.gpu_memory_utilization"):
             build(compose_config(*ROOFLINE, f"backend.gpu_memory_utilization={bad}"))
+
+
+def test_the_kv_bytes_command_shows_the_arithmetic(capsys):
+    from paged_bench.model import kv_bytes
+
+    assert kv_bytes.main(["--model", "llama-3-8b", "--hardware", "h100"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("h100: 79.65 GiB x 0.9 = 71.68 GiB - weights 14.96 GiB")
+    tokens = int(line.split(" = ")[-2].split()[0].replace(",", ""))
+    assert 350_000 <= tokens <= 500_000
+    assert kv_bytes.main(["--model", "llama-3-70b", "--hardware", "h100"]) == 2
+    assert "backend.tensor_parallel_size=2" in capsys.readouterr().err
+    assert kv_bytes.main(["--hardware", "cpu"]) == 2  # no memory figure to size from
