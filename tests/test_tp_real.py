@@ -1,6 +1,7 @@
 """Real tensor parallelism (issue 12 item 3): backend=torch split over 2 CPU ranks (worker
 processes over gloo) gives exactly TP=1's and transformers' greedy tokens on the same
-checkpoint, under paged and contiguous KV, prefix hits, chunked prefill and swap preemption;
+checkpoint, under paged and contiguous KV, prefix hits, chunked prefill and preemption (recompute
+and swap), each rank fed the frozen step plan alone;
 the workers stop with the run, also when a rank dies or the run is interrupted, and no test
 can hang (collective timeouts, an alarm)."""
 
@@ -79,6 +80,7 @@ CASES = {
     "paged-prefix-hits": ["block_size=16"],
     "contiguous": ["allocator=contiguous"],
     "chunked-prefill": ["block_size=4", "max_num_batched_tokens=8"],
+    "preempt-recompute": ["scheduler=preemptive", "block_size=4", "num_blocks=30"],
     "preempt-swap": ["scheduler=preemptive", "scheduler.mode=swap", "block_size=4", "num_blocks=30"],
 }
 
@@ -93,6 +95,8 @@ def test_tp2_greedy_tokens_equal_tp1_and_transformers(checkpoint, case):  # noqa
     assert len(prompts) >= 6 and two.num_preemptions == one.num_preemptions
     if case == "paged-prefix-hits":
         assert two.prefix_hit_tokens >= 32
+    if case.startswith("preempt"):
+        assert two.num_preemptions > 0  # every rank dropped the victim's state and took it back
     if case == "preempt-swap":
         assert seen["swapped_in"] > 0  # blocks went to every rank's swap space and came back
     assert _wait_gone(children()) == []

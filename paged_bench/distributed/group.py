@@ -4,7 +4,7 @@ Rank 0 is the engine's own process (as vLLM's driver worker): it builds its slic
 ranks 1..N-1, waits until each has built its slice (failing fast, with the worker's error,
 if one dies first), then joins them in a process group on a free localhost port: gloo on
 CPU, NCCL on CUDA (with a gloo group beside it for the step messages). Each step it
-broadcasts one message and runs it itself.
+broadcasts the plan, then does its own share (the torch backend's step, on its slice).
 
 Stopping: ``close`` broadcasts ``Stop``, waits a few seconds, then terminates and kills what
 is left. Workers ignore Ctrl-C (rank 0 stops them), exit when their parent process is gone,
@@ -21,6 +21,8 @@ import socket
 import threading
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -28,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from paged_bench.distributed.comm import TPComm
-from paged_bench.distributed.rank import Message, ModelSpec, RankModel, Stop, rank_device
+from paged_bench.distributed.rank import Bind, Follower, Message, ModelSpec, RankModel, Step, Stop, rank_device
 from paged_bench.errors import EngineError
 
 START_TIMEOUT_S = 120.0  # a worker builds its weights in this long, or the start fails
@@ -71,13 +73,18 @@ def worker_main(rank: int, world_size: int, port: int, spec: ModelSpec, ready: A
     ready.put((rank, None))
     group = _init_group(spec, rank, world_size, port)
     model.comm = TPComm(rank, world_size, spec.model.vocab_size)
+    follower = Follower(model)
     try:
         while True:
             box: list[Any] = [None]
             dist.broadcast_object_list(box, src=0, group=group)
-            if isinstance(box[0], Stop):
+            msg = box[0]
+            if isinstance(msg, Stop):
                 break
-            model.handle(box[0])
+            if isinstance(msg, Bind):
+                model.bind(msg)
+            elif isinstance(msg, Step):
+                follower.step(msg)
     finally:
         dist.destroy_process_group()
 
@@ -92,7 +99,8 @@ def _exit_with_parent(parent: int) -> None:
 
 
 class TPGroup:
-    """Rank 0's handle on the group: ``run`` broadcasts a message and runs it here too."""
+    """Rank 0's handle on the group: ``send`` broadcasts a message to the workers; rank 0's own
+    share runs inside ``guard`` so that a failed collective fails the run, not hangs it."""
 
     def __init__(self, spec: ModelSpec, world_size: int) -> None:
         self.world_size = world_size
@@ -133,16 +141,24 @@ class TPGroup:
                 raise EngineError(f"tensor-parallel rank {rank} failed to build its slice: {error}")
             pending.discard(rank)
 
-    def run(self, msg: Message) -> torch.Tensor | None:
+    def send(self, msg: Message) -> None:
+        dist.broadcast_object_list([msg], src=0, group=self._group)
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
         try:
-            dist.broadcast_object_list([msg], src=0, group=self._group)
-            return self.model.handle(msg)
+            yield
         except BaseException as e:
             # the ranks may now wait in different collectives: no Stop message can reach them
             self._broken = True
             if isinstance(e, RuntimeError):  # gloo/NCCL: a peer died or timed out
                 raise EngineError(f"tensor-parallel step failed: {str(e).splitlines()[0]}") from e
             raise
+
+    def bind(self, msg: Bind) -> None:
+        with self.guard():
+            self.send(msg)
+            self.model.bind(msg)
 
     def close(self) -> None:
         """Stop every worker; idempotent, and safe after a failure at any point (a worker that

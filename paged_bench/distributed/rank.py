@@ -2,9 +2,11 @@
 
 Every rank builds the same weights (the checkpoint, or random ones from the seed) and keeps its
 slice (``tp_shard``); its KV pool and swap space hold its KV heads for every slot, so the block
-ids of the allocator (in rank 0) address the same slots on every rank. A message is what the
-step plan asks of a rank: allocate the pool, copy swapped blocks, run the forward over a batch
-built from the plan. Only rank 0 gets logits back.
+ids in a plan address the same slots on every rank. Each step rank 0 broadcasts the frozen
+step plan itself; a worker rank keeps its own ``RequestStates`` from the plans (as rank 0's
+backend does), does the plan's swap copies, builds the batch and runs its slice of the forward.
+A request scheduled again carries no tokens in the plan, so the message also carries the tokens
+rank 0 sampled at the previous forward, which the workers append before applying the new plan.
 """
 
 from __future__ import annotations
@@ -12,15 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from paged_bench.model.batch import StepBatch, warmup_batch
+from paged_bench.backends.request_state import RequestState, RequestStates
+from paged_bench.model.batch import StepBatch, build_batch, warmup_batch
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.forward import Comm, forward
 from paged_bench.model.ops_torch import DTYPES, TorchOps
+from paged_bench.model.runner import swap_copies
 from paged_bench.model.tp_shard import rank_config, shard_state, tp_shard
 from paged_bench.model.weights import fuse, make_state
+from paged_bench.step import StepPlan
 
 
 @dataclass(frozen=True)
@@ -39,18 +43,13 @@ class ModelSpec:
 class Bind:
     num_slots: int
     num_swap_slots: int
+    block_size: int
 
 
 @dataclass(frozen=True)
-class Swap:
-    to_host: bool  # True: pool -> swap space (a swap-out); False: swap space -> pool
-    src_slots: np.ndarray
-    dst_slots: np.ndarray
-
-
-@dataclass(frozen=True)
-class Forward:
-    batch: StepBatch
+class Step:
+    plan: StepPlan
+    sampled: tuple[int, ...] | None  # rank 0's tokens of the previous forward's rows
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class Stop:
     pass
 
 
-Message = Bind | Swap | Forward | Stop
+Message = Bind | Step | Stop
 
 
 def rank_device(spec: ModelSpec, rank: int) -> torch.device:
@@ -66,6 +65,8 @@ def rank_device(spec: ModelSpec, rank: int) -> torch.device:
 
 
 class RankModel:
+    """A rank's weights, KV pool and swap space, and its slice of the forward."""
+
     def __init__(self, spec: ModelSpec, rank: int, world_size: int) -> None:
         shard = tp_shard(spec.model, world_size)
         self.cfg = rank_config(shard)
@@ -74,18 +75,41 @@ class RankModel:
         self.weights = fuse(state, self.cfg, self.ops.asarray, self.ops.asmatrix)
         self.pool: Any = None
         self.swap: Any = None
+        self.block_size = 0
         self.comm: Comm | None = None  # set once the process group is up
 
-    def handle(self, msg: Message) -> torch.Tensor | None:
+    def bind(self, msg: Bind) -> None:
         with torch.inference_mode():
-            if isinstance(msg, Forward):
-                return forward(self.ops, self.weights, self.cfg, self.pool, msg.batch, self.comm)
-            if isinstance(msg, Swap):
-                src, dst = (self.pool, self.swap) if msg.to_host else (self.swap, self.pool)
-                self.ops.copy_slots(src, dst, msg.src_slots, msg.dst_slots)
-            elif isinstance(msg, Bind):
-                self.pool = self.ops.new_pool(msg.num_slots)
-                self.swap = self.ops.new_pool(msg.num_swap_slots, host=True)
-                # every rank warms up together: the forward's all-reduces need them all
-                forward(self.ops, self.weights, self.cfg, self.pool, warmup_batch(min(16, msg.num_slots)), self.comm)
-            return None
+            self.pool = self.ops.new_pool(msg.num_slots)
+            self.swap = self.ops.new_pool(msg.num_swap_slots, host=True)
+            self.block_size = msg.block_size
+            # every rank warms up together: the forward's all-reduces need them all
+            self.forward(warmup_batch(min(16, msg.num_slots)))
+
+    def forward(self, batch: StepBatch) -> torch.Tensor | None:
+        """Logits on rank 0, None elsewhere."""
+        with torch.inference_mode():
+            return forward(self.ops, self.weights, self.cfg, self.pool, batch, self.comm)
+
+    def swap_copies(self, plan: StepPlan) -> None:
+        with torch.inference_mode():
+            swap_copies(self.ops, self.pool, self.swap, plan, self.block_size)
+
+
+class Follower:
+    """A worker rank's run: request states kept from the plans alone, one forward per plan."""
+
+    def __init__(self, model: RankModel) -> None:
+        self.model = model
+        self.states = RequestStates()
+        self._unsampled: tuple[StepPlan, list[RequestState]] | None = None
+
+    def step(self, msg: Step) -> None:
+        if self._unsampled is not None and msg.sampled is not None:
+            self.states.record_samples(*self._unsampled, list(msg.sampled))
+        self._unsampled = None
+        states = self.states.apply(msg.plan)
+        self.model.swap_copies(msg.plan)
+        if states:
+            self.model.forward(build_batch(msg.plan, states, self.model.block_size))
+            self._unsampled = (msg.plan, states)

@@ -16,6 +16,7 @@ import numpy as np
 
 from paged_bench.allocators.base import Allocator
 from paged_bench.backends.base import Backend
+from paged_bench.backends.request_state import RequestState, RequestStates
 from paged_bench.errors import EngineError, check_int
 from paged_bench.model.batch import StepBatch, build_batch, warmup_batch
 from paged_bench.model.config import ModelConfig, resolve_model
@@ -52,6 +53,7 @@ class ModelBackend(Backend):
         self._rng = np.random.default_rng(seed)
         self.pool: Any = None
         self.swap: Any = None
+        self.states = RequestStates()
 
     def make_ops(self, cfg: ModelConfig) -> Any:
         raise NotImplementedError
@@ -68,45 +70,59 @@ class ModelBackend(Backend):
             forward(self.ops, self.weights, self.model_config, self.pool, warmup_batch(min(16, layout.num_slots)))
         )
 
-    def slots(self, blocks: list[int]) -> np.ndarray:
-        bs = self.allocator.layout.block_size
-        return (np.asarray(blocks, np.int64)[:, None] * bs + np.arange(bs)).ravel()
-
     def swap_copies(self, plan: StepPlan) -> None:
-        if plan.swap_out:
-            gpu, cpu = zip(*plan.swap_out)
-            self.ops.copy_slots(self.pool, self.swap, self.slots(gpu), self.slots(cpu))
-        if plan.swap_in:
-            cpu, gpu = zip(*plan.swap_in)
-            self.ops.copy_slots(self.swap, self.pool, self.slots(cpu), self.slots(gpu))
+        swap_copies(self.ops, self.pool, self.swap, plan, self.allocator.layout.block_size)
 
-    def batch(self, plan: StepPlan) -> StepBatch:
+    def batch(self, plan: StepPlan, states: list[RequestState]) -> StepBatch:
         """The plan's tokens packed, their K/V slots looked up (token ids checked)."""
-        batch = build_batch(plan, self.allocator)
+        batch = build_batch(plan, states, self.allocator.layout.block_size)
         if batch.input_ids.min() < 0 or batch.input_ids.max() >= self.vocab_size:
-            bad = next(r for r in plan.reqs if not all(0 <= t < self.vocab_size for t in r.token_ids))
+            bad = next(
+                rid for rid, s in zip(plan.req_ids, states) if not all(0 <= t < self.vocab_size for t in s.token_ids)
+            )
             raise EngineError(
-                f"request {bad.request_id} has token ids outside the model's vocabulary (0 to {self.vocab_size - 1})"
+                f"request {bad} has token ids outside the model's vocabulary (0 to {self.vocab_size - 1})"
             )
         return batch
 
-    def logits(self, plan: StepPlan) -> Any:
-        """The forward over the plan's tokens: ops-native logits ``[len(plan.reqs), vocab]``."""
-        return forward(self.ops, self.weights, self.model_config, self.pool, self.batch(plan))
+    def logits(self, plan: StepPlan, states: list[RequestState]) -> Any:
+        """The forward over the plan's tokens: ops-native logits ``[plan.num_reqs, vocab]``."""
+        return forward(self.ops, self.weights, self.model_config, self.pool, self.batch(plan, states))
 
     def execute(self, plan: StepPlan) -> StepOutput:
+        states = self.states.apply(plan)
         self.swap_copies(plan)
-        if not plan.reqs:
+        if not states:
             return StepOutput([], 0.0)
-        return self.sample(plan, self.logits(plan))
+        tokens = self.sample(states, self.logits(plan, states))
+        self.states.record_samples(plan, states, tokens)
+        return StepOutput(tokens, 0.0)
 
-    def sample(self, plan: StepPlan, logits: Any) -> StepOutput:
-        if all(is_greedy(r) for r in plan.reqs):
-            return StepOutput(self.ops.argmax(logits), 0.0)
+    def sample(self, states: list[RequestState], logits: Any) -> list[int]:
+        if all(is_greedy(s.sampling) for s in states):
+            return self.ops.argmax(logits)
         rows = self.ops.to_numpy(logits)
-        return StepOutput(
-            [sample(row, r.temperature, r.top_p, request_rng(r, self._rng)) for row, r in zip(rows, plan.reqs)], 0.0
-        )
+        return [
+            sample(row, s.sampling.temperature, s.sampling.top_p, request_rng(s.sampling, len(s.token_ids), self._rng))
+            for row, s in zip(rows, states)
+        ]
 
     def close(self) -> None:
         self.pool = self.swap = None
+        self.states.clear()
+
+
+def block_slots(blocks: tuple[int, ...] | list[int], block_size: int) -> np.ndarray:
+    """Every slot of ``blocks``, in order."""
+    return (np.asarray(blocks, np.int64)[:, None] * block_size + np.arange(block_size)).ravel()
+
+
+def swap_copies(ops: Any, pool: Any, swap: Any, plan: StepPlan, block_size: int) -> None:
+    """The plan's swap copies: out to host memory first, then in (a block freed by a swap-out
+    may be refilled in the same step)."""
+    if plan.swap_out:
+        gpu, cpu = zip(*plan.swap_out)
+        ops.copy_slots(pool, swap, block_slots(gpu, block_size), block_slots(cpu, block_size))
+    if plan.swap_in:
+        cpu, gpu = zip(*plan.swap_in)
+        ops.copy_slots(swap, pool, block_slots(cpu, block_size), block_slots(gpu, block_size))
