@@ -20,7 +20,6 @@ from paged_bench.app import run_job
 from paged_bench.config import compose_config
 from paged_bench.model.config import PRESETS
 
-
 CONFIGS = ((1, 1), (1, 2), (2, 1))  # (TP, threads per rank)
 
 

@@ -127,7 +127,7 @@ def test_the_ranks_hold_slices_and_stop_with_close(checkpoint):  # noqa: F811
 
 
 def test_a_dead_rank_fails_the_run_in_seconds_and_leaves_nothing(checkpoint):  # noqa: F811
-    path, prompts, _, _ = checkpoint
+    path, _, _, _ = checkpoint
     bench = build(compose_config("backend=torch", f"backend.model_path={path}", "workload.num_requests=6", *TP2))
     (worker,) = bench.backend.group.workers
     real, steps = bench.backend.execute, []

@@ -67,7 +67,7 @@ def worker_main(rank: int, world_size: int, port: int, spec: ModelSpec, ready: A
     _set_threads(spec, world_size)
     try:
         model = RankModel(spec, rank, world_size)
-    except BaseException as e:  # noqa: BLE001  (reported to rank 0, which raises it)
+    except BaseException as e:
         ready.put((rank, f"{type(e).__name__}: {e}"))
         raise
     ready.put((rank, None))
