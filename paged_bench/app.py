@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from paged_bench.build import build
+from paged_bench.build import Bench, build
 from paged_bench.engine import EngineResult
 from paged_bench.metrics import summarize
 from paged_bench.outputs import write_run
@@ -59,6 +59,18 @@ class JobOutcome:
         return self.result.error
 
 
+def capacity_figures(layout: Any, bench: Bench, output_throughput: float | None) -> dict[str, Any]:
+    """The KV pool's capacity (sized from the hardware by num_blocks=auto, or as configured) and
+    the output throughput per GPU of a tensor-parallel backend."""
+    gpus = bench.backend.num_devices
+    return {
+        "kv_capacity_blocks": layout.num_blocks,
+        "kv_capacity_tokens": layout.num_slots,
+        "num_gpus": gpus,
+        "output_throughput_per_gpu": None if output_throughput is None else output_throughput / gpus,
+    }
+
+
 def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback | None = None) -> JobOutcome:
     """Build and run one job from a resolved config; raises ConfigError/PluginError before
     anything runs, never after (a run that stops early is reported in the outcome)."""
@@ -89,6 +101,7 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
     summary = summarize(result, cfg.get("slo"), records)
     if remote is not None:
         summary.update(remote.summary)  # engine-only figures null, server-side TTFT added
+    summary.update(capacity_figures(result.layout, bench, summary.get("output_throughput")))
     outcome = JobOutcome(run_dir, summary, result, bench.choices, [], records)
     info = {
         "status": outcome.status,
@@ -98,6 +111,7 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
             "num_blocks": result.layout.num_blocks,
             "block_size": result.layout.block_size,
             "num_cpu_blocks": result.layout.num_cpu_blocks,
+            "sized_from": bench.kv_budget.to_dict() if bench.kv_budget else None,
         },
         "num_requests": len(records),
         "num_steps": len(result.steps),

@@ -17,6 +17,7 @@ from paged_bench.clock import make_clock
 from paged_bench.engine import Engine
 from paged_bench.errors import ConfigError, check, check_int, check_number
 from paged_bench.metrics import SLO_KEYS
+from paged_bench.model.kv_capacity import KVBudget
 from paged_bench.request import Request
 from paged_bench.workloads.base import WorkloadContext
 
@@ -31,6 +32,7 @@ class Bench:
     requests: list[Request]
     config: dict[str, Any]
     choices: dict[str, str]  # plugin kind -> option name
+    kv_budget: KVBudget | None = None  # how num_blocks=auto sized the pool from the hardware
 
     @property
     def backend(self) -> Backend:
@@ -51,7 +53,7 @@ def check_top_level(cfg: Mapping[str, Any]) -> None:
     check_int("max_model_len", cfg.get("max_model_len"), 2)
     check_int("max_num_batched_tokens", cfg.get("max_num_batched_tokens"))
     check_int("seed", cfg.get("seed"), 0)
-    if cfg.get("num_blocks") is not None:
+    if cfg.get("num_blocks") not in (None, "auto"):
         check_int("num_blocks", cfg.get("num_blocks"))
     check(cfg.get("clock", "auto") in ("auto", "virtual", "wall"), "clock", cfg.get("clock"), "auto, virtual or wall")
     slo = cfg.get("slo") or {}
@@ -62,8 +64,11 @@ def check_top_level(cfg: Mapping[str, Any]) -> None:
             check_number(f"slo.{key}", value, 0, strict=True)
 
 
-def auto_num_blocks(cfg: Mapping[str, Any]) -> int:
-    """Enough blocks for ``max_batch`` sequences of ``max_model_len``: no memory pressure."""
+def auto_num_blocks(cfg: Mapping[str, Any], budget: KVBudget | None) -> int:
+    """What the backend's memory holds next to its model (``budget``, when it knows both), else
+    enough blocks for ``max_batch`` sequences of ``max_model_len``: no memory pressure."""
+    if budget is not None:
+        return budget.blocks(cfg["block_size"])
     return cfg["max_batch"] * -(-cfg["max_model_len"] // cfg["block_size"])
 
 
@@ -76,8 +81,10 @@ def build(cfg: Mapping[str, Any]) -> Bench:
     backend = registry.create("backend", name, **options)
 
     name, options = sections["allocator"]
-    if options.get("num_blocks") is None:
-        options["num_blocks"] = auto_num_blocks(cfg)
+    budget = None
+    if options.get("num_blocks") in (None, "auto"):
+        budget = backend.kv_budget(cfg["max_num_batched_tokens"], cfg["max_batch"])
+        options["num_blocks"] = auto_num_blocks(cfg, budget)
     allocator = registry.create("allocator", name, **options)
     layout = allocator.layout
     check(
@@ -106,4 +113,4 @@ def build(cfg: Mapping[str, Any]) -> Bench:
     name, options = sections["workload"]
     workload = registry.create("workload", name, **options)
     requests = workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
-    return Bench(engine, requests, dict(cfg), choices)
+    return Bench(engine, requests, dict(cfg), choices, budget)
