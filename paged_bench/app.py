@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from paged_bench.build import build
+from paged_bench.cluster.spec import cluster_spec
 from paged_bench.engine import EngineResult
 from paged_bench.metrics import summarize
 from paged_bench.outputs import write_run
@@ -60,6 +61,10 @@ class JobOutcome:
 def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback | None = None) -> JobOutcome:
     """Build and run one job from a resolved config; raises ConfigError/PluginError before
     anything runs, never after (a run that stops early is reported in the outcome)."""
+    if (spec := cluster_spec(cfg)) is not None:  # more than one replica: paged_bench.cluster
+        from paged_bench.cluster.job import run_cluster_job
+
+        return run_cluster_job(cfg, run_dir, spec, on_progress)
     bench = build(cfg)
     on_step = None
     if on_progress is not None:

@@ -37,7 +37,7 @@ class Bench:
         return self.engine.backend
 
 
-def _plugin_section(cfg: Mapping[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
+def plugin_section(cfg: Mapping[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
     section = cfg.get(kind)
     if not isinstance(section, Mapping) or not isinstance(section.get("name"), str):
         raise ConfigError(kind, section, f"a {kind} config group option, e.g. {kind}=<name> (see --help)")
@@ -67,15 +67,12 @@ def auto_num_blocks(cfg: Mapping[str, Any]) -> int:
     return cfg["max_batch"] * -(-cfg["max_model_len"] // cfg["block_size"])
 
 
-def build(cfg: Mapping[str, Any]) -> Bench:
-    check_top_level(cfg)
-    sections = {kind: _plugin_section(cfg, kind) for kind in PLUGIN_KINDS}
-    choices = {kind: name for kind, (name, _) in sections.items()}
-
-    name, options = sections["backend"]
+def build_engine(cfg: Mapping[str, Any]) -> Engine:
+    """An engine (backend, allocator, scheduler, clock) from a config whose top level is checked."""
+    name, options = plugin_section(cfg, "backend")
     backend = registry.create("backend", name, **options)
 
-    name, options = sections["allocator"]
+    name, options = plugin_section(cfg, "allocator")
     if options.get("num_blocks") is None:
         options["num_blocks"] = auto_num_blocks(cfg)
     allocator = registry.create("allocator", name, **options)
@@ -89,7 +86,7 @@ def build(cfg: Mapping[str, Any]) -> Bench:
     )
     backend.bind(allocator)
 
-    name, options = sections["scheduler"]
+    name, options = plugin_section(cfg, "scheduler")
     scheduler = registry.create(
         "scheduler",
         name,
@@ -101,9 +98,18 @@ def build(cfg: Mapping[str, Any]) -> Bench:
     )
 
     clock_kind = cfg.get("clock", "auto")
-    engine = Engine(scheduler, backend, make_clock(backend.clock if clock_kind == "auto" else clock_kind))
+    return Engine(scheduler, backend, make_clock(backend.clock if clock_kind == "auto" else clock_kind))
 
-    name, options = sections["workload"]
+
+def build_requests(cfg: Mapping[str, Any], backend: Backend) -> list[Request]:
+    """The workload's requests, tokenized for ``backend``."""
+    name, options = plugin_section(cfg, "workload")
     workload = registry.create("workload", name, **options)
-    requests = workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
-    return Bench(engine, requests, dict(cfg), choices)
+    return workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
+
+
+def build(cfg: Mapping[str, Any]) -> Bench:
+    check_top_level(cfg)
+    choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
+    engine = build_engine(cfg)
+    return Bench(engine, build_requests(cfg, engine.backend), dict(cfg), choices)

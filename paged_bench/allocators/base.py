@@ -90,6 +90,11 @@ class Allocator(ABC):
         returns (cpu, gpu) block pairs to copy, or None if the pool has no room now."""
         return None
 
+    def cached_prefix_tokens(self, req: Request) -> int:
+        """Leading tokens of ``req`` this pool holds cached now. Read-only and keeps nothing
+        about ``req``: a cluster's router asks every replica, most of which never see it."""
+        return self.lookup_prefix(req).num_tokens
+
     @abstractmethod
     def block_table(self, req: Request) -> list[int]:
         """The blocks holding ``req``'s tokens, in order."""

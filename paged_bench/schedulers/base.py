@@ -129,6 +129,21 @@ class Scheduler:
                 self.allocator.free(req)
         return finished
 
+    def add_prefilled(self, req: Request) -> bool:
+        """Admit a request whose prompt K/V was computed on another replica and moved here
+        (disaggregated prefill): it takes blocks for its prompt, counts the prompt as computed
+        and runs from its next token. False, changing nothing, if ``max_batch`` or the pool
+        (less the admission reserve) has no room for it now."""
+        reserve = self.admission_reserve_blocks if self.running else 0
+        prompt = req.num_prompt_tokens
+        if len(self.running) >= self.max_batch or not self.allocator.allocate_slots(req, prompt, min_free_blocks=reserve):
+            return False
+        req.num_computed_tokens = prompt
+        req.max_num_tokens = min(prompt + req.max_tokens, self.max_model_len)
+        req.status = RUNNING
+        self.running.append(req)
+        return True
+
     def finish_request(self, req: Request, reason: FinishReason, now: float, error: str | None = None) -> None:
         """End a request from outside the step loop (client abort, stop string, run error)."""
         if req.is_finished:
