@@ -4,8 +4,9 @@
     cluster.prefill_replicas=P cluster.decode_replicas=D  P prefill + D decode replicas
     cluster.replicas=4 cluster.prefill_replicas=1         the same, D = replicas - P
 
-``replicas`` null (the default) means 1, or P + D when split; one colocated replica is no
-cluster at all (the plain engine runs, outputs as without this section).
+When split, ``replicas`` is P + D: leave it at its default (1, or null) or say P + D. One
+colocated replica is no cluster at all: the plain engine runs, its outputs exactly as
+without this section.
 """
 
 from __future__ import annotations
@@ -51,10 +52,10 @@ def cluster_spec(cfg: Mapping[str, Any]) -> ClusterSpec | None:
         check(decode in (None, 0), "cluster.decode_replicas", decode, "0 or null unless cluster.prefill_replicas is set")
         return None if (replicas or 1) == 1 else ClusterSpec(0, replicas, link)
     if decode is None:
-        check(replicas is not None and replicas > prefill, "cluster.replicas", replicas,
+        check(replicas is not None and replicas > max(prefill, 1), "cluster.replicas", replicas,
               f"more than cluster.prefill_replicas={prefill}, or set cluster.decode_replicas")  # fmt: skip
         decode = replicas - prefill
     decode = check_int("cluster.decode_replicas", decode)
-    check(replicas in (None, prefill + decode), "cluster.replicas", replicas,
-          f"null or prefill_replicas + decode_replicas = {prefill + decode}")  # fmt: skip
+    check(replicas in (None, 1, prefill + decode), "cluster.replicas", replicas,
+          f"1 (the default) or prefill_replicas + decode_replicas = {prefill + decode}")  # fmt: skip
     return ClusterSpec(prefill, decode, link)
