@@ -73,7 +73,7 @@ def cluster_summary(run: ClusterRun, slo: Mapping[str, float | None] | None = No
     summary["num_decode_replicas"] = roles.count("decode")
     summary["replica_steps"] = len(merged.steps)
     served = [len(res.requests) for res, role in zip(run.results, roles) if role != "decode"]
-    summary["replica_load_imbalance"] = max(served) / np.mean(served) if sum(served) else None
+    summary["replica_load_imbalance"] = float(max(served) / np.mean(served)) if sum(served) else None
     if summary["num_prefill_replicas"]:
         seconds = [t.seconds * 1e3 for t in run.transfers]
         summary["kv_transfer_bytes"] = sum(t.num_bytes for t in run.transfers)
