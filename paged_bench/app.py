@@ -58,6 +58,38 @@ class JobOutcome:
         return self.result.error
 
 
+def step_callback(on_progress: ProgressCallback | None, total: int) -> Callable[[float, list[Request]], None] | None:
+    """An engine's ``on_step`` that reports progress after the steps that finish requests."""
+    if on_progress is None:
+        return None
+    progress = Progress(total=total)
+
+    def on_step(now: float, finished: list[Request]) -> None:
+        if finished:
+            progress.advance(now, finished)
+            on_progress(progress)
+
+    return on_step
+
+
+def run_info(outcome: JobOutcome, target: Any) -> dict[str, Any]:
+    """``run_info.json``: how the job ended and what it ran."""
+    result = outcome.result
+    return {
+        "status": outcome.status,
+        "error": outcome.error,
+        "choices": outcome.choices,
+        "kv_layout": {
+            "num_blocks": result.layout.num_blocks,
+            "block_size": result.layout.block_size,
+            "num_cpu_blocks": result.layout.num_cpu_blocks,
+        },
+        "num_requests": len(result.requests),
+        "num_steps": len(result.steps),
+        "target": target,
+    }
+
+
 def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback | None = None) -> JobOutcome:
     """Build and run one job from a resolved config; raises ConfigError/PluginError before
     anything runs, never after (a run that stops early is reported in the outcome)."""
@@ -66,15 +98,7 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
 
         return run_cluster_job(cfg, run_dir, spec, on_progress)
     bench = build(cfg)
-    on_step = None
-    if on_progress is not None:
-        progress = Progress(total=len(bench.requests))
-
-        def on_step(now: float, finished: list[Request]) -> None:
-            if finished:
-                progress.advance(now, finished)
-                on_progress(progress)
-
+    on_step = step_callback(on_progress, len(bench.requests))
     target = (cfg.get("target") or {}).get("name", "engine")
     remote = None
     try:
@@ -92,18 +116,6 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
     if remote is not None:
         summary.update(remote.summary)  # engine-only figures null, server-side TTFT added
     outcome = JobOutcome(run_dir, summary, result, bench.choices, [])
-    info = {
-        "status": outcome.status,
-        "error": outcome.error,
-        "choices": bench.choices,
-        "kv_layout": {
-            "num_blocks": result.layout.num_blocks,
-            "block_size": result.layout.block_size,
-            "num_cpu_blocks": result.layout.num_cpu_blocks,
-        },
-        "num_requests": len(result.requests),
-        "num_steps": len(result.steps),
-        "target": target if remote is None else {"name": target, "base_url": remote.target.base_url},
-    }
+    info = run_info(outcome, target if remote is None else {"name": target, "base_url": remote.target.base_url})
     outcome.files = write_run(run_dir, result, summary, info)
     return outcome
