@@ -142,3 +142,18 @@ def test_a_cluster_run_through_the_command_line(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["num_replicas"] == 2 and summary["completed"] == 48
     assert summary["replica0/completed"] + summary["replica1/completed"] == 48
+
+
+@pytest.mark.parametrize("split", [(), ("cluster.prefill_replicas=1",)])
+def test_a_replica_that_cannot_go_on_stops_the_cluster_with_every_request_accounted_for(config, tmp_path, split):
+    # continuous batching never preempts: a short pool under load stops the run
+    outcome = run_job(config("cluster.replicas=3", *split, "num_blocks=40", "workload.rate=100",
+                             "workload.num_requests=200", "tracking.enabled=false"), tmp_path)  # fmt: skip
+    assert outcome.status == "failed" and "KV pool exhausted" in outcome.error
+    assert not outcome.result.leaks  # every replica's pool is whole again
+    s = outcome.summary
+    assert s["completed"] + s["failed"] == 200 and s["failed"] > 0
+    with (tmp_path / "requests.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 200 and all(r["finish_reason"] for r in rows)
+    assert any(r["error"].startswith("not submitted") for r in rows)
