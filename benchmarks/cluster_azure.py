@@ -26,7 +26,8 @@ from paged_bench.config import compose_config
 
 AZURE = Path("/work/shared/traces/azure_llm_2023_conv.csv")
 SHAPE = ("backend.cost_model=roofline", "backend.model=llama-3-8b", "backend.hardware=h100", "max_batch=128",
-         "max_model_len=16384", "num_blocks=28000", "max_num_batched_tokens=8192", "tracking.enabled=false")  # fmt: skip
+         "max_model_len=16384", "num_blocks=28000", "max_num_batched_tokens=8192",
+         "tracking.enabled=false")  # fmt: skip
 
 
 def as_trace(azure_csv: Path, out: Path) -> int:

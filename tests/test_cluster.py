@@ -50,7 +50,8 @@ def test_one_replica_behind_the_loop_runs_exactly_as_the_engine(config):
 
 
 def _files(run_dir: Path) -> dict[str, bytes]:
-    return {name: (run_dir / name).read_bytes() for name in ("summary.json", "requests.csv", "steps.csv", "run_info.json")}
+    names = ("summary.json", "requests.csv", "steps.csv", "run_info.json")
+    return {name: (run_dir / name).read_bytes() for name in names}
 
 
 def test_cluster_off_leaves_the_run_files_byte_identical(config, tmp_path):

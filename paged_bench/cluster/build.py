@@ -69,7 +69,8 @@ def build_cluster(cfg: Mapping[str, Any], spec: ClusterSpec) -> ClusterBench:
         try:
             kv_bytes = _kv_bytes_per_token(cfg, engines[0])
         except ConfigError as e:
-            raise ConfigError("backend.model", e.value, f"a model whose K/V size prices the transfer ({e.allowed})") from e
+            allowed = f"a model whose K/V size prices the transfer ({e.allowed})"
+            raise ConfigError("backend.model", e.value, allowed) from e
         cluster = Cluster(replicas, router(), router(), spec.link, kv_bytes)
     else:
         cluster = Cluster(replicas, router())

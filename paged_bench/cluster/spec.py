@@ -49,7 +49,8 @@ def cluster_spec(cfg: Mapping[str, Any]) -> ClusterSpec | None:
     prefill = check_int("cluster.prefill_replicas", prefill or 0, 0)
     link = make_link(section.get("link", "nvlink"), section.get("link_bandwidth_gbs"), section.get("link_latency_us"))
     if prefill == 0:
-        check(decode in (None, 0), "cluster.decode_replicas", decode, "0 or null unless cluster.prefill_replicas is set")
+        check(decode in (None, 0), "cluster.decode_replicas", decode,
+              "0 or null unless cluster.prefill_replicas is set")  # fmt: skip
         return None if (replicas or 1) == 1 else ClusterSpec(0, replicas, link)
     if decode is None:
         check(replicas is not None and replicas > max(prefill, 1), "cluster.replicas", replicas,

@@ -62,7 +62,9 @@ def replica_summaries(run: ClusterRun, duration: float, slo: Mapping[str, float 
     return out
 
 
-def cluster_summary(run: ClusterRun, slo: Mapping[str, float | None] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def cluster_summary(
+    run: ClusterRun, slo: Mapping[str, float | None] | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The cluster's summary (``summary.json``) and the per-replica ones (``replicas.csv``)."""
     merged = merged_result(run)
     summary: dict[str, Any] = summarize(merged, slo)

@@ -136,7 +136,9 @@ class Scheduler:
         (less the admission reserve) has no room for it now."""
         reserve = self.admission_reserve_blocks if self.running else 0
         prompt = req.num_prompt_tokens
-        if len(self.running) >= self.max_batch or not self.allocator.allocate_slots(req, prompt, min_free_blocks=reserve):
+        if len(self.running) >= self.max_batch:
+            return False
+        if not self.allocator.allocate_slots(req, prompt, min_free_blocks=reserve):
             return False
         req.num_computed_tokens = prompt
         req.max_num_tokens = min(prompt + req.max_tokens, self.max_model_len)
