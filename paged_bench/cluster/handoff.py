@@ -36,8 +36,17 @@ class Transfer:
 
 def prefill_copy(req: Request) -> Request:
     """The request as its prefill replica runs it: the same prompt, one output token."""
-    return Request(req.request_id, req.arrival_time, list(req.token_ids), 1, req.ignore_eos, req.prefix_group,
-                   req.temperature, req.top_p, req.sampling_seed)  # fmt: skip
+    return Request(
+        request_id=req.request_id,
+        arrival_time=req.arrival_time,
+        token_ids=list(req.token_ids),
+        max_tokens=1,
+        ignore_eos=req.ignore_eos,
+        prefix_group=req.prefix_group,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        sampling_seed=req.sampling_seed,
+    )
 
 
 def take_prefill(req: Request, copy: Request, max_model_len: int, eos_token_id: int | None) -> bool:

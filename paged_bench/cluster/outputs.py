@@ -38,7 +38,7 @@ def write_cluster_run(
     paths = write_run(run_dir, merged, summary, info)
     _write_csv(run_dir / "requests.csv", *_request_table(run, merged))
     steps = sorted(((rep.index, *row) for rep, res in zip(run.replicas, run.results) for row in res.steps),
-                   key=lambda row: row[2])  # fmt: skip  (by time, then replica)
+                   key=lambda row: row[2])  # fmt: skip  (by time, then replica: sorted() is stable)
     _write_csv(run_dir / "steps.csv", ("replica", *STEP_COLUMNS), steps)
     columns = list(dict.fromkeys(key for s in replicas for key in s))
     _write_csv(run_dir / "replicas.csv", tuple(columns), [[s.get(k) for k in columns] for s in replicas])

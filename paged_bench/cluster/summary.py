@@ -18,20 +18,20 @@ from typing import Any
 import numpy as np
 
 from paged_bench.cluster.loop import ClusterRun
-from paged_bench.engine import STEP_COLUMNS, EngineResult
+from paged_bench.engine import EngineResult, StepRecords
 from paged_bench.metrics import summarize
 
 PER_REPLICA = ("completed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "prefix_cache_hit_rate",
                "num_preemptions", "kv_reserved_slots_peak")  # fmt: skip
-_DURATION = STEP_COLUMNS.index("duration")
-_TIME = STEP_COLUMNS.index("time")
 
 
 def merged_result(run: ClusterRun) -> EngineResult:
     """The cluster as one engine result: every request, every replica's steps in time order."""
     results = run.results
     prefilling = [res for res, rep in zip(results, run.replicas) if rep.role != "decode"]
-    steps = sorted((row for res in results for row in res.steps), key=lambda row: row[_TIME])
+    steps = StepRecords()
+    for row in sorted((row for res in results for row in res.steps), key=lambda row: row.time):
+        steps.append(row)
     return EngineResult(
         requests=run.requests,
         steps=steps,
@@ -43,6 +43,8 @@ def merged_result(run: ClusterRun) -> EngineResult:
         swapped_blocks=sum(res.swapped_blocks for res in results),
         prefix_query_tokens=sum(res.prefix_query_tokens for res in prefilling),
         prefix_hit_tokens=sum(res.prefix_hit_tokens for res in prefilling),
+        preempted_prefix_query_tokens=sum(res.preempted_prefix_query_tokens for res in results),
+        preempted_prefix_hit_tokens=sum(res.preempted_prefix_hit_tokens for res in results),
         error=run.error,
         interrupted=run.interrupted,
         leaks=[f"replica {i}: {leak}" for i, res in enumerate(results) for leak in res.leaks],
@@ -55,7 +57,7 @@ def replica_summaries(run: ClusterRun, duration: float, slo: Mapping[str, float 
     out = []
     for replica, res in zip(run.replicas, run.results):
         s: dict[str, Any] = {"replica": replica.index, "role": replica.role, "steps": len(res.steps)}
-        busy = sum(row[_DURATION] for row in res.steps)
+        busy = float(res.steps.column("duration").sum())
         s["busy_fraction"] = busy / duration if duration > 0 else 0.0
         s.update(summarize(res, slo))
         out.append(s)

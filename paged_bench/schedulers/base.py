@@ -116,6 +116,7 @@ class Scheduler:
         self._scheduled: list[Request] = []  # the last plan's rows, for update()
         self._finished_ids: list[ReqId] = []  # ended since the last plan was handed out
         self._preempted_ids: list[ReqId] = []  # preempted in a step that planned nothing to run
+        self._handed_over: list[NewRequestData] = []  # admitted by add_prefilled since the last plan
 
     # -- policy hooks ---------------------------------------------------------------------
 
@@ -153,6 +154,9 @@ class Scheduler:
 
     def schedule(self, now: float) -> StepPlan:
         draft = PlanDraft(budget=self.max_num_batched_tokens)
+        if self._handed_over:
+            draft.new_reqs += self._handed_over
+            self._handed_over = []
         self._schedule_running(draft)
         if self.may_admit(draft):
             self._admit_waiting(draft, now)
@@ -199,6 +203,7 @@ class Scheduler:
         req.max_num_tokens = min(prompt + req.max_tokens, self.max_model_len)
         req.status = RUNNING
         self.running.append(req)
+        self._handed_over.append(NewRequestData.from_request(req, self.allocator.block_table(req)))
         return True
 
     def finish_request(self, req: Request, reason: FinishReason, now: float, error: str | None = None) -> None:
