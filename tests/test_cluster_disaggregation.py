@@ -78,3 +78,21 @@ def test_a_one_token_request_ends_on_its_prefill_replica_without_a_transfer(conf
     outcome = run_job(config(*SPLIT, "workload.output_len=1"), tmp_path)
     assert outcome.summary["completed"] == 120 and outcome.summary["num_kv_transfers"] == 0
     assert {r["replica"] for r in _rows(tmp_path / "requests.csv")} == {"0"}
+
+
+def test_a_handed_over_request_enters_the_plan_once_with_its_prompt_computed(config):
+    from paged_bench.build import build_engine
+    from paged_bench.request import Request
+
+    engine = build_engine(config("max_batch=2"))
+    sched = engine.scheduler
+    reqs = [Request(i, 0.0, list(range(40)), 5) for i in range(3)]
+    for r in reqs:
+        r.token_ids.append(7)  # the first token, sampled on the prefill replica
+    assert sched.add_prefilled(reqs[0]) and sched.add_prefilled(reqs[1])
+    assert not sched.add_prefilled(reqs[2])  # max_batch
+    plan = sched.schedule(0.0)
+    assert [new.req_id for new in plan.new_reqs] == [0, 1]
+    assert all(new.num_computed_tokens == 40 for new in plan.new_reqs)
+    assert plan.num_new_tokens == (1, 1) and plan.num_computed_tokens == (40, 40)
+    assert sched.schedule(0.0).new_reqs == ()  # sent once
