@@ -35,7 +35,7 @@ def run_cluster_job(
         for replica in bench.cluster.replicas:
             replica.engine.backend.close()
     merged = merged_result(run)
-    summary, replicas = cluster_summary(run, cfg.get("slo"))
+    summary, replicas = cluster_summary(run, merged, cfg.get("slo"))
     outcome = JobOutcome(run_dir, summary, merged, bench.choices, [])
     info = run_info(outcome, "engine")
     info["cluster"] = {

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from paged_bench.cluster.loop import ClusterRun
-from paged_bench.engine import EngineResult, StepRecords
+from paged_bench.engine import STEP_COLUMNS, EngineResult, StepRecords
 from paged_bench.metrics import summarize
 
 PER_REPLICA = ("completed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "prefix_cache_hit_rate",
@@ -29,8 +29,10 @@ def merged_result(run: ClusterRun) -> EngineResult:
     """The cluster as one engine result: every request, every replica's steps in time order."""
     results = run.results
     prefilling = [res for res, rep in zip(results, run.replicas) if rep.role != "decode"]
+    columns = {name: np.concatenate([res.steps.column(name) for res in results]) for name in STEP_COLUMNS}
+    order = np.argsort(columns["time"], kind="stable")  # by time, then replica
     steps = StepRecords()
-    for row in sorted((row for res in results for row in res.steps), key=lambda row: row.time):
+    for row in zip(*(columns[name][order].tolist() for name in STEP_COLUMNS)):
         steps.append(row)
     return EngineResult(
         requests=run.requests,
@@ -65,10 +67,10 @@ def replica_summaries(run: ClusterRun, duration: float, slo: Mapping[str, float 
 
 
 def cluster_summary(
-    run: ClusterRun, slo: Mapping[str, float | None] | None = None
+    run: ClusterRun, merged: EngineResult, slo: Mapping[str, float | None] | None = None
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The cluster's summary (``summary.json``) and the per-replica ones (``replicas.csv``)."""
-    merged = merged_result(run)
+    """The cluster's summary (``summary.json``) and the per-replica ones (``replicas.csv``);
+    ``merged`` is ``merged_result(run)``."""
     summary: dict[str, Any] = summarize(merged, slo)
     replicas = replica_summaries(run, merged.duration, slo)
     roles = [r.role for r in run.replicas]
