@@ -26,13 +26,16 @@ PER_REPLICA = ("completed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p
 
 
 def merged_result(run: ClusterRun) -> EngineResult:
-    """The cluster as one engine result: every request, every replica's steps in time order."""
+    """The cluster as one engine result: every request, every replica's steps in time order
+    (numbered anew in that order; ``steps.csv`` keeps each replica's own numbers)."""
     results = run.results
     prefilling = [res for res, rep in zip(results, run.replicas) if rep.role != "decode"]
     columns = {name: np.concatenate([res.steps.column(name) for res in results]) for name in STEP_COLUMNS}
     order = np.argsort(columns["time"], kind="stable")  # by time, then replica
+    columns = {name: column[order] for name, column in columns.items()}
+    columns["step"] = np.arange(len(order))  # the cluster's replica-steps, counted in time order
     steps = StepRecords()
-    for row in zip(*(columns[name][order].tolist() for name in STEP_COLUMNS)):
+    for row in zip(*(columns[name].tolist() for name in STEP_COLUMNS)):
         steps.append(row)
     return EngineResult(
         requests=run.requests,
