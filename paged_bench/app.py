@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from paged_bench.build import Bench, build
+from paged_bench.cluster.spec import cluster_spec
 from paged_bench.engine import EngineResult
 from paged_bench.metrics import summarize
 from paged_bench.outputs import write_run
@@ -71,19 +72,47 @@ def capacity_figures(layout: Any, bench: Bench, output_throughput: float | None)
     }
 
 
+def step_callback(on_progress: ProgressCallback | None, total: int) -> Callable[[float, list[Request]], None] | None:
+    """An engine's ``on_step`` that reports progress after the steps that finish requests."""
+    if on_progress is None:
+        return None
+    progress = Progress(total=total)
+
+    def on_step(now: float, finished: list[Request]) -> None:
+        if finished:
+            progress.advance(now, finished)
+            on_progress(progress)
+
+    return on_step
+
+
+def run_info(outcome: JobOutcome, target: Any) -> dict[str, Any]:
+    """``run_info.json``: how the job ended and what it ran."""
+    result = outcome.result
+    return {
+        "status": outcome.status,
+        "error": outcome.error,
+        "choices": outcome.choices,
+        "kv_layout": {
+            "num_blocks": result.layout.num_blocks,
+            "block_size": result.layout.block_size,
+            "num_cpu_blocks": result.layout.num_cpu_blocks,
+        },
+        "num_requests": len(result.requests),
+        "num_steps": len(result.steps),
+        "target": target,
+    }
+
+
 def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback | None = None) -> JobOutcome:
     """Build and run one job from a resolved config; raises ConfigError/PluginError before
     anything runs, never after (a run that stops early is reported in the outcome)."""
+    if (spec := cluster_spec(cfg)) is not None:  # more than one replica: paged_bench.cluster
+        from paged_bench.cluster.job import run_cluster_job
+
+        return run_cluster_job(cfg, run_dir, spec, on_progress)
     bench = build(cfg)
-    on_step = None
-    if on_progress is not None:
-        progress = Progress(total=len(bench.requests))
-
-        def on_step(now: float, finished: list[Request]) -> None:
-            if finished:
-                progress.advance(now, finished)
-                on_progress(progress)
-
+    on_step = step_callback(on_progress, len(bench.requests))
     target = (cfg.get("target") or {}).get("name", "engine")
     remote = None
     try:
@@ -103,19 +132,7 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
         summary.update(remote.summary)  # engine-only figures null, server-side TTFT added
     summary.update(capacity_figures(result.layout, bench, summary.get("output_throughput")))
     outcome = JobOutcome(run_dir, summary, result, bench.choices, [], records)
-    info = {
-        "status": outcome.status,
-        "error": outcome.error,
-        "choices": bench.choices,
-        "kv_layout": {
-            "num_blocks": result.layout.num_blocks,
-            "block_size": result.layout.block_size,
-            "num_cpu_blocks": result.layout.num_cpu_blocks,
-            "sized_from": bench.kv_budget.to_dict() if bench.kv_budget else None,
-        },
-        "num_requests": len(records),
-        "num_steps": len(result.steps),
-        "target": target if remote is None else {"name": target, "base_url": remote.target.base_url},
-    }
+    info = run_info(outcome, target if remote is None else {"name": target, "base_url": remote.target.base_url})
+    info["kv_layout"]["sized_from"] = bench.kv_budget.to_dict() if bench.kv_budget else None
     outcome.files = write_run(run_dir, result, summary, info, records)
     return outcome

@@ -39,7 +39,7 @@ class Bench:
         return self.engine.backend
 
 
-def _plugin_section(cfg: Mapping[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
+def plugin_section(cfg: Mapping[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
     section = cfg.get(kind)
     if not isinstance(section, Mapping) or not isinstance(section.get("name"), str):
         raise ConfigError(kind, section, f"a {kind} config group option, e.g. {kind}=<name> (see --help)")
@@ -72,19 +72,14 @@ def auto_num_blocks(cfg: Mapping[str, Any], budget: KVBudget | None) -> int:
     return cfg["max_batch"] * -(-cfg["max_model_len"] // cfg["block_size"])
 
 
-def build(cfg: Mapping[str, Any]) -> Bench:
-    check_top_level(cfg)
-    sections = {kind: _plugin_section(cfg, kind) for kind in PLUGIN_KINDS}
-    choices = {kind: name for kind, (name, _) in sections.items()}
-
-    name, options = sections["backend"]
+def build_engine(cfg: Mapping[str, Any]) -> Engine:
+    """An engine (backend, allocator, scheduler, clock) from a config whose top level is checked."""
+    name, options = plugin_section(cfg, "backend")
     backend = registry.create("backend", name, **options)
 
-    name, options = sections["allocator"]
-    budget = None
+    name, options = plugin_section(cfg, "allocator")
     if options.get("num_blocks") in (None, "auto"):
-        budget = backend.kv_budget(cfg["max_num_batched_tokens"], cfg["max_batch"])
-        options["num_blocks"] = auto_num_blocks(cfg, budget)
+        options["num_blocks"] = auto_num_blocks(cfg, kv_budget_for(cfg, backend))
     allocator = registry.create("allocator", name, **options)
     layout = allocator.layout
     check(
@@ -96,7 +91,7 @@ def build(cfg: Mapping[str, Any]) -> Bench:
     )
     backend.bind(allocator)
 
-    name, options = sections["scheduler"]
+    name, options = plugin_section(cfg, "scheduler")
     scheduler = registry.create(
         "scheduler",
         name,
@@ -108,9 +103,27 @@ def build(cfg: Mapping[str, Any]) -> Bench:
     )
 
     clock_kind = cfg.get("clock", "auto")
-    engine = Engine(scheduler, backend, make_clock(backend.clock if clock_kind == "auto" else clock_kind))
+    return Engine(scheduler, backend, make_clock(backend.clock if clock_kind == "auto" else clock_kind))
 
-    name, options = sections["workload"]
+
+def build_requests(cfg: Mapping[str, Any], backend: Backend) -> list[Request]:
+    """The workload's requests, tokenized for ``backend``."""
+    name, options = plugin_section(cfg, "workload")
     workload = registry.create("workload", name, **options)
-    requests = workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
-    return Bench(engine, requests, dict(cfg), choices, budget)
+    return workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
+
+
+def kv_budget_for(cfg: Mapping[str, Any], backend: Backend) -> KVBudget | None:
+    """How ``num_blocks=auto`` sizes the pool from the backend's hardware; None when
+    ``num_blocks`` is set, or the backend knows no model and memory."""
+    if cfg.get("num_blocks") not in (None, "auto"):
+        return None
+    return backend.kv_budget(cfg["max_num_batched_tokens"], cfg["max_batch"])
+
+
+def build(cfg: Mapping[str, Any]) -> Bench:
+    check_top_level(cfg)
+    choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
+    engine = build_engine(cfg)
+    budget = kv_budget_for(cfg, engine.backend)
+    return Bench(engine, build_requests(cfg, engine.backend), dict(cfg), choices, budget)

@@ -113,6 +113,11 @@ class Allocator(ABC):
         ``min_free_blocks`` free blocks."""
         return None
 
+    def cached_prefix_tokens(self, req: Request) -> int:
+        """Leading tokens of ``req`` this pool holds cached now. Read-only and keeps nothing
+        about ``req``: a cluster's router asks every replica, most of which never see it."""
+        return self.lookup_prefix(req).num_tokens
+
     @abstractmethod
     def take_new_blocks(self) -> dict[int | str, tuple[int, ...]]:
         """Request id -> blocks appended to its table since the last call, for requests that

@@ -177,6 +177,13 @@ class PagedAllocator(Allocator):
         self._new_blocks = {}
         return out
 
+    def cached_prefix_tokens(self, req: Request) -> int:
+        known = req in self._hashes
+        hit = self.lookup_prefix(req)
+        if not known:  # forget the hash chain lookup_prefix memoised for a request not held here
+            self._hashes.pop(req, None)
+        return hit.num_tokens
+
     def block_table(self, req: Request) -> list[int]:
         return self._seqs[req].blocks
 

@@ -136,6 +136,7 @@ class Scheduler:
         self._scheduled: list[Request] = []  # the last plan's rows, for update()
         self._finished_ids: list[ReqId] = []  # ended since the last plan was handed out
         self._preempted_ids: list[ReqId] = []  # preempted in a step that planned nothing to run
+        self._handed_over: list[NewRequestData] = []  # admitted by add_prefilled since the last plan
 
     # -- policy hooks ---------------------------------------------------------------------
 
@@ -173,6 +174,9 @@ class Scheduler:
 
     def schedule(self, now: float) -> StepPlan:
         draft = PlanDraft(budget=self.max_num_batched_tokens)
+        if self._handed_over:
+            draft.new_reqs += self._handed_over
+            self._handed_over = []
         self._schedule_running(draft)
         if self.may_admit(draft):
             self._admit_waiting(draft, now)
@@ -203,6 +207,24 @@ class Scheduler:
                 self.allocator.free(req)
                 self._finished_ids.append(req.request_id)
         return finished
+
+    def add_prefilled(self, req: Request) -> bool:
+        """Admit a request whose prompt K/V was computed on another replica and moved here
+        (disaggregated prefill): it takes blocks for its prompt, counts the prompt as computed
+        and runs from its next token. False, changing nothing, if ``max_batch`` or the pool
+        (less the admission reserve) has no room for it now."""
+        reserve = self.admission_reserve_blocks if self.running else 0
+        prompt = req.num_prompt_tokens
+        if len(self.running) >= self.max_batch:
+            return False
+        if not self.allocator.allocate_slots(req, prompt, min_free_blocks=reserve):
+            return False
+        req.num_computed_tokens = prompt
+        req.max_num_tokens = min(prompt + req.max_tokens, self.max_model_len)
+        req.status = RUNNING
+        self.running.append(req)
+        self._handed_over.append(NewRequestData.from_request(req, self.allocator.block_table(req)))
+        return True
 
     def finish_request(self, req: Request, reason: FinishReason, now: float, error: str | None = None) -> None:
         """End a request from outside the step loop (client abort, stop string, run error)."""
