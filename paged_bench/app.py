@@ -57,9 +57,12 @@ class JobOutcome:
         return self.result.error
 
 
-def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback | None = None) -> JobOutcome:
+def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback | None = None,
+            options: Mapping[str, str] | None = None) -> JobOutcome:  # fmt: skip
     """Build and run one job from a resolved config; raises ConfigError/PluginError before
-    anything runs, never after (a run that stops early is reported in the outcome)."""
+    anything runs, never after (a run that stops early is reported in the outcome).
+    ``options``: the config option picked per group (Hydra's choices: ``workload=seed``), which
+    ``run_info.json`` records beside the plugin each one selected (``poisson``)."""
     bench = build(cfg)
     on_step = None
     if on_progress is not None:
@@ -90,7 +93,8 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
     info = {
         "status": outcome.status,
         "error": outcome.error,
-        "choices": bench.choices,
+        "choices": {kind: (options or {}).get(kind) or plugin for kind, plugin in bench.choices.items()},
+        "plugins": bench.choices,
         "kv_layout": {
             "num_blocks": result.layout.num_blocks,
             "block_size": result.layout.block_size,

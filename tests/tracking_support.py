@@ -43,6 +43,7 @@ def client(uri: str):
 
 def cli_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "HYDRA_"))}
+    env["PAGED_BENCH_TRACKING_IDLE_S"] = "20"  # the tracking helper the tests start goes soon after them
     env.update(extra)
     return env
 

@@ -3,6 +3,7 @@ that a failing store warns once and is then left alone for the rest of the proce
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -16,9 +17,10 @@ RUNS_DIR = "runs"
 DB_FILE = "mlflow.db"
 ARTIFACTS_DIR = "mlartifacts"
 # an unreachable server should cost seconds, not MLflow's default of minutes of retries
+# (mlflow reads the retry settings as integers: "0.5" would fail every HTTP call)
 _HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0.5",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",  # one bar per small file is noise
 }
@@ -51,8 +53,10 @@ def artifact_root(uri: str) -> Path | None:
     return path.parent / ARTIFACTS_DIR if path is not None else None
 
 
+@functools.cache
 def client(uri: str) -> Any:
-    """An ``MlflowClient`` for ``uri`` (imports mlflow; creates the SQLite folder)."""
+    """The ``MlflowClient`` for ``uri``, one per process: a new SQLite store object checks the
+    schema again (imports mlflow; creates the SQLite folder)."""
     for key, value in _HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
     path = sqlite_path(uri)
