@@ -100,6 +100,8 @@ def run(cfg: DictConfig) -> None:
         _record(job, started, "failed", str(e).splitlines()[0])
         return _fail(str(e).splitlines()[0], 2, job)
     save_config(job.run_dir, config)
+    # who the job is, before it runs: a job cut off with its process is still logged by name
+    update_run_info(job.run_dir, {"run_name": job.name, "job_num": job.num, "start_time": started})
     in_sweep_process = job.sweep_dir is not None and sweep.sweep_info(job.sweep_dir).get("pid") == os.getpid()
     bar = JobBar(enabled=not job.multirun or in_sweep_process, nested=job.multirun)
     try:

@@ -23,6 +23,7 @@ from paged_bench.flat import display_key, flatten
 CONFIG_FILE = "config.yaml"
 RUN_INFO = "run_info.json"  # the run's status, error, choices, name, start and end
 REPORT_DIR = "report"  # where a report of a directory goes; never read back as a run
+_NOT_RUNS = (REPORT_DIR, "mlartifacts", "plots")  # copies of runs' files (the embedded store's artifacts)
 _RUN_MARKERS = ("summary.json", RUN_INFO, CONFIG_FILE, ".hydra/config.yaml")
 # config keys that say how a run was recorded, not what was measured
 _NOT_DIMENSIONS = ("tracking.", "report.", "experiment_name")
@@ -121,7 +122,7 @@ def find_runs(path: Path, depth: int = 4) -> list[Run]:
         return []
     runs: list[Run] = []
     for child in path.iterdir():
-        if child.is_dir() and child.name != REPORT_DIR and not child.name.startswith("."):
+        if child.is_dir() and child.name not in _NOT_RUNS and not child.name.startswith("."):
             runs += find_runs(child, depth - 1)
     return sorted(runs, key=lambda r: (str(r.path.parent), r.job if r.job is not None else math.inf, r.path.name))
 

@@ -114,23 +114,30 @@ class Server:
 
     def _connection(self, conn: socket.socket) -> None:
         session = Session()
-        with conn, conn.makefile("r") as reader, conn.makefile("w") as writer:
-            for line in reader:
-                with self.lock:
-                    reply = session.handle(json.loads(line))
-                    self.last = time.monotonic()
-                writer.write(json.dumps(reply) + "\n")
-                writer.flush()
-        with self.lock:
-            self.active -= 1
-            self.last = time.monotonic()
+        try:
+            with conn, conn.makefile("r") as reader, conn.makefile("w") as writer:
+                for line in reader:
+                    with self.lock:
+                        reply = session.handle(json.loads(line))
+                        self.last = time.monotonic()
+                    writer.write(json.dumps(reply) + "\n")
+                    writer.flush()
+        except (OSError, ValueError):
+            pass  # the command went away (killed): what it handed over is logged all the same
+        finally:
+            with self.lock:
+                self.active -= 1
+                self.last = time.monotonic()
 
     def _idle_watch(self) -> None:
         while True:
             time.sleep(min(5.0, self.idle_s / 2))
             with self.lock:
                 if self.active == 0 and time.monotonic() - self.last > self.idle_s:
-                    self.path.unlink(missing_ok=True)
+                    self.path.unlink(missing_ok=True)  # (the lock file stays: a command may hold it)
+                    log = self.path.with_suffix(".log")
+                    if log.is_file() and not log.stat().st_size:
+                        log.unlink()
                     os._exit(0)
 
     def serve(self) -> None:

@@ -23,6 +23,7 @@ _HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",  # one bar per small file is noise
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # a server's run links are not our output
 }
 
 _failure: str | None = None  # why tracking stopped in this process, once it has
@@ -99,9 +100,9 @@ def report_failure(error: BaseException, where: str) -> None:
     if _failure is not None:
         return
     first = (str(error).strip().splitlines() or [""])[0][:300]
-    _failure = f"{type(error).__name__}: {first}"
+    _failure = first if getattr(error, "names_its_cause", False) else f"{type(error).__name__}: {first}"
     print(f"warning: MLflow tracking failed ({_failure}); tracking is off for this process, "
-          f"the results are on disk in {where}", file=sys.stderr)  # fmt: skip
+          f"the results are on disk in {where} (python -m paged_bench.sync uploads them)", file=sys.stderr)  # fmt: skip
 
 
 def reset_failure() -> None:

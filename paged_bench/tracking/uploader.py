@@ -33,6 +33,8 @@ _started: list[subprocess.Popen] = []  # helpers this process started (it outliv
 class UploadError(Exception):
     """The helper could not log something; its message is the store's one-line error."""
 
+    names_its_cause = True  # "ValueError: ...", as the helper saw it
+
 
 def helper_folder() -> Path:
     folder = Path(tempfile.gettempdir()) / f"paged_bench-{os.getuid()}"
@@ -58,6 +60,14 @@ def _connect(path: Path) -> socket.socket:
     return sock
 
 
+def wait_for_helper() -> None:
+    """Let a running helper finish the upload it is doing (``sync`` must not race it)."""
+    with contextlib.suppress(OSError, ValueError):
+        with _connect(helper_folder() / f"{helper_key()}.sock") as sock, sock.makefile("r") as reader:
+            sock.sendall(b'{"op": "ping"}\n')
+            reader.readline()
+
+
 def connect() -> socket.socket:
     """A connection to the running helper, started first if there is none."""
     folder, key = helper_folder(), helper_key()
@@ -70,8 +80,8 @@ def connect() -> socket.socket:
             return _connect(path)
         with (folder / f"{key}.log").open("a") as log:
             _started.append(subprocess.Popen([sys.executable, "-m", "paged_bench.tracking.helper", "--socket", str(path)],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                             start_new_session=True, close_fds=True))  # fmt: skip
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, cwd=folder,
+                             start_new_session=True, close_fds=True))  # fmt: skip  (cwd: one that stays)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             try:
