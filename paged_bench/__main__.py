@@ -64,7 +64,7 @@ def cli() -> None:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         sweep.finish("KILLED")
-        print("interrupted", file=sys.stderr)
+        print(signals.stopped_by(), file=sys.stderr)
         sys.exit(signals.exit_status())
     except BrokenPipeError:  # `--help | head`: the reader went away; nothing left to say
         _quiet_stdout()
@@ -72,6 +72,9 @@ def cli() -> None:
     except BaseException:
         sweep.finish("FAILED")
         raise
+    if signals.received():  # it came while the sweep was being closed, which went on
+        print(signals.stopped_by(), file=sys.stderr)
+        sys.exit(signals.exit_status())
     failed = sweep.failed_jobs()
     if failed:
         print(f"error: {failed[0]} of {failed[1]} sweep jobs did not finish (see the table above)", file=sys.stderr)

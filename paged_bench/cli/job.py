@@ -45,14 +45,12 @@ class Job:
         hc = HydraConfig.get()
         multirun = hc.mode == RunMode.MULTIRUN
         sweep_dir = Path(hc.sweep.dir).resolve() if multirun else None
-        shared = set(sweep.sweep_info(sweep_dir).get("shared_keys", [])) if sweep_dir else set()
-        overrides = [o for o in hc.overrides.task if not o.startswith("hydra") and o.split("=", 1)[0] not in shared]
         return cls(
             run_dir=Path(hc.runtime.output_dir),
             multirun=multirun,
             sweep_dir=sweep_dir,
             num=hc.job.num if multirun else None,
-            name=" ".join(overrides) or "default",
+            name=sweep.job_name(list(hc.overrides.task), sweep_dir),
         )
 
     @property
@@ -80,6 +78,16 @@ def _end(config: dict[str, Any], job: Job, started: float, status: str, error: s
     track_job(config, job.run_dir, job.sweep_dir if job.multirun else None)
 
 
+def _thread_lock_for_tqdm() -> None:
+    """In a launcher's worker process, tqdm's lock need not span processes: its default (a
+    multiprocessing lock) is a named semaphore that a worker killed after Ctrl-C leaks."""
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
+
+
 def _job_line(job: Job, outcome: JobOutcome) -> str:
     s = outcome.summary
 
@@ -104,6 +112,8 @@ def run(cfg: DictConfig) -> None:
     update_run_info(job.run_dir, {"run_name": job.name, "job_num": job.num, "start_time": started})
     in_sweep_process = job.sweep_dir is not None and sweep.sweep_info(job.sweep_dir).get("pid") == os.getpid()
     bar = JobBar(enabled=not job.multirun or in_sweep_process, nested=job.multirun)
+    if job.multirun and not in_sweep_process:
+        _thread_lock_for_tqdm()
     try:
         with signals.stop_on_signals(signals.WITH_CTRL_C):
             outcome = run_job(config, job.run_dir, bar, options=dict(HydraConfig.get().runtime.choices))

@@ -33,6 +33,24 @@ class Terminated(KeyboardInterrupt):
 
 
 _received: int | None = None
+_deferred = False  # while a sweep is being closed, a signal is noted, not raised
+
+
+def received() -> int | None:
+    """The signal that asked this process to stop, if one did."""
+    return _received
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Inside, a signal does not interrupt (closing a sweep must not be cut short); the
+    command exits with its status afterwards."""
+    global _deferred
+    _deferred = True
+    try:
+        yield
+    finally:
+        _deferred = False
 
 
 def install(signums: tuple[int, ...], on_stop: Callable[[int], None] | None = None) -> None:
@@ -45,6 +63,10 @@ def install(signums: tuple[int, ...], on_stop: Callable[[int], None] | None = No
 def exit_status(default: int = signal.SIGINT) -> int:
     """128 + the signal that stopped the command (SIGINT's 130 for Ctrl-C)."""
     return 128 + (_received or default)
+
+
+def stopped_by() -> str:
+    return "interrupted" if _received in (None, signal.SIGINT) else f"stopped by {signal.Signals(_received).name}"
 
 
 def _children() -> list[int]:
@@ -66,6 +88,8 @@ def _handler(on_stop: Callable[[int], None] | None) -> Callable:
         if _received is not None:
             return  # already stopping: let the clean-up finish
         _received = signum
+        if _deferred:
+            return
         if on_stop is not None:
             on_stop(signum)
         raise Terminated(signum)

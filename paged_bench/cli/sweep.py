@@ -90,6 +90,13 @@ def job_counts(sweep_dir: Path) -> tuple[int, int]:
     return done, failed
 
 
+def job_name(overrides: list[str], sweep_dir: Path | None) -> str:
+    """A job's MLflow run name: its own overrides (not Hydra's, not those the sweep shares)."""
+    shared = set(sweep_info(sweep_dir).get("shared_keys", [])) if sweep_dir else set()
+    own = [o for o in overrides if not o.startswith("hydra") and o.split("=", 1)[0] not in shared]
+    return " ".join(own) or "default"
+
+
 def sweep_info(sweep_dir: Path) -> dict[str, Any]:
     """What ``start`` wrote in the sweep folder (empty if it did not)."""
     try:
@@ -125,19 +132,34 @@ def start(config: DictConfig) -> None:
 
 
 def _on_stop(signum: int) -> None:
-    """Before the sweep stops: its jobs in other processes get the signal and a moment to
-    record what they measured."""
+    """Before the sweep stops: its jobs running in other processes get the signal and a
+    moment to record what they measured (jobs that start meanwhile are not waited for)."""
     sweep = _active
     if sweep is not None:
         from paged_bench.tracking import uploader
 
-        signals.pass_on(signum, lambda: _all_recorded(sweep.sweep_dir), uploader.helper_pids())
+        running = _started_jobs(sweep.sweep_dir)
+        signals.pass_on(signum, lambda: all("status" in sweep_info_of_job(d) for d in running), uploader.helper_pids())
 
 
-def _all_recorded(sweep_dir: Path) -> bool:
-    from paged_bench.report.load import CONFIG_FILE
+def _started_jobs(sweep_dir: Path) -> list[Path]:
+    """Job folders (Hydra makes one as it starts a job) that have not recorded their end."""
+    from paged_bench.report.load import is_run_dir
 
-    return all("status" in sweep_info_of_job(c.parent) for c in sweep_dir.glob(f"*/{CONFIG_FILE}"))
+    jobs = [d for d in sweep_dir.iterdir() if d.name.isdigit() and is_run_dir(d)]
+    return [d for d in jobs if "status" not in sweep_info_of_job(d)]
+
+
+def _stop_local_workers() -> None:
+    """Shut joblib's worker pool down in order after an interrupted sweep (killed under it,
+    its semaphores would be reported as leaked at exit)."""
+    loky = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(loky, "_executor", None)
+    if executor is not None:
+        try:
+            executor.shutdown(wait=True, kill_workers=True)
+        except Exception:  # noqa: BLE001, S110  (best effort: the sweep is closing anyway)
+            pass
 
 
 def write_info(sweep_dir: Path, info: dict[str, Any]) -> None:
@@ -199,13 +221,21 @@ def finish(status: str | None = None) -> tuple[int, int] | None:
     """End the active sweep: every job logged, summary and plots, parent run closed with
     ``status`` (default: FINISHED, or FAILED when a job failed). Returns (failed, jobs); None
     if no sweep was active. Jobs that never started are not counted as failed."""
-    global _active, _outcome
+    global _active
     sweep, _active = _active, None
     if sweep is None:
         return None
+    with signals.deferred():
+        return _finish(sweep, status)
+
+
+def _finish(sweep: _Sweep, status: str | None) -> tuple[int, int]:
+    global _outcome
     if sweep.bar is not None:
         sweep.bar.close()
-    _record_unfinished(sweep.sweep_dir, "killed" if status == "KILLED" else "ended")
+    if status == "KILLED":
+        _stop_local_workers()
+    _record_unfinished(sweep.sweep_dir, "was stopped" if status == "KILLED" else "ended")
     _submit_rest(sweep)
     failed, jobs, not_run, files, note = _summarize(sweep)
     final = status or ("FAILED" if failed else "FINISHED")
@@ -221,13 +251,22 @@ def finish(status: str | None = None) -> tuple[int, int] | None:
 def _record_unfinished(sweep_dir: Path, how: str) -> None:
     """A job that started (its config is written) but never recorded how it ended was cut off
     with its process: it is recorded as interrupted, so it is logged and counted."""
-    from paged_bench.report.load import CONFIG_FILE, update_run_info
+    from paged_bench.report.load import update_run_info
 
-    for config in sweep_dir.glob(f"*/{CONFIG_FILE}"):
-        info = sweep_info_of_job(config.parent)
-        if "status" not in info:
-            update_run_info(config.parent, {"status": "interrupted", "error": f"the sweep {how} before the job did",
-                                            "end_time": time.time()})  # fmt: skip
+    for run_dir in _started_jobs(sweep_dir):
+        fields = {"status": "interrupted", "error": f"the sweep {how} before the job did", "end_time": time.time()}
+        if "run_name" not in sweep_info_of_job(run_dir):  # cut off before it knew its name
+            fields.update(run_name=job_name(_hydra_overrides(run_dir), sweep_dir), job_num=int(run_dir.name))
+        update_run_info(run_dir, fields)
+
+
+def _hydra_overrides(run_dir: Path) -> list[str]:
+    import yaml
+
+    try:
+        return list(yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or [])
+    except (OSError, ValueError, yaml.YAMLError):
+        return []
 
 
 def sweep_info_of_job(run_dir: Path) -> dict[str, Any]:

@@ -54,20 +54,47 @@ def artifact_root(uri: str) -> Path | None:
     return path.parent / ARTIFACTS_DIR if path is not None else None
 
 
-@functools.cache
 def client(uri: str) -> Any:
-    """The ``MlflowClient`` for ``uri``, one per process: a new SQLite store object checks the
-    schema again (imports mlflow; creates the SQLite folder)."""
+    """The ``MlflowClient`` for ``uri``, one per process (a new SQLite store object checks its
+    schema again), or a new one when the SQLite file was replaced (``rm -rf runs``)."""
+    path = sqlite_path(uri)
+    if path is not None and not path.exists():
+        _new_client(uri).search_experiments(max_results=1)  # creates the file and its tables
+    return _client(uri, path.stat().st_ino if path is not None else None)
+
+
+@functools.lru_cache(maxsize=8)
+def _client(uri: str, identity: int | None) -> Any:
+    return _new_client(uri)
+
+
+def _new_client(uri: str) -> Any:
     for key, value in _HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
     path = sqlite_path(uri)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _forget_engine(uri)
     from mlflow import MlflowClient
 
     for name in ("mlflow", "alembic"):  # a new store's migrations log at INFO: not our user's concern
         logging.getLogger(name).setLevel(logging.WARNING)
     return MlflowClient(tracking_uri=uri)
+
+
+def _forget_engine(uri: str) -> None:
+    """MLflow keeps one store and one database engine per URI for the process; those opened
+    on a file that has since been deleted write into nothing, so a replaced file gets new ones
+    (MLflow has no public way to say so: its caches are cleared where they are, if they are)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._tracking_service import utils
+
+    engine = getattr(SqlAlchemyStore, "_engine_map", {}).pop(uri, None)
+    if engine is not None:
+        engine.dispose()
+    stores = getattr(utils._tracking_store_registry, "_get_store_with_resolved_uri", None)
+    if hasattr(stores, "cache_clear"):
+        stores.cache_clear()
 
 
 def experiment_id(mlflow_client: Any, name: str, uri: str) -> str:
