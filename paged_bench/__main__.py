@@ -69,6 +69,9 @@ def cli() -> None:
     except BrokenPipeError:  # `--help | head`: the reader went away; nothing left to say
         _quiet_stdout()
         sys.exit(0)
+    except SystemExit:  # Hydra's --help and friends end here; their output may still be buffered
+        _flush_stdout()
+        raise
     except BaseException:
         sweep.finish("FAILED")
         raise
@@ -79,6 +82,13 @@ def cli() -> None:
     if failed:
         print(f"error: {failed[0]} of {failed[1]} sweep jobs did not finish (see the table above)", file=sys.stderr)
         sys.exit(1)
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
 
 
 def _quiet_stdout() -> None:

@@ -64,6 +64,19 @@ def _fail(message: str, code: int, job: Job) -> None:
         sys.exit(code)
 
 
+def _sweep_without_multirun(job: Job) -> str | None:
+    """A config that defines a sweep (``+experiment=X``) run without ``-m`` would silently be
+    one run of its defaults: say so, unless every swept key was given one value."""
+    hc = HydraConfig.get()
+    params = dict(hc.sweeper.params or {})
+    given = {o.split("=", 1)[0].lstrip("+~") for o in hc.overrides.task}
+    missing = {k: v for k, v in params.items() if k not in given}
+    if job.multirun or not missing:
+        return None
+    swept = " ".join(f"{k}={v}" for k, v in missing.items())
+    return f"this config is a sweep ({swept}): run it with -m, or give each of those keys one value"
+
+
 def _record(job: Job, started: float, status: str, error: str | None) -> None:
     """The job's own record in ``run_info.json`` (a job that measured nothing still leaves its
     status, so the sweep counts it): what tracking and ``sync`` log it by."""
@@ -102,6 +115,9 @@ def run(cfg: DictConfig) -> None:
     """One Hydra job: resolve the config, run it, print it, log it, exit as it went."""
     job = Job.current()
     started = time.time()
+    unswept = _sweep_without_multirun(job)
+    if unswept:
+        return _fail(unswept, 2, job)
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
