@@ -16,7 +16,8 @@ import hydra
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig
 
-from paged_bench.cli import catalog, job, sweep
+from paged_bench.cli import catalog, job, signals, sweep
+from paged_bench.errors import PagedBenchError
 
 
 @hydra.main(version_base="1.3", config_path="pkg://paged_bench.conf", config_name="config")
@@ -37,13 +38,18 @@ def _one_line(e: HydraException) -> str:
 def cli() -> None:
     """The command. Hydra's own composition errors (an unknown option, a malformed override)
     become one line too, unless HYDRA_FULL_ERROR=1 asks for Hydra's full report. A sweep that
-    ends by an exception still gets its summary and its MLflow parent run closed."""
+    ends by an exception or a signal still gets its summary and its MLflow parent run closed;
+    SIGTERM and SIGHUP stop it as Ctrl-C does (``cli.signals``)."""
     if sys.argv[1:] in (["--experiments"], ["--plugins"]):
         sys.exit(catalog.main(sys.argv[1][2:]))
     for problem in catalog.register_plugin_configs():
         print(f"warning: {problem}", file=sys.stderr)
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # make Hydra raise instead of printing its report
+    signals.install(signals.HANDLED)
+    from paged_bench.tracking import uploader
+
+    uploader.prestart(sys.argv[1:])  # mlflow's import overlaps the run
     try:
         main()
     except HydraException as e:
@@ -52,17 +58,43 @@ def cli() -> None:
             raise
         print(f"error: {_one_line(e)}", file=sys.stderr)
         sys.exit(2)
+    except PagedBenchError as e:  # a sweep refused before any job ran
+        sweep.finish("FAILED")
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         sweep.finish("KILLED")
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        print(signals.stopped_by(), file=sys.stderr)
+        sys.exit(signals.exit_status())
+    except BrokenPipeError:  # `--help | head`: the reader went away; nothing left to say
+        _quiet_stdout()
+        sys.exit(0)
+    except SystemExit:  # Hydra's --help and friends end here; their output may still be buffered
+        _flush_stdout()
+        raise
     except BaseException:
         sweep.finish("FAILED")
         raise
+    if signals.received():  # it came while the sweep was being closed, which went on
+        print(signals.stopped_by(), file=sys.stderr)
+        sys.exit(signals.exit_status())
     failed = sweep.failed_jobs()
     if failed:
         print(f"error: {failed[0]} of {failed[1]} sweep jobs did not finish (see the table above)", file=sys.stderr)
         sys.exit(1)
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -86,13 +86,15 @@ def step_callback(on_progress: ProgressCallback | None, total: int) -> Callable[
     return on_step
 
 
-def run_info(outcome: JobOutcome, target: Any) -> dict[str, Any]:
-    """``run_info.json``: how the job ended and what it ran."""
+def run_info(outcome: JobOutcome, target: Any, options: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``run_info.json``: how the job ended and what it ran; ``options`` are the config options
+    picked per group (``workload=seed``), recorded beside the plugin each selected (``poisson``)."""
     result = outcome.result
     return {
         "status": outcome.status,
         "error": outcome.error,
-        "choices": outcome.choices,
+        "choices": {kind: (options or {}).get(kind) or plugin for kind, plugin in outcome.choices.items()},
+        "plugins": outcome.choices,
         "kv_layout": {
             "num_blocks": result.layout.num_blocks,
             "block_size": result.layout.block_size,
@@ -104,9 +106,12 @@ def run_info(outcome: JobOutcome, target: Any) -> dict[str, Any]:
     }
 
 
-def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback | None = None) -> JobOutcome:
+def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback | None = None,
+            options: Mapping[str, str] | None = None) -> JobOutcome:  # fmt: skip
     """Build and run one job from a resolved config; raises ConfigError/PluginError before
-    anything runs, never after (a run that stops early is reported in the outcome)."""
+    anything runs, never after (a run that stops early is reported in the outcome).
+    ``options``: the config option picked per group (Hydra's choices: ``workload=seed``), which
+    ``run_info.json`` records beside the plugin each one selected (``poisson``)."""
     if (spec := cluster_spec(cfg)) is not None:  # more than one replica: paged_bench.cluster
         from paged_bench.cluster.job import run_cluster_job
 
@@ -132,7 +137,7 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
         summary.update(remote.summary)  # engine-only figures null, server-side TTFT added
     summary.update(capacity_figures(result.layout, bench, summary.get("output_throughput")))
     outcome = JobOutcome(run_dir, summary, result, bench.choices, [], records)
-    info = run_info(outcome, target if remote is None else {"name": target, "base_url": remote.target.base_url})
+    info = run_info(outcome, target if remote is None else {"name": target, "base_url": remote.target.base_url}, options)
     info["kv_layout"]["sized_from"] = bench.kv_budget.to_dict() if bench.kv_budget else None
     outcome.files = write_run(run_dir, result, summary, info, records)
     return outcome

@@ -86,3 +86,33 @@ def test_a_pool_too_small_stops_continuous_with_its_results_kept(tmp_path):
     assert info["status"] == "failed" and "KV pool exhausted" in info["error"]
     reasons = {r["finish_reason"] for r in rows(run_dir / "requests.csv")}
     assert "error" in reasons
+
+
+def test_a_closed_pipe_is_not_an_error(tmp_path):
+    """``python -m paged_bench --help | head``: the reader may go away before the help is written."""
+    proc = subprocess.Popen([sys.executable, "-m", "paged_bench", "--help"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc.stdout.close()  # the reader is gone before anything was written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and err == ""
+
+
+@pytest.mark.parametrize("override, key", [("max_batch=1000000000", "max_batch"), ("num_blocks=1000000000", "num_blocks"),
+                                           ("backend=numpy num_blocks=20000000", "num_blocks")])  # fmt: skip
+def test_a_kv_pool_bigger_than_memory_is_refused_before_it_is_allocated(tmp_path, override, key):
+    proc, run_dir = cli(tmp_path, *override.split())
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {key}=") and "GiB needed" in line and "GiB available" in line
+    assert not (run_dir / "summary.json").exists()
+
+
+def test_an_experiment_that_sweeps_needs_multirun(tmp_path):
+    proc, run_dir = cli(tmp_path, "+experiment=seed_paging")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: this config is a sweep (allocator=contiguous,paged): run it with -m, "
+                                   "or give each of those keys one value")  # fmt: skip
+    assert not (run_dir / "summary.json").exists()
+    proc, run_dir = cli(tmp_path, "+experiment=seed_paging", "allocator=paged")  # one value: one run
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((run_dir / "summary.json").read_text())["completed"] == 48

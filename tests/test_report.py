@@ -8,12 +8,14 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from paged_bench.app import run_job
 from paged_bench.report.__main__ import main as report_main
 from paged_bench.report.build import build_report, run_plots
+from paged_bench.report.plots import plotted_metrics, step_curve
 from paged_bench.report.load import RunSet, find_runs, save_config
 from paged_bench.report.tables import gain, metric
 from tests.conftest import compose_config
@@ -76,14 +78,38 @@ def test_gains_point_the_right_way():
     assert gain(metric("median_ttft_ms"), 1000.0, 100.0) == "10.0x"  # lower is better: 10x better
     assert gain(metric("output_throughput"), 400.0, 600.0) == "1.50x"  # higher is better
     assert gain(metric("median_ttft_ms"), 100.0, None) == "n/a" and gain(metric("num_preemptions"), 0, 0) == "n/a"
+    assert gain(metric("num_preemptions"), 0, 4) == "n/a" and gain(metric("recomputed_tokens"), 12, 0) == "n/a"
 
 
 def test_preemptions_are_plotted_when_there_are_any(tmp_path):
-    jobs = [[f"scheduler.mode={m}"] for m in ("recompute", "swap")]
-    sweep = make_sweep(tmp_path / "sweep", jobs, ("scheduler=preemptive", "max_batch=32", "num_blocks=40"))
-    rep = build_report(find_runs(sweep), tmp_path / "out")
+    jobs = [[f"scheduler.mode={m}", f"num_blocks={n}"] for m in ("recompute", "swap") for n in (40, 64)]
+    sweep = make_sweep(tmp_path / "sweep", jobs, ("scheduler=preemptive", "max_batch=32"))
+    metrics = ["output_throughput", "median_ttft_ms", "p99_e2el_ms", "num_preemptions", "recomputed_tokens",
+               "swapped_blocks"]  # pool_exhaustion's report.metrics
+    rep = build_report(find_runs(sweep), tmp_path / "out", metrics=metrics)
     assert (tmp_path / "out" / "preemptions_over_time.png").read_bytes()[:8] == PNG
+    assert (tmp_path / "out" / "vs_num_blocks.png").read_bytes()[:8] == PNG
+    assert plotted_metrics(find_runs(sweep), metrics) == metrics  # a panel for each, none dropped
     assert "recompute" in rep.markdown and "swap vs recompute" in rep.markdown
+    assert "0.00x" not in rep.markdown  # recompute swaps no blocks: no ratio to tell
+
+
+def test_kv_over_time_shows_no_idle_gap_during_busy_steps(tmp_path):
+    """Each step's KV figures are drawn over its own span: a long prefill (static batching
+    seats max_batch prompts at once) is busy, not the previous step's empty pool."""
+    run_dir = make_sweep(tmp_path / "runs", [["scheduler=static", "max_batch=32"]]) / "0"
+    steps = pd.read_csv(run_dir / "steps.csv")
+    busy = steps[steps["batch_size"] > 0]
+    middle = (busy["time"] - busy["duration"] / 2).to_numpy()
+    for column in ("kv_live_slots", "kv_reserved_slots"):
+        x, y = step_curve(steps, column)
+        assert np.all(np.diff(x) >= 0)  # a line over time, never backwards
+        drawn = np.interp(middle, x, y)
+        assert np.array_equal(drawn, busy[column].to_numpy(float)), column
+    # the case the old drawing got wrong: a step that starts from an empty pool (after idling)
+    long_steps = busy[(busy["duration"] > busy["duration"].median() * 5) & (busy["kv_reserved_slots"] > 0)]
+    assert len(long_steps)
+    assert (run_dir / "plots").exists() is False and run_plots(run_dir)
 
 
 def test_failed_runs_are_listed_not_dropped(tmp_path):

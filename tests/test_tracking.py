@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from paged_bench.engine import STEP_COLUMNS, StepRecords
 from paged_bench.tracking import store
-from paged_bench.tracking.runs import PREEMPTIONS_SERIES, STEP_SERIES, JobRecord, log_job, params_of, step_metrics
+from paged_bench.tracking.runs import PREEMPTIONS_SERIES, STEP_SERIES, params_of, rounded, step_metrics, upload_run
 from tests.tracking_support import artifact_paths, cli_env, client, fresh_store, run_cli, runs_of
 
 
@@ -44,12 +43,14 @@ def test_a_run_logs_its_config_summary_steps_and_files_to_the_default_store(tmp_
     assert not any(k.startswith("tracking.") for k in params)
     # metrics: exactly summary.json's non-null keys (plus the step series), same values
     logged = {k: v for k, v in run.data.metrics.items() if not k.startswith("step/")}
-    assert logged == pytest.approx({k: float(v) for k, v in summary.items() if v is not None})
+    assert logged == {k: rounded(v) for k, v in summary.items() if v is not None}  # 6 significant digits
+    assert logged == pytest.approx({k: float(v) for k, v in summary.items() if v is not None}, rel=1e-5)
+    assert len(repr(logged["mean_ttft_ms"])) <= 8 < len(repr(summary["mean_ttft_ms"]))
     # step series: one point per engine step, step = its index
     steps = (run_dir / "steps.csv").read_text().splitlines()[1:]
     history = c.get_metric_history(run.info.run_id, "step/batch_size")
     assert len(history) == len(steps) and [m.step for m in history] == list(range(len(steps)))
-    batch_col = STEP_COLUMNS.index("batch_size")
+    batch_col = (run_dir / "steps.csv").read_text().splitlines()[0].split(",").index("batch_size")
     assert [m.value for m in history] == [float(row.split(",")[batch_col]) for row in steps]
     assert {"step/queue_length", "step/kv_live_slots", "step/kv_reserved_slots", PREEMPTIONS_SERIES} <= set(
         run.data.metrics
@@ -116,13 +117,11 @@ def test_ctrl_c_marks_the_run_killed_and_keeps_what_was_measured(tmp_path):
 # -- the pieces, in-process -------------------------------------------------------------------
 
 
-def _steps(n: int, preempt_at: tuple[int, ...] = ()) -> StepRecords:
-    records = StepRecords()
-    for i in range(n):
-        row = dict.fromkeys(STEP_COLUMNS, 0)
-        row.update(step=i, time=0.01 * (i + 1), batch_size=i % 7, preemptions=1 if i in preempt_at else 0)
-        records.append(tuple(row.values()))
-    return records
+def _steps(n: int, preempt_at: tuple[int, ...] = ()) -> list[dict]:
+    """steps.csv rows as csv.DictReader gives them: read by column name."""
+    return [{"step": str(i), "time": str(0.01 * (i + 1)), "batch_size": str(i % 7), "waiting": "0",
+             "kv_live_slots": "0", "kv_reserved_slots": "0", "preemptions": "1" if i in preempt_at else "0"}
+            for i in range(n)]  # fmt: skip
 
 
 def test_step_series_are_thinned_without_losing_preemptions_or_the_last_step():
@@ -162,12 +161,27 @@ def test_the_store_is_absolute_and_the_environment_overrides_the_default(tmp_pat
 
 def test_a_job_that_failed_is_logged_failed_with_its_error(tmp_path):
     uri = fresh_store(tmp_path)
-    (tmp_path / "config.yaml").write_text("max_batch: -1\n")
-    config = {"max_batch": -1, "experiment_name": "unit"}
-    record = JobRecord(config, tmp_path, "failed", "max_batch=-1 is not allowed", start_time=time.time(),
-                       run_name="max_batch=-1", artifacts=[tmp_path / "config.yaml"])  # fmt: skip
-    run_id = log_job(record, {"uri": uri})
-    run = client(uri).get_run(run_id)
+    run_dir = tmp_path / "job"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("max_batch: -1\nexperiment_name: unit\n")
+    (run_dir / "run_info.json").write_text(json.dumps({"status": "failed", "error": "max_batch=-1 is not allowed",
+                                                       "run_name": "max_batch=-1", "start_time": time.time()}))
+    c = client(uri)
+    run_id = upload_run(c, c.create_experiment("unit"), run_dir, {})
+    run = c.get_run(run_id)
     assert run.info.status == "FAILED" and run.data.tags["error"] == "max_batch=-1 is not allowed"
+    assert run.info.run_name == "max_batch=-1" and run.data.tags["paged_bench.uploaded"] == "true"
     assert run.data.params == {"max_batch": "-1", "experiment_name": "unit"} and run.data.metrics == {}
-    assert artifact_paths(client(uri), run_id) == {"config.yaml"}
+    assert artifact_paths(c, run_id) == {"config.yaml", "run_info.json"}
+
+
+def test_sim_runs_do_not_log_the_roofline_options_the_linear_model_ignores():
+    sim = {"name": "sim", "cost_model": "linear", "step_overhead_ms": 3.0, "hardware": "h100",
+           "model": {"preset": "llama-3-8b", "num_layers": 2}, "dtype": None, "preset": None}  # fmt: skip
+    params = params_of({"backend": sim})
+    assert params == {"backend.name": "sim", "backend.cost_model": "linear", "backend.step_overhead_ms": "3.0",
+                      "backend.preset": "null"}  # fmt: skip
+    roofline = params_of({"backend": {**sim, "cost_model": "roofline"}})
+    assert roofline["backend.hardware"] == "h100" and roofline["backend.model.num_layers"] == "2"
+    assert params_of({"backend": {"name": "torch", "model": "small"}}) == {"backend.name": "torch",
+                                                                           "backend.model": "small"}  # fmt: skip

@@ -43,6 +43,7 @@ def client(uri: str):
 
 def cli_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "HYDRA_"))}
+    env["PAGED_BENCH_TRACKING_IDLE_S"] = "20"  # the tracking helper the tests start goes soon after them
     env.update(extra)
     return env
 
@@ -69,3 +70,53 @@ def runs_of(uri: str, experiment: str):
 
 def artifact_paths(c, run_id: str, path: str | None = None) -> set[str]:
     return {a.path for a in c.list_artifacts(run_id, path)}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """A real ``mlflow server`` on a free loopback port, its store and artifacts in ``folder``;
+    ``stop`` kills it (as a crashed server), ``start`` brings it back on the same port and store."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.store = fresh_store(folder)  # folder/runs/mlflow.db, migrated already
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 90) -> MlflowServer:
+        import time
+        import urllib.request
+
+        args = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.store,
+                "--artifacts-destination", str(self.folder / "server-artifacts"), "--host", "127.0.0.1",
+                "--port", str(self.port), "--workers", "1"]  # fmt: skip
+        env = cli_env(MLFLOW_DISABLE_TELEMETRY="true", MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+        self.proc = subprocess.Popen(args, cwd=self.folder, env=env, stdout=subprocess.DEVNULL,
+                                     stderr=(self.folder / "server.log").open("a"), start_new_session=True)  # fmt: skip
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.3)
+            if self.proc.poll() is not None:
+                break
+        raise RuntimeError(f"mlflow server did not start: {(self.folder / 'server.log').read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the server and its workers, as a crash would
+            self.proc.wait()
+        self.proc = None

@@ -9,7 +9,6 @@ exit status says it failed). A job that measured nothing still leaves its status
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -23,11 +22,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from paged_bench.app import JobOutcome, run_job
-from paged_bench.cli import sweep
+from paged_bench.cli import signals, sweep
 from paged_bench.cli.progress import JobBar, echo
+from paged_bench.cli.track import track_job
 from paged_bench.errors import PagedBenchError
 from paged_bench.outputs import format_summary
-from paged_bench.report.load import save_config
+from paged_bench.report.load import save_config, update_run_info
 
 
 @dataclass
@@ -45,14 +45,12 @@ class Job:
         hc = HydraConfig.get()
         multirun = hc.mode == RunMode.MULTIRUN
         sweep_dir = Path(hc.sweep.dir).resolve() if multirun else None
-        shared = set(sweep.sweep_info(sweep_dir).get("shared_keys", [])) if sweep_dir else set()
-        overrides = [o for o in hc.overrides.task if not o.startswith("hydra") and o.split("=", 1)[0] not in shared]
         return cls(
             run_dir=Path(hc.runtime.output_dir),
             multirun=multirun,
             sweep_dir=sweep_dir,
             num=hc.job.num if multirun else None,
-            name=" ".join(overrides) or "default",
+            name=sweep.job_name(list(hc.overrides.task), sweep_dir),
         )
 
     @property
@@ -66,48 +64,41 @@ def _fail(message: str, code: int, job: Job) -> None:
         sys.exit(code)
 
 
-def _write_status(job: Job, status: str, error: str) -> None:
-    """A job that measured nothing still leaves its status, so the sweep counts it."""
-    job.run_dir.mkdir(parents=True, exist_ok=True)
-    (job.run_dir / sweep.STATUS_FILE).write_text(json.dumps({"status": status, "error": error}, indent=2) + "\n")
+def _sweep_without_multirun(job: Job) -> str | None:
+    """A config that defines a sweep (``+experiment=X``) run without ``-m`` would silently be
+    one run of its defaults: say so, unless every swept key was given one value."""
+    hc = HydraConfig.get()
+    params = dict(hc.sweeper.params or {})
+    given = {o.split("=", 1)[0].lstrip("+~") for o in hc.overrides.task}
+    missing = {k: v for k, v in params.items() if k not in given}
+    if job.multirun or not missing:
+        return None
+    swept = " ".join(f"{k}={v}" for k, v in missing.items())
+    return f"this config is a sweep ({swept}): run it with -m, or give each of those keys one value"
 
 
-def _artifacts(outcome: JobOutcome, settings: dict[str, Any], job: Job) -> list[Path]:
-    files = [*outcome.files, outcome.run_dir / "config.yaml"]
-    plots = settings.get("plots", "auto")
-    # a sweep's jobs skip theirs by default (~1 s each): the parent gets the comparison plots
-    if plots is True or (plots == "auto" and not job.multirun):
-        try:
-            from paged_bench.report.build import run_plots
-
-            if run_plots(outcome.run_dir):
-                files.append(outcome.run_dir / "plots")
-        except Exception as e:  # noqa: BLE001  (a plot is not worth a run)
-            print(f"warning: plots of {outcome.run_dir} failed: {type(e).__name__}: {e}", file=sys.stderr)
-    return files
+def _record(job: Job, started: float, status: str, error: str | None) -> None:
+    """The job's own record in ``run_info.json`` (a job that measured nothing still leaves its
+    status, so the sweep counts it): what tracking and ``sync`` log it by."""
+    fields = {"run_name": job.name, "job_num": job.num, "start_time": started, "end_time": time.time()}
+    if status != "finished" or error:
+        fields.update(status=status, error=error)
+    update_run_info(job.run_dir, fields)
 
 
-def _track(config: dict[str, Any], job: Job, started: float, status: str, error: str | None,
-           outcome: JobOutcome | None = None) -> None:  # fmt: skip
-    settings = dict(config.get("tracking") or {})
-    if not settings.get("enabled", True):
-        return
-    parent = None
-    if job.multirun and job.sweep_dir is not None:
-        on, parent = sweep.read_link(job.sweep_dir)
-        if not on:
-            return
-    from paged_bench.tracking.runs import JobRecord, log_job
+def _end(config: dict[str, Any], job: Job, started: float, status: str, error: str | None) -> None:
+    _record(job, started, status, error)
+    track_job(config, job.run_dir, job.sweep_dir if job.multirun else None)
 
-    record = JobRecord(config, job.run_dir, status, error, started, job.name)
-    record.tags = {"job_num": str(job.num)} if job.multirun else {}
-    if outcome is not None:
-        record.summary, record.steps = outcome.summary, outcome.result.steps
-        record.artifacts = _artifacts(outcome, settings, job)
-        record.note = "```\n" + format_summary(outcome.summary) + "\n```"
-    else:
-        record.artifacts = [job.run_dir / "config.yaml"]
-    log_job(record, settings, parent)
+
+def _thread_lock_for_tqdm() -> None:
+    """In a launcher's worker process, tqdm's lock need not span processes: its default (a
+    multiprocessing lock) is a named semaphore that a worker killed after Ctrl-C leaks."""
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
 
 
 def _job_line(job: Job, outcome: JobOutcome) -> str:
@@ -124,27 +115,35 @@ def run(cfg: DictConfig) -> None:
     """One Hydra job: resolve the config, run it, print it, log it, exit as it went."""
     job = Job.current()
     started = time.time()
+    unswept = _sweep_without_multirun(job)
+    if unswept:
+        return _fail(unswept, 2, job)
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
-        _write_status(job, "failed", str(e).splitlines()[0])
+        _record(job, started, "failed", str(e).splitlines()[0])
         return _fail(str(e).splitlines()[0], 2, job)
     save_config(job.run_dir, config)
+    # who the job is, before it runs: a job cut off with its process is still logged by name
+    update_run_info(job.run_dir, {"run_name": job.name, "job_num": job.num, "start_time": started})
     in_sweep_process = job.sweep_dir is not None and sweep.sweep_info(job.sweep_dir).get("pid") == os.getpid()
     bar = JobBar(enabled=not job.multirun or in_sweep_process, nested=job.multirun)
+    if job.multirun and not in_sweep_process:
+        _thread_lock_for_tqdm()
     try:
-        outcome = run_job(config, job.run_dir, bar)
+        with signals.stop_on_signals(signals.WITH_CTRL_C):
+            outcome = run_job(config, job.run_dir, bar, options=dict(HydraConfig.get().runtime.choices))
     except PagedBenchError as e:  # bad config or plugin: nothing ran
         bar.close()
-        _write_status(job, "failed", str(e))
         if job.multirun:  # the sweep's table in MLflow shows which combination failed
-            _track(config, job, started, "failed", str(e))
+            _end(config, job, started, "failed", str(e))
+        else:
+            _record(job, started, "failed", str(e))
         return _fail(str(e), e.exit_code, job)
     except BaseException as e:  # Ctrl-C outside the engine loop, or a bug: record it, let it through
         bar.close()
         status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
-        _write_status(job, status, f"{type(e).__name__}: {e}")
-        _track(config, job, started, status, f"{type(e).__name__}: {e}")
+        _end(config, job, started, status, f"{type(e).__name__}: {e}")
         raise
     bar.close()
     if job.multirun:
@@ -152,9 +151,9 @@ def run(cfg: DictConfig) -> None:
     else:
         choices = ", ".join(f"{k}={HydraConfig.get().runtime.choices.get(k, v)}" for k, v in outcome.choices.items())
         print(format_summary(outcome.summary, f"{choices} -> {outcome.run_dir}"))
-    _track(config, job, started, outcome.status, outcome.error, outcome)
+    _end(config, job, started, outcome.status, outcome.error)
     if outcome.error:
         if outcome.status == "interrupted" and job.multirun:
             raise KeyboardInterrupt  # Ctrl-C stops the whole sweep, not just this job
         _fail(f"run {outcome.status}: {outcome.error} (results so far are in {outcome.run_dir})",
-              130 if outcome.status == "interrupted" else 1, job)  # fmt: skip
+              signals.exit_status() if outcome.status == "interrupted" else 1, job)  # fmt: skip

@@ -1,11 +1,13 @@
 """The life of a sweep (``python -m paged_bench -m ...``), as a Hydra callback.
 
 When the sweep starts: count its jobs, open the MLflow parent run, and write ``sweep.json``
-into the sweep folder so that every job, in whichever process or machine the launcher puts
-it, logs itself as a child of that run (or knows tracking is off). While it runs: a progress
-bar of finished jobs. When it ends, also when jobs failed: the summary table (CSV +
-markdown) and comparison plots in ``<sweep>/report``, attached to the parent run, which is
-then closed; the table is printed, and the command exits non-zero if any job failed.
+into the sweep folder (the parent run, this process and host) so that every job, in whichever
+process or machine the launcher puts it, knows who logs it (see ``track``). While it runs: a
+progress bar of finished jobs. When it ends, also when jobs failed or it was interrupted:
+every job folder on this host is logged as a child (a job cut off before it recorded its end
+as interrupted), the summary table (CSV + markdown) and comparison plots go to
+``<sweep>/report`` and onto the parent run, which is then closed; the table is printed, and
+the command exits non-zero if any job that started failed.
 
 Hydra 1.3 skips ``on_multirun_end`` when a job raises; the CLI then calls ``finish`` itself
 (``KILLED`` after Ctrl-C, ``FAILED`` otherwise), and an ``atexit`` hook is the last resort, so
@@ -17,14 +19,18 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import socket
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from paged_bench.cli import signals
+from paged_bench.tracking.runs import SWEEP_DIR_TAG
 
 SWEEP_FILE = "sweep.json"
 STATUS_FILE = "run_info.json"  # every job writes it, with its status, when it ends
@@ -35,8 +41,10 @@ class _Sweep:
     sweep_dir: Path
     total: int | None
     experiment: str
-    link: Any  # tracking.runs.Link | None
+    link: dict[str, str] | None  # the parent run (tracking.runs.Link as a dict), None when untracked
     bar: Any  # progress.SweepBar | None
+    settings: dict[str, Any] = field(default_factory=dict)  # tracking.*
+    submitted: set[Path] = field(default_factory=set)  # job folders handed to the tracking helper
 
 
 _active: _Sweep | None = None
@@ -82,17 +90,11 @@ def job_counts(sweep_dir: Path) -> tuple[int, int]:
     return done, failed
 
 
-def read_link(sweep_dir: Path) -> tuple[bool, Any]:
-    """For a job: (track at all?, the parent run to attach to or None)."""
-    info = sweep_info(sweep_dir)
-    if not info:
-        return True, None  # not started by our callback: the job logs on its own
-    link = info.get("tracking")
-    if not link or "run_id" not in link:
-        return False, None  # tracking off, or the store failed when the sweep started (warned)
-    from paged_bench.tracking.runs import Link
-
-    return True, Link(link["uri"], link["experiment_id"], link["run_id"])
+def job_name(overrides: list[str], sweep_dir: Path | None) -> str:
+    """A job's MLflow run name: its own overrides (not Hydra's, not those the sweep shares)."""
+    shared = set(sweep_info(sweep_dir).get("shared_keys", [])) if sweep_dir else set()
+    own = [o for o in overrides if not o.startswith("hydra") and o.split("=", 1)[0] not in shared]
+    return " ".join(own) or "default"
 
 
 def sweep_info(sweep_dir: Path) -> dict[str, Any]:
@@ -110,28 +112,96 @@ def start(config: DictConfig) -> None:
     total = count_jobs(config)
     experiment = OmegaConf.select(config, "experiment_name") or "paged_bench"
     settings = OmegaConf.to_container(config.tracking, resolve=True) if "tracking" in config else {}
-    link = None
-    if settings.get("enabled", True):
-        from paged_bench.tracking.runs import start_sweep
-
-        # +experiment=NAME -> param experiment (MLflow keys take no +/~)
-        spec = {str(o.get_key_element()).lstrip("+~"): _value_text(o) for o in _safe_overrides(config)}
-        tags = {
-            "sweep_dir": str(sweep_dir),
-            "jobs": str(total or ""),
-            "overrides": " ".join(config.hydra.overrides.task),
-        }
-        link = start_sweep(settings, experiment, f"sweep {experiment} {sweep_dir.name}", tags, spec)
-    info: dict[str, Any] = {"pid": os.getpid(), "total_jobs": total, "started": time.time(), "experiment": experiment}
+    # +experiment=NAME -> param experiment (MLflow keys take no +/~)
+    spec = {str(o.get_key_element()).lstrip("+~"): _value_text(o) for o in _safe_overrides(config)}
+    tags = {SWEEP_DIR_TAG: str(sweep_dir), "jobs": str(total or ""), "overrides": " ".join(config.hydra.overrides.task)}
+    info: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "total_jobs": total,
+                            "started": time.time(), "experiment": experiment, "run_name": f"sweep {experiment} {sweep_dir.name}",
+                            "params": spec, "tags": tags}  # fmt: skip
     # what every job shares (e.g. +experiment=...): a job's name is what is left, its own settings
     info["shared_keys"] = [o.get_key_element() for o in _safe_overrides(config) if not o.is_sweep_override()]
-    info["tracking"] = asdict(link) if link else None
-    (sweep_dir / SWEEP_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    link = _open_parent(settings, info) if settings.get("enabled", True) else None
+    info["tracking"] = link
+    write_info(sweep_dir, info)
     from paged_bench.cli.progress import SweepBar
 
-    _active = _Sweep(sweep_dir, total, experiment, link, SweepBar(sweep_dir, total, job_counts))
+    _active = _Sweep(sweep_dir, total, experiment, link, SweepBar(sweep_dir, total, job_counts), settings)
     _outcome = None
     atexit.register(_at_exit)
+    signals.install(signals.WITH_CTRL_C, _on_stop)
+
+
+def _on_stop(signum: int) -> None:
+    """Before the sweep stops: its jobs running in other processes get the signal and a
+    moment to record what they measured (jobs that start meanwhile are not waited for)."""
+    sweep = _active
+    if sweep is not None:
+        from paged_bench.tracking import uploader
+
+        running = _started_jobs(sweep.sweep_dir)
+        signals.pass_on(signum, lambda: all("status" in sweep_info_of_job(d) for d in running), uploader.helper_pids())
+
+
+def _started_jobs(sweep_dir: Path) -> list[Path]:
+    """Job folders (Hydra makes one as it starts a job) that have not recorded their end."""
+    from paged_bench.report.load import is_run_dir
+
+    jobs = [d for d in sweep_dir.iterdir() if d.name.isdigit() and is_run_dir(d)]
+    return [d for d in jobs if "status" not in sweep_info_of_job(d)]
+
+
+def _stop_local_workers() -> None:
+    """Shut joblib's worker pool down in order after an interrupted sweep (killed under it,
+    its semaphores would be reported as leaked at exit)."""
+    loky = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(loky, "_executor", None)
+    if executor is not None:
+        try:
+            executor.shutdown(wait=True, kill_workers=True)
+        except Exception:  # noqa: BLE001, S110  (best effort: the sweep is closing anyway)
+            pass
+
+
+def write_info(sweep_dir: Path, info: dict[str, Any]) -> None:
+    (sweep_dir / SWEEP_FILE).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def _open_parent(settings: dict[str, Any], info: dict[str, Any]) -> dict[str, str] | None:
+    """The parent run, created by this process's tracking helper; None if the store failed."""
+    from paged_bench.tracking import store, uploader
+
+    if store.failure():
+        return None
+    try:
+        reply = uploader.shared().request("sweep_start", uri=store.resolve_uri(settings.get("uri")),
+                                          experiment=info["experiment"], run_name=info["run_name"],
+                                          tags=info["tags"], params=info["params"])  # fmt: skip
+    except uploader.UploadError as e:  # a sweep runs without tracking rather than not at all
+        store.report_failure(e, info["tags"][SWEEP_DIR_TAG])
+        return None
+    return reply["link"] if reply else None
+
+
+def submit_job(run_dir: Path) -> None:
+    """Log a job of the active sweep that ran in this process, without waiting for it."""
+    if _active is not None:
+        _submit(_active, run_dir)
+
+
+def _submit(sweep: _Sweep, run_dir: Path) -> None:
+    if sweep.link is None:
+        return
+    from paged_bench.cli.track import wants_plots
+    from paged_bench.tracking import uploader
+
+    sweep.submitted.add(run_dir.resolve())
+    try:
+        uploader.shared().request("run", wait=False, run_dir=str(run_dir.resolve()), settings=sweep.settings,
+                                  plots=wants_plots(sweep.settings, True), parent=sweep.link)  # fmt: skip
+    except uploader.UploadError as e:
+        from paged_bench.tracking import store
+
+        store.report_failure(e, str(run_dir))
 
 
 def _safe_overrides(config: DictConfig) -> list[Any]:
@@ -148,28 +218,88 @@ def _value_text(override: Any) -> str:
 
 
 def finish(status: str | None = None) -> tuple[int, int] | None:
-    """End the active sweep: summary, plots, parent run closed with ``status`` (default:
-    FINISHED, or FAILED when a job failed). Returns (failed, jobs); None if no sweep was active."""
-    global _active, _outcome
+    """End the active sweep: every job logged, summary and plots, parent run closed with
+    ``status`` (default: FINISHED, or FAILED when a job failed). Returns (failed, jobs); None
+    if no sweep was active. Jobs that never started are not counted as failed."""
+    global _active
     sweep, _active = _active, None
     if sweep is None:
         return None
+    with signals.deferred():
+        return _finish(sweep, status)
+
+
+def _finish(sweep: _Sweep, status: str | None) -> tuple[int, int]:
+    global _outcome
     if sweep.bar is not None:
         sweep.bar.close()
-    failed, jobs, files, note = _summarize(sweep)
+    if status == "KILLED":
+        _stop_local_workers()
+    _record_unfinished(sweep.sweep_dir, "was stopped" if status == "KILLED" else "ended")
+    _submit_rest(sweep)
+    failed, jobs, not_run, files, note = _summarize(sweep)
     final = status or ("FAILED" if failed else "FINISHED")
+    info = sweep_info(sweep.sweep_dir)
+    write_info(sweep.sweep_dir, {**info, "ended": time.time(), "status": final})
     if sweep.link is not None:
-        from paged_bench.tracking.runs import finish_sweep
-
-        tags = {"jobs": str(jobs), "failed_jobs": str(failed), "sweep_dir": str(sweep.sweep_dir)}
-        if note:
-            tags["mlflow.note.content"] = note
-        finish_sweep(sweep.link, final, files, tags)
+        _close_parent(sweep, final, files, {"jobs": str(jobs), "failed_jobs": str(failed),
+                                            "jobs_not_run": str(not_run), **({"mlflow.note.content": note} if note else {})})  # fmt: skip
     _outcome = (failed, jobs)
     return _outcome
 
 
-def _summarize(sweep: _Sweep) -> tuple[int, int, list[Path], str | None]:
+def _record_unfinished(sweep_dir: Path, how: str) -> None:
+    """A job that started (its config is written) but never recorded how it ended was cut off
+    with its process: it is recorded as interrupted, so it is logged and counted."""
+    from paged_bench.report.load import update_run_info
+
+    for run_dir in _started_jobs(sweep_dir):
+        fields = {"status": "interrupted", "error": f"the sweep {how} before the job did", "end_time": time.time()}
+        if "run_name" not in sweep_info_of_job(run_dir):  # cut off before it knew its name
+            fields.update(run_name=job_name(_hydra_overrides(run_dir), sweep_dir), job_num=int(run_dir.name))
+        update_run_info(run_dir, fields)
+
+
+def _hydra_overrides(run_dir: Path) -> list[str]:
+    import yaml
+
+    try:
+        return list(yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or [])
+    except (OSError, ValueError, yaml.YAMLError):
+        return []
+
+
+def sweep_info_of_job(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _submit_rest(sweep: _Sweep) -> None:
+    """Hand every job folder the sweep's process has not logged yet to its tracking helper
+    (jobs that ran in other processes on this host)."""
+    from paged_bench.report.load import find_runs
+
+    for run in find_runs(sweep.sweep_dir, depth=1):
+        if run.path.resolve() not in sweep.submitted:
+            _submit(sweep, run.path)
+
+
+def _close_parent(sweep: _Sweep, status: str, files: list[Path], tags: dict[str, str]) -> None:
+    """Wait for the jobs' uploads, then attach the summary to the parent and close it."""
+    from paged_bench.tracking import store, uploader
+
+    tags[SWEEP_DIR_TAG] = str(sweep.sweep_dir)
+    try:
+        uploader.shared().request("sweep_finish", link=sweep.link, status=status,
+                                  artifacts=[str(f) for f in files], tags=tags)  # fmt: skip
+    except uploader.UploadError as e:
+        store.report_failure(e, str(sweep.sweep_dir))
+    uploader.close_shared()
+
+
+def _summarize(sweep: _Sweep) -> tuple[int, int, int, list[Path], str | None]:
     """Build and print the sweep's report; a report that cannot be built must not keep the
     parent run open, so its failure is printed and the sweep still closes."""
     from paged_bench.report.load import REPORT_DIR, find_runs
@@ -177,7 +307,7 @@ def _summarize(sweep: _Sweep) -> tuple[int, int, list[Path], str | None]:
     runs = find_runs(sweep.sweep_dir)
     failed = sum(r.status != "finished" for r in runs)
     jobs = max(len(runs), sweep.total or 0)
-    failed += jobs - len(runs)  # jobs that never ran (an interrupted sweep)
+    not_run = jobs - len(runs)  # an interrupted sweep's jobs that never started
     try:
         from paged_bench.cli.catalog import experiment_description
         from paged_bench.report.build import build_report
@@ -186,11 +316,12 @@ def _summarize(sweep: _Sweep) -> tuple[int, int, list[Path], str | None]:
                               description=experiment_description(sweep.experiment))  # fmt: skip
     except Exception as e:  # noqa: BLE001  (the parent run must still be closed)
         print(f"warning: the sweep report could not be built: {type(e).__name__}: {e}", file=sys.stderr)
-        return failed, jobs, [], None
-    print(f"\nsweep {sweep.experiment}: {jobs} job(s), {failed} not finished -> {sweep.sweep_dir}")
+        return failed, jobs, not_run, [], None
+    not_run_text = f", {not_run} not run" if not_run else ""
+    print(f"\nsweep {sweep.experiment}: {jobs} job(s), {failed} not finished{not_run_text} -> {sweep.sweep_dir}")
     print(report.table)
     print(f"report: {report.out_dir / 'report.md'}")
-    return failed, jobs, report.files, report.markdown
+    return failed, jobs, not_run, report.files, report.markdown
 
 
 def failed_jobs() -> tuple[int, int] | None:

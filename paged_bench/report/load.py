@@ -21,8 +21,10 @@ import yaml
 from paged_bench.flat import display_key, flatten
 
 CONFIG_FILE = "config.yaml"
+RUN_INFO = "run_info.json"  # the run's status, error, choices, name, start and end
 REPORT_DIR = "report"  # where a report of a directory goes; never read back as a run
-_RUN_MARKERS = ("summary.json", "run_info.json", CONFIG_FILE, ".hydra/config.yaml")
+_NOT_RUNS = (REPORT_DIR, "mlartifacts", "plots")  # copies of runs' files (the embedded store's artifacts)
+_RUN_MARKERS = ("summary.json", RUN_INFO, CONFIG_FILE, ".hydra/config.yaml")
 # config keys that say how a run was recorded, not what was measured
 _NOT_DIMENSIONS = ("tracking.", "report.", "experiment_name")
 # plugin choices come first when picking the dimension compared side by side
@@ -34,6 +36,16 @@ def save_config(run_dir: Path, config: Mapping[str, Any]) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / CONFIG_FILE
     path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
+    return path
+
+
+def update_run_info(run_dir: Path, fields: Mapping[str, Any]) -> Path:
+    """Add ``fields`` to the run's ``run_info.json`` (created if the run wrote none)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / RUN_INFO
+    info = _read_json(path)
+    info.update(fields)
+    path.write_text(json.dumps(info, indent=2, default=str) + "\n")
     return path
 
 
@@ -110,7 +122,7 @@ def find_runs(path: Path, depth: int = 4) -> list[Run]:
         return []
     runs: list[Run] = []
     for child in path.iterdir():
-        if child.is_dir() and child.name != REPORT_DIR and not child.name.startswith("."):
+        if child.is_dir() and child.name not in _NOT_RUNS and not child.name.startswith("."):
             runs += find_runs(child, depth - 1)
     return sorted(runs, key=lambda r: (str(r.path.parent), r.job if r.job is not None else math.inf, r.path.name))
 

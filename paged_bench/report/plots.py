@@ -2,9 +2,10 @@
 
 - ``ttft_cdf.png``: the TTFT distribution of each policy, one panel per setting of the other
   dimensions (e.g. one per max_batch);
-- ``vs_<axis>.png``: each chosen metric against a numeric dimension (throughput and TTFT
-  p50/p99 vs max_batch), a line per policy;
-- ``kv_over_time.png``: KV live vs reserved slots over the run, a panel per run;
+- ``vs_<axis>.png``: each of the report's metrics against a numeric dimension (throughput and
+  TTFT p50/p99 vs max_batch, preemptions, recomputed tokens, ...), a line per policy;
+- ``kv_over_time.png``: KV live vs reserved slots over the run, a panel per run, each step's
+  figure drawn over the step's own span (a long prefill shows as busy, not idle);
 - ``preemptions_over_time.png``: cumulative preemptions over the run, when there are any.
 
 A run without engine steps (a remote target) has no KV or preemption curves.
@@ -110,7 +111,7 @@ def versus_axis(rs: RunSet, metrics: list[str], out_dir: Path) -> Path | None:
     for run in rs.runs:
         if run.summary:
             series.setdefault(rs.label(run, [k for k in (rs.policy, *rest) if k]) or "runs", []).append(run)
-    metrics = [m for m in metrics if any(figures(r).get(m) is not None for runs in series.values() for r in runs)][:4]
+    metrics = plotted_metrics([r for runs in series.values() for r in runs], metrics)
     if not series or not metrics:
         return None
     plt = _pyplot()
@@ -134,8 +135,31 @@ def versus_axis(rs: RunSet, metrics: list[str], out_dir: Path) -> Path | None:
     return _save(plt, fig, out_dir / f"vs_{display_key(axis).replace('.', '_')}.png")
 
 
+def plotted_metrics(runs: list[Run], metrics: list[str]) -> list[str]:
+    """Every metric the report asked for that some run has (one panel each)."""
+    return [m for m in metrics if any(figures(r).get(m) is not None for r in runs)]
+
+
 def _with_steps(rs: RunSet) -> list[Run]:
     return [r for r in rs.runs if r.table("steps") is not None][:MAX_PANELS]
+
+
+def step_curve(steps, column: str):
+    """A per-step figure as a line over time: each step's value held over its own span
+    [end - duration, end] (a step row's ``time`` is its end), across the gap to the next step
+    while requests are still running, and 0 through the engine's idle gaps (nothing running).
+    Returns (x, y) arrays."""
+    import numpy as np
+
+    end = steps["time"].to_numpy(float)
+    start = end - steps["duration"].to_numpy(float)
+    value = steps[column].to_numpy(float)
+    idle_after = steps["running"].to_numpy() == 0 if "running" in steps else np.zeros(len(end), bool)
+    after = np.where(idle_after, 0.0, value)  # the value between this step and the next
+    next_start = np.append(start[1:], end[-1:])
+    x = np.column_stack([start, end, end, next_start]).ravel()
+    y = np.column_stack([value, value, after, after]).ravel()
+    return x, y
 
 
 def kv_over_time(rs: RunSet, out_dir: Path) -> Path | None:
@@ -146,8 +170,8 @@ def kv_over_time(rs: RunSet, out_dir: Path) -> Path | None:
     fig, axes = _grid(plt, len(runs))
     for ax, run in zip(axes, runs):
         df = run.table("steps")
-        ax.fill_between(df["time"], df["kv_live_slots"], step="post", alpha=0.5, label="live")
-        ax.step(df["time"], df["kv_reserved_slots"], where="post", color="C3", label="reserved")
+        ax.fill_between(*step_curve(df, "kv_live_slots"), alpha=0.5, label="live")
+        ax.plot(*step_curve(df, "kv_reserved_slots"), color="C3", label="reserved")
         ax.set_xlabel("time (s)")
         ax.set_ylabel("KV slots")
         ax.set_title(rs.label(run) if len(rs.runs) > 1 else "KV live vs reserved", fontsize=9)

@@ -72,7 +72,7 @@ def gain(m: Metric, baseline: Any, value: Any) -> str:
     if _missing(baseline) or _missing(value):
         return "n/a"
     num, den = (baseline, value) if m.better == "lower" else (value, baseline)
-    if den == 0:
+    if den == 0 or num == 0:  # a count that is zero on one side: no "times better" to tell
         return "n/a"
     ratio = num / den
     return f"{ratio:.2f}x" if ratio < 10 else f"{ratio:.1f}x"

@@ -1,32 +1,35 @@
-"""Logging a finished job, and a sweep's parent run, to MLflow in a few batched calls.
+"""A finished run's folder -> one MLflow run, in a few batched calls.
 
-A job is logged when it ends (its summary printed first): one ``create_run`` (started at the
-job's start), one ``log_batch`` for params, summary metrics and step-wise series (MLflow splits
-it into its per-call limits), the artifacts, and ``set_terminated`` with the job's status, so
-no job run is ever left RUNNING. A sweep's parent run is created when the sweep starts (its
-jobs, maybe in other processes, attach to it by id) and closed by whoever ends the sweep.
+Tracking reads everything from the folder the job wrote (``config.yaml``, ``run_info.json``,
+``summary.json``, ``steps.csv``, the artifacts), never from the job's memory, so a run is
+logged the same way whether its own command logs it right after it ends, the sweep's process
+logs it, or ``python -m paged_bench.sync`` uploads it later. ``upload_run`` makes one
+``create_run`` (started at the job's start), one ``log_batch`` for params, summary metrics and
+step-wise series, the artifacts, the tag that says the upload is complete, and
+``set_terminated`` with the job's status: a run is never left RUNNING by a job, and a run
+without the completion tag is a broken upload that ``sync`` replaces.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import socket
 import subprocess
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from paged_bench.flat import flatten
-from paged_bench.step_records import StepRecords
-from paged_bench.tracking import store
 
 # a job's status -> MLflow's
 RUN_STATUS = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
-# engine step column -> the series charted in the UI, one point per step (step = its index)
+# steps.csv column -> the series charted in the UI, one point per step (step = its index)
 STEP_SERIES = {
     "batch_size": "step/batch_size",
     "waiting": "step/queue_length",
@@ -36,37 +39,29 @@ STEP_SERIES = {
 PREEMPTIONS_SERIES = "step/preemptions_total"  # cumulative, so that thinning loses none
 PARENT_TAG = "mlflow.parentRunId"
 KIND_TAG = "paged_bench.kind"  # run | sweep
+UPLOADED_TAG = "paged_bench.uploaded"  # set last: the run holds everything its folder had
+RUN_DIR_TAG = "run_dir"  # a run's identity in the store (sync finds what is missing by it)
+SWEEP_DIR_TAG = "sweep_dir"
+RUN_INFO = "run_info.json"
+RUN_FILES = ("summary.json", "requests.csv", "steps.csv", RUN_INFO, "config.yaml")
+SIGNIFICANT_DIGITS = 6  # metric values as the UI shows them: 356.123, not 356.12345678901
 _MAX_PARAM = 6000  # MLflow's limit on a param value
 _MAX_TAG = 5000
+# the linear sim cost model reads only these backend options; the roofline's are not its params
+_LINEAR_SIM_KEYS = {"name", "cost_model", "preset", "step_overhead_ms", "per_prefill_token_ms", "per_decode_seq_ms",
+                    "per_kv_token_us", "per_swap_block_ms", "vocab_size"}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Link:
-    """A run that other processes attach to: a sweep's parent."""
+    """A run that other runs attach to: a sweep's parent."""
 
     uri: str
     experiment_id: str
     run_id: str
 
 
-@dataclass
-class JobRecord:
-    """What a finished job hands to tracking."""
-
-    config: Mapping[str, Any]
-    run_dir: Path
-    status: str  # finished | failed | interrupted
-    error: str | None
-    start_time: float  # epoch seconds
-    run_name: str
-    summary: Mapping[str, Any] = field(default_factory=dict)
-    steps: StepRecords = field(default_factory=StepRecords)
-    artifacts: list[Path] = field(default_factory=list)  # files; a folder goes in as a folder
-    tags: dict[str, str] = field(default_factory=dict)
-    note: str | None = None  # the run's description in the UI
-
-
-def _ms(seconds: float) -> int:
+def ms(seconds: float) -> int:
     return int(seconds * 1000)
 
 
@@ -91,47 +86,89 @@ def common_tags(experiment: str | None) -> dict[str, str]:
     return tags
 
 
+def _ignored_by_backend(config: Mapping[str, Any]) -> set[str]:
+    """Backend options the chosen backend does not read (the roofline's, under the linear sim)."""
+    backend = config.get("backend") or {}
+    if backend.get("name") != "sim" or backend.get("cost_model", "linear") != "linear" or backend.get("preset"):
+        return set()
+    return {f"backend.{k}" for k in backend if k not in _LINEAR_SIM_KEYS}
+
+
 def params_of(config: Mapping[str, Any]) -> dict[str, str]:
-    """The resolved config, flattened, as MLflow params (the store settings are not params)."""
+    """The resolved config, flattened, as MLflow params (the store settings, and options the
+    run's backend ignores, are not params)."""
+    ignored = _ignored_by_backend(config)
     out = {}
     for key, value in flatten(config).items():
-        if key.startswith("tracking."):
+        if key.startswith("tracking.") or key in ignored or any(key.startswith(k + ".") for k in ignored):
             continue
         text = "null" if value is None else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
         out[key] = text[:_MAX_PARAM]
     return out
 
 
+def rounded(value: float) -> float:
+    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+
+
 def summary_metrics(summary: Mapping[str, Any], timestamp: int) -> list:
     from mlflow.entities import Metric
 
     return [
-        Metric(k, float(v), timestamp, 0)
+        Metric(k, rounded(v), timestamp, 0)
         for k, v in summary.items()
         if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
     ]
 
 
-def step_metrics(steps: StepRecords, start_ms: int, max_points: int) -> list:
-    """The step-wise series, thinned to ``max_points`` per series; timestamps follow the run's
-    clock, so the UI's relative-time axis shows run time (virtual time for the sim)."""
+def step_metrics(steps: list[Mapping[str, Any]], start_ms: int, max_points: int) -> list:
+    """The step-wise series from ``steps.csv`` rows (read by column name), thinned to
+    ``max_points`` per series; timestamps follow the run's clock (a step's end), so the UI's
+    relative-time axis shows run time (virtual time for the sim)."""
     from mlflow.entities import Metric
 
     if not steps or max_points <= 0:
         return []
     stride = math.ceil(len(steps) / max_points)
     out, preempted = [], 0
-    for i, row in enumerate(steps.rows()):
-        preempted += row.preemptions
+    for i, row in enumerate(steps):
+        preempted += int(float(row.get("preemptions") or 0))
         if i % stride and i != len(steps) - 1:
             continue
-        step, ts = row.step, start_ms + _ms(row.time)
-        out += [Metric(name, float(getattr(row, c)), ts, step) for c, name in STEP_SERIES.items()]
+        step, ts = int(float(row["step"])), start_ms + ms(float(row["time"]))
+        out += [Metric(name, rounded(float(row[c])), ts, step) for c, name in STEP_SERIES.items() if row.get(c) != ""]
         out.append(Metric(PREEMPTIONS_SERIES, float(preempted), ts, step))
     return out
 
 
-def _log_artifacts(mlflow_client: Any, run_id: str, paths: list[Path]) -> None:
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _read_steps(path: Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _note(summary: Mapping[str, Any]) -> str | None:
+    if not summary:
+        return None
+    from paged_bench.outputs import format_summary
+
+    return "```\n" + format_summary(summary) + "\n```"
+
+
+def _artifacts(run_dir: Path) -> list[Path]:
+    files = [run_dir / name for name in RUN_FILES if (run_dir / name).is_file()]
+    return files + ([run_dir / "plots"] if (run_dir / "plots").is_dir() else [])
+
+
+def log_artifacts(mlflow_client: Any, run_id: str, paths: Iterable[Path]) -> None:
     for path in paths:
         if path.is_dir():
             mlflow_client.log_artifacts(run_id, str(path), path.name)
@@ -139,94 +176,93 @@ def _log_artifacts(mlflow_client: Any, run_id: str, paths: list[Path]) -> None:
             mlflow_client.log_artifact(run_id, str(path))
 
 
-def _terminate(mlflow_client: Any, run_id: str, status: str) -> None:
-    mlflow_client.set_terminated(run_id, status, _ms(time.time()))
+def terminate(mlflow_client: Any, run_id: str, status: str, end_time: float | None = None) -> None:
+    import time
+
+    mlflow_client.set_terminated(run_id, status, ms(end_time or time.time()))
 
 
-def log_job(rec: JobRecord, settings: Mapping[str, Any], parent: Link | None = None) -> str | None:
-    """Log ``rec`` as a run (a child of ``parent`` in a sweep); its id, or None when tracking
-    is off or failed (warned once)."""
-    if store.failure():
-        return None
-    run_id, mlflow_client = None, None
-    try:
-        from mlflow.entities import Param
-
-        uri = parent.uri if parent else store.resolve_uri(settings.get("uri"))
-        mlflow_client = store.client(uri)
-        name = rec.config.get("experiment_name") or "paged_bench"
-        exp = parent.experiment_id if parent else store.experiment_id(mlflow_client, name, uri)
-        tags = {**common_tags(name), **rec.tags, KIND_TAG: "run", "status": rec.status, "run_dir": str(rec.run_dir)}
-        if rec.error:
-            tags["error"] = rec.error[:_MAX_TAG]
-        if rec.note:
-            tags["mlflow.note.content"] = rec.note[:_MAX_TAG]
-        if parent:
-            tags[PARENT_TAG] = parent.run_id
-        start_ms = _ms(rec.start_time)
-        run_id = mlflow_client.create_run(exp, start_time=start_ms, tags=tags, run_name=rec.run_name).info.run_id
-        metrics = summary_metrics(rec.summary, _ms(time.time()))
-        metrics += step_metrics(rec.steps, start_ms, int(settings.get("step_metrics", 500) or 0))
-        params = [Param(k, v) for k, v in params_of(rec.config).items()]
-        mlflow_client.log_batch(run_id, metrics=metrics, params=params)
-        _log_artifacts(mlflow_client, run_id, rec.artifacts)
-        _terminate(mlflow_client, run_id, RUN_STATUS.get(rec.status, "FAILED"))
-        return run_id
-    except KeyboardInterrupt:
-        _close_quietly(mlflow_client, run_id, "KILLED")
-        raise
-    except Exception as e:  # noqa: BLE001  (tracking must never cost the run its results)
-        _close_quietly(mlflow_client, run_id, "FAILED")
-        store.report_failure(e, str(rec.run_dir))
-        return None
-
-
-def _close_quietly(mlflow_client: Any, run_id: str | None, status: str) -> None:
+def close_quietly(mlflow_client: Any, run_id: str | None, status: str) -> None:
     if mlflow_client is not None and run_id is not None:
         try:
-            _terminate(mlflow_client, run_id, status)
+            terminate(mlflow_client, run_id, status)
         except Exception:  # noqa: BLE001, S110  (the store is what failed: nothing more to do)
             pass
 
 
-def start_sweep(
-    settings: Mapping[str, Any], experiment: str, run_name: str, tags: Mapping[str, str], params: Mapping[str, str]
-) -> Link | None:
-    """Create a sweep's parent run (RUNNING until ``finish_sweep``); None if the store fails."""
-    if store.failure():
-        return None
-    mlflow_client, run_id = None, None
+def upload_run(mlflow_client: Any, experiment_id: str, run_dir: Path, settings: Mapping[str, Any],
+               parent_run_id: str | None = None) -> str:  # fmt: skip
+    """Log the run in ``run_dir`` (a child of ``parent_run_id`` when given); its run id.
+    A failure part-way closes what was created as FAILED and raises."""
+    from mlflow.entities import Param, RunTag
+
+    run_dir = Path(run_dir).resolve()
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
+    info = _read_json(run_dir / RUN_INFO)
+    summary = _read_json(run_dir / "summary.json")
+    status = info.get("status") or ("finished" if summary else "failed")
+    name = (config or {}).get("experiment_name") or "paged_bench"
+    tags = {**common_tags(name), KIND_TAG: "run", "status": status, RUN_DIR_TAG: str(run_dir)}
+    if info.get("job_num") is not None:
+        tags["job_num"] = str(info["job_num"])
+    if info.get("error"):
+        tags["error"] = str(info["error"])[:_MAX_TAG]
+    note = _note(summary)
+    if note:
+        tags["mlflow.note.content"] = note[:_MAX_TAG]
+    if parent_run_id:
+        tags[PARENT_TAG] = parent_run_id
+    start_time = float(info.get("start_time") or run_dir.stat().st_mtime)
+    run_name = info.get("run_name") or run_dir.name
+    run_id = mlflow_client.create_run(experiment_id, start_time=ms(start_time), tags=tags, run_name=run_name).info.run_id
     try:
-        from mlflow.entities import Param
-
-        uri = store.resolve_uri(settings.get("uri"))
-        mlflow_client = store.client(uri)
-        exp = store.experiment_id(mlflow_client, experiment, uri)
-        tags = {**common_tags(experiment), **tags, KIND_TAG: "sweep"}
-        run_id = mlflow_client.create_run(exp, tags=tags, run_name=run_name).info.run_id
-        if params:
-            mlflow_client.log_batch(run_id, params=[Param(k, v[:_MAX_PARAM]) for k, v in params.items()])
-        return Link(uri, exp, run_id)
-    except Exception as e:  # noqa: BLE001  (a sweep runs without tracking rather than not at all)
-        _close_quietly(mlflow_client, run_id, "FAILED")
-        store.report_failure(e, str(tags.get("sweep_dir", "runs/")))
-        return None
+        end_ms = ms(float(info.get("end_time") or start_time))
+        metrics = summary_metrics(summary, end_ms)
+        metrics += step_metrics(_read_steps(run_dir / "steps.csv"), ms(start_time), int(settings.get("step_metrics", 500) or 0))
+        params = [Param(k, v) for k, v in params_of(config or {}).items()]
+        mlflow_client.log_batch(run_id, metrics=metrics, params=params)
+        log_artifacts(mlflow_client, run_id, _artifacts(run_dir))
+        mlflow_client.log_batch(run_id, tags=[RunTag(UPLOADED_TAG, "true")])
+        terminate(mlflow_client, run_id, RUN_STATUS.get(status, "FAILED"), info.get("end_time"))
+    except BaseException:
+        close_quietly(mlflow_client, run_id, "FAILED")
+        raise
+    return run_id
 
 
-def finish_sweep(link: Link, status: str, artifacts: list[Path], tags: Mapping[str, str]) -> None:
-    """Attach the sweep's summary (tables, plots) to its parent run and close it; best effort,
-    but the run is closed even when the artifacts cannot be logged."""
+def uploaded(mlflow_client: Any, experiment_id: str, tag: str = RUN_DIR_TAG) -> dict[str, Any]:
+    """The runs of an experiment by their ``tag`` (run_dir or sweep_dir): value -> run; for
+    run folders, only complete uploads count."""
+    complete = f"tags.`{UPLOADED_TAG}` = 'true'" if tag == RUN_DIR_TAG else f"tags.`{KIND_TAG}` = 'sweep'"
+    found: dict[str, Any] = {}
+    token = None
+    while True:
+        page = mlflow_client.search_runs([experiment_id], complete, max_results=1000, page_token=token)
+        found.update({r.data.tags[tag]: r for r in page if tag in r.data.tags})
+        token = page.token
+        if not token:
+            return found
+
+
+def start_sweep(mlflow_client: Any, experiment_id: str, run_name: str, tags: Mapping[str, str],
+                params: Mapping[str, str], experiment: str) -> str:  # fmt: skip
+    """Create a sweep's parent run (RUNNING until ``finish_sweep``); its id."""
+    from mlflow.entities import Param
+
+    tags = {**common_tags(experiment), **tags, KIND_TAG: "sweep"}
+    run_id = mlflow_client.create_run(experiment_id, tags=tags, run_name=run_name).info.run_id
+    if params:
+        mlflow_client.log_batch(run_id, params=[Param(k, str(v)[:_MAX_PARAM]) for k, v in params.items()])
+    return run_id
+
+
+def finish_sweep(mlflow_client: Any, run_id: str, status: str, artifacts: list[Path], tags: Mapping[str, str]) -> None:
+    """Attach the sweep's summary (tables, plots) to its parent run and close it; the run is
+    closed even when the artifacts cannot be logged (and the failure raised after)."""
+    from mlflow.entities import RunTag
+
     try:
-        mlflow_client = store.client(link.uri)
-    except Exception as e:  # noqa: BLE001  (warned once; nothing to close without a client)
-        store.report_failure(e, str(tags.get("sweep_dir", "runs/")))
-        return
-    try:
-        from mlflow.entities import RunTag
-
-        mlflow_client.log_batch(link.run_id, tags=[RunTag(k, v[:_MAX_TAG]) for k, v in tags.items()])
-        _log_artifacts(mlflow_client, link.run_id, artifacts)
-    except Exception as e:  # noqa: BLE001  (the run is closed below all the same)
-        store.report_failure(e, str(tags.get("sweep_dir", "runs/")))
+        mlflow_client.log_batch(run_id, tags=[RunTag(k, str(v)[:_MAX_TAG]) for k, v in tags.items()])
+        log_artifacts(mlflow_client, run_id, artifacts)
     finally:
-        _close_quietly(mlflow_client, link.run_id, status)
+        terminate(mlflow_client, run_id, status)

@@ -3,6 +3,7 @@ that a failing store warns once and is then left alone for the rest of the proce
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -16,11 +17,13 @@ RUNS_DIR = "runs"
 DB_FILE = "mlflow.db"
 ARTIFACTS_DIR = "mlartifacts"
 # an unreachable server should cost seconds, not MLflow's default of minutes of retries
+# (mlflow reads the retry settings as integers: "0.5" would fail every HTTP call)
 _HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0.5",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",  # one bar per small file is noise
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # a server's run links are not our output
 }
 
 _failure: str | None = None  # why tracking stopped in this process, once it has
@@ -52,17 +55,46 @@ def artifact_root(uri: str) -> Path | None:
 
 
 def client(uri: str) -> Any:
-    """An ``MlflowClient`` for ``uri`` (imports mlflow; creates the SQLite folder)."""
+    """The ``MlflowClient`` for ``uri``, one per process (a new SQLite store object checks its
+    schema again), or a new one when the SQLite file was replaced (``rm -rf runs``)."""
+    path = sqlite_path(uri)
+    if path is not None and not path.exists():
+        _new_client(uri).search_experiments(max_results=1)  # creates the file and its tables
+    return _client(uri, path.stat().st_ino if path is not None else None)
+
+
+@functools.lru_cache(maxsize=8)
+def _client(uri: str, identity: int | None) -> Any:
+    return _new_client(uri)
+
+
+def _new_client(uri: str) -> Any:
     for key, value in _HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
     path = sqlite_path(uri)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _forget_engine(uri)
     from mlflow import MlflowClient
 
     for name in ("mlflow", "alembic"):  # a new store's migrations log at INFO: not our user's concern
         logging.getLogger(name).setLevel(logging.WARNING)
     return MlflowClient(tracking_uri=uri)
+
+
+def _forget_engine(uri: str) -> None:
+    """MLflow keeps one store and one database engine per URI for the process; those opened
+    on a file that has since been deleted write into nothing, so a replaced file gets new ones
+    (MLflow has no public way to say so: its caches are cleared where they are, if they are)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._tracking_service import utils
+
+    engine = getattr(SqlAlchemyStore, "_engine_map", {}).pop(uri, None)
+    if engine is not None:
+        engine.dispose()
+    stores = getattr(utils._tracking_store_registry, "_get_store_with_resolved_uri", None)
+    if hasattr(stores, "cache_clear"):
+        stores.cache_clear()
 
 
 def experiment_id(mlflow_client: Any, name: str, uri: str) -> str:
@@ -95,9 +127,9 @@ def report_failure(error: BaseException, where: str) -> None:
     if _failure is not None:
         return
     first = (str(error).strip().splitlines() or [""])[0][:300]
-    _failure = f"{type(error).__name__}: {first}"
+    _failure = first if getattr(error, "names_its_cause", False) else f"{type(error).__name__}: {first}"
     print(f"warning: MLflow tracking failed ({_failure}); tracking is off for this process, "
-          f"the results are on disk in {where}", file=sys.stderr)  # fmt: skip
+          f"the results are on disk in {where} (python -m paged_bench.sync uploads them)", file=sys.stderr)  # fmt: skip
 
 
 def reset_failure() -> None:

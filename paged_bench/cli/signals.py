@@ -1,0 +1,125 @@
+"""SIGTERM and SIGHUP (``timeout``, a SLURM time limit, a closed terminal) end a job the way
+Ctrl-C does: the engine stops, what it measured is written and logged as KILLED, a sweep's
+parent run is closed and its report written; the command then exits with the signal's status
+(128 + its number).
+
+The handler raises ``Terminated``, a KeyboardInterrupt, so every path that handles Ctrl-C
+handles these too; a second signal while that clean-up runs is ignored, so the clean-up
+finishes. A sweep's process first passes the signal on to its child processes (the joblib
+workers running jobs, which may not have got it: ``kill PID`` reaches one process) and waits
+a little for the jobs that started to record how they ended, before the launcher kills them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+HANDLED = (signal.SIGTERM, signal.SIGHUP)
+WITH_CTRL_C = (signal.SIGINT, *HANDLED)  # inside a job and a sweep: a second Ctrl-C waits for the clean-up
+GRACE_S = 10.0  # how long a sweep waits for its jobs in other processes to record their end
+
+
+class Terminated(KeyboardInterrupt):
+    """The process was asked to stop by ``signum``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_received: int | None = None
+_deferred = False  # while a sweep is being closed, a signal is noted, not raised
+
+
+def received() -> int | None:
+    """The signal that asked this process to stop, if one did."""
+    return _received
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Inside, a signal does not interrupt (closing a sweep must not be cut short); the
+    command exits with its status afterwards."""
+    global _deferred
+    _deferred = True
+    try:
+        yield
+    finally:
+        _deferred = False
+
+
+def install(signums: tuple[int, ...], on_stop: Callable[[int], None] | None = None) -> None:
+    """For the rest of the process (main thread only): ``signums`` raise ``Terminated``."""
+    with contextlib.suppress(ValueError):
+        for s in signums:
+            signal.signal(s, _handler(on_stop))
+
+
+def exit_status(default: int = signal.SIGINT) -> int:
+    """128 + the signal that stopped the command (SIGINT's 130 for Ctrl-C)."""
+    return 128 + (_received or default)
+
+
+def stopped_by() -> str:
+    return "interrupted" if _received in (None, signal.SIGINT) else f"stopped by {signal.Signals(_received).name}"
+
+
+def _children() -> list[int]:
+    """This process's child processes (Linux /proc; none elsewhere)."""
+    me, found = str(os.getpid()), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == me:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _handler(on_stop: Callable[[int], None] | None) -> Callable:
+    def handle(signum: int, frame: object) -> None:
+        global _received
+        if _received is not None:
+            return  # already stopping: let the clean-up finish
+        _received = signum
+        if _deferred:
+            return
+        if on_stop is not None:
+            on_stop(signum)
+        raise Terminated(signum)
+
+    return handle
+
+
+@contextlib.contextmanager
+def stop_on_signals(signums: tuple[int, ...] = HANDLED, on_stop: Callable[[int], None] | None = None) -> Iterator[None]:
+    """While inside, ``signums`` raise ``Terminated`` (in the main thread only)."""
+    try:
+        previous = {s: signal.signal(s, _handler(on_stop)) for s in signums}
+    except ValueError:  # not the main thread: the launcher's own process handles signals
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def pass_on(signum: int, wait_for: Callable[[], bool], helper_pids: set[int]) -> None:
+    """Send ``signum`` to the child processes (not the tracking helper; not Ctrl-C, which the
+    terminal sent to all of them) and wait up to ``GRACE_S`` until ``wait_for()`` says the
+    jobs recorded their end."""
+    children = [pid for pid in _children() if pid not in helper_pids]
+    for pid in children if signum != signal.SIGINT else ():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signum)
+    deadline = time.monotonic() + (GRACE_S if children else 0)
+    while time.monotonic() < deadline and not wait_for():
+        time.sleep(0.1)

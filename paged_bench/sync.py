@@ -1,0 +1,206 @@
+"""``python -m paged_bench.sync PATH...``: upload the runs and sweeps on disk that the tracking
+store is missing, and close sweep parent runs left RUNNING by a process that is gone.
+
+For when the tracking server was down, a job ran where it could not reach it, or a sweep's
+process was killed: everything a run measured is in its folder, so nothing is lost. PATH is
+a run folder, a sweep folder, or any folder above them (``runs/``). A run is in the store when
+a run tagged with its folder holds the tag that ends a complete upload; a broken upload is
+replaced. A sweep's jobs become children of its parent run (created if the sweep started
+without a store). Idempotent: a second call uploads nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import paged_bench.tracking  # noqa: F401  (telemetry off before mlflow is imported)
+from paged_bench.cli.sweep import SWEEP_FILE, sweep_info
+from paged_bench.report.load import REPORT_DIR, Run, find_runs
+from paged_bench.tracking import store
+from paged_bench.tracking.runs import (
+    RUN_DIR_TAG, SWEEP_DIR_TAG, UPLOADED_TAG, finish_sweep, start_sweep, upload_run, uploaded,
+)  # fmt: skip
+
+
+@dataclass
+class Tally:
+    uploaded: int = 0
+    present: int = 0
+    closed: int = 0
+    replaced: int = 0
+
+
+class Store:
+    """One tracking store, with what it already holds, looked up once per experiment."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.client = store.client(uri)
+        self._runs: dict[str, dict[str, Any]] = {}
+        self._sweeps: dict[str, dict[str, Any]] = {}
+
+    def experiment(self, name: str) -> str:
+        return store.experiment_id(self.client, name, self.uri)
+
+    def runs(self, exp: str) -> dict[str, Any]:
+        if exp not in self._runs:
+            self._runs[exp] = uploaded(self.client, exp, RUN_DIR_TAG)
+        return self._runs[exp]
+
+    def sweeps(self, exp: str) -> dict[str, Any]:
+        if exp not in self._sweeps:
+            self._sweeps[exp] = uploaded(self.client, exp, SWEEP_DIR_TAG)
+        return self._sweeps[exp]
+
+    def drop_broken(self, exp: str, run_dir: Path) -> int:
+        """Delete earlier uploads of ``run_dir`` that did not complete; how many."""
+        where = f"tags.`{RUN_DIR_TAG}` = '{_quoted(str(run_dir))}'"
+        broken = [r for r in self.client.search_runs([exp], where) if r.data.tags.get(UPLOADED_TAG) != "true"]
+        for r in broken:
+            self.client.delete_run(r.info.run_id)
+        return len(broken)
+
+
+def _quoted(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def _experiment_of(run: Run) -> str:
+    return run.config.get("experiment_name") or "paged_bench"
+
+
+def sync_run(st: Store, run: Run, tally: Tally, parent_run_id: str | None = None, exp: str | None = None) -> None:
+    exp = exp or st.experiment(_experiment_of(run))
+    run_dir = run.path.resolve()
+    if str(run_dir) in st.runs(exp):
+        tally.present += 1
+        return
+    tally.replaced += st.drop_broken(exp, run_dir)
+    settings = run.config.get("tracking") or {}
+    st.runs(exp)[str(run_dir)] = upload_run(st.client, exp, run_dir, settings, parent_run_id)
+    tally.uploaded += 1
+
+
+def _process_gone(info: dict[str, Any]) -> bool:
+    """Whether the sweep's process has ended (known only on its own host, or if it said so)."""
+    if info.get("ended"):
+        return True
+    if info.get("host") != socket.gethostname() or not info.get("pid"):
+        return False
+    try:
+        os.kill(int(info["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _final_status(runs: list[Run]) -> str:
+    statuses = {r.status for r in runs}
+    return "KILLED" if "interrupted" in statuses else "FAILED" if statuses - {"finished"} else "FINISHED"
+
+
+def sync_sweep(st: Store, sweep_dir: Path, runs: list[Run], tally: Tally) -> str | None:
+    """Upload a sweep's missing jobs under its parent run; a note when its parent stays open."""
+    info = sweep_info(sweep_dir)
+    experiment = info.get("experiment") or (_experiment_of(runs[0]) if runs else "paged_bench")
+    exp = st.experiment(experiment)
+    parent = st.sweeps(exp).get(str(sweep_dir))
+    if parent is None:
+        tags = {**(info.get("tags") or {}), SWEEP_DIR_TAG: str(sweep_dir)}
+        run_name = info.get("run_name") or f"sweep {experiment} {sweep_dir.name}"
+        run_id = start_sweep(st.client, exp, run_name, tags, info.get("params") or {}, experiment)
+        parent = st.client.get_run(run_id)
+        st.sweeps(exp)[str(sweep_dir)] = parent
+    for run in runs:
+        sync_run(st, run, tally, parent.info.run_id, exp)
+    if parent.info.status != "RUNNING":
+        return None
+    if not _process_gone(info):
+        return f"{sweep_dir}: its parent run stays RUNNING, the sweep's process (pid {info.get('pid')}) still runs"
+    status = info.get("status") or _final_status(runs)
+    report = sweep_dir / REPORT_DIR
+    files = sorted(report.iterdir()) if report.is_dir() else []
+    failed = sum(r.status != "finished" for r in runs)
+    finish_sweep(st.client, parent.info.run_id, status, files,
+                 {"jobs": str(len(runs)), "failed_jobs": str(failed)})  # fmt: skip
+    tally.closed += 1
+    return None
+
+
+def _groups(paths: Iterable[Path]) -> tuple[dict[Path, list[Run]], list[Run]]:
+    """Sweeps (their folder -> jobs) and single runs under ``paths``."""
+    sweeps: dict[Path, list[Run]] = {}
+    singles: list[Run] = []
+    for path in paths:
+        for run in find_runs(path):
+            folder = run.path.resolve().parent
+            if (folder / SWEEP_FILE).is_file():
+                sweeps.setdefault(folder, []).append(run)
+            else:
+                singles.append(run)
+        for sweep_file in Path(path).glob(f"**/{SWEEP_FILE}"):  # a sweep none of whose jobs started
+            sweeps.setdefault(sweep_file.parent.resolve(), [])
+    return sweeps, singles
+
+
+def _uri_for(option: str | None, recorded: str | None) -> str:
+    return store.resolve_uri(option or os.environ.get("MLFLOW_TRACKING_URI") or recorded)
+
+
+def sync(paths: list[Path], tracking_uri: str | None = None) -> tuple[Tally, list[str]]:
+    from paged_bench.tracking.uploader import wait_for_helper
+
+    wait_for_helper()  # what a killed command handed over is being logged right now
+    sweeps, singles = _groups(paths)
+    stores: dict[str, Store] = {}
+
+    def store_for(recorded: str | None) -> Store:
+        uri = _uri_for(tracking_uri, recorded)
+        if uri not in stores:
+            stores[uri] = Store(uri)
+        return stores[uri]
+
+    tally, notes = Tally(), []
+    for sweep_dir, runs in sorted(sweeps.items()):
+        link = sweep_info(sweep_dir).get("tracking") or {}
+        note = sync_sweep(store_for(link.get("uri")), sweep_dir, runs, tally)
+        notes += [note] if note else []
+    for run in singles:
+        sync_run(store_for(None), run, tally)
+    return tally, notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m paged_bench.sync", description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", type=Path, help="run or sweep folders, or folders above them (runs/)")
+    parser.add_argument("--tracking-uri", help="the store (default: $MLFLOW_TRACKING_URI, else the one the sweep "
+                                               "used, else ./runs/mlflow.db)")  # fmt: skip
+    args = parser.parse_args(argv)
+    missing = [str(p) for p in args.paths if not p.exists()]
+    if missing:
+        print(f"error: no such folder: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    try:
+        tally, notes = sync(args.paths, args.tracking_uri)
+    except Exception as e:  # noqa: BLE001  (one line: the store is unreachable or refused)
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"error: sync failed: {type(e).__name__}: {first}", file=sys.stderr)
+        return 1
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"sync: {tally.uploaded} run(s) uploaded, {tally.present} already in the store, "
+          f"{tally.closed} sweep parent run(s) closed" + (f", {tally.replaced} broken upload(s) replaced" if tally.replaced else ""))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""SIGTERM and SIGHUP (``timeout``, a SLURM time limit, a closed terminal) stop a run or a sweep
+the way Ctrl-C does: the jobs in flight end KILLED with what they measured, the sweep's parent
+is closed and its report written, the exit status is the signal's; and Ctrl-C on a joblib
+sweep logs its interrupted jobs, counts only jobs that started, and leaks no semaphores."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.tracking_support import cli_env, fresh_store, runs_of
+
+LONG = ["workload.num_requests=4000", "workload.output_len=400", "max_model_len=1024"]  # ~1.6 M sim steps
+
+
+def _start(tmp_path, *args, group: bool = False) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "paged_bench", *args], cwd=tmp_path, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=group)  # fmt: skip
+
+
+def _wait_for(tmp_path, pattern: str, count: int = 1) -> None:
+    deadline = time.time() + 60
+    while len(list(tmp_path.glob(pattern))) < count and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(2.0)  # well inside the engine loop
+
+
+def _split(runs):
+    (parent,) = [r for r in runs if r.data.tags.get("paged_bench.kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    return parent, sorted(children, key=lambda r: int(r.data.tags["job_num"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_ends_a_run_killed_with_its_figures_and_the_signals_status(tmp_path, signum):
+    uri = fresh_store(tmp_path)
+    proc = _start(tmp_path, "max_batch=1", *LONG)
+    _wait_for(tmp_path, "runs/20*/*/config.yaml")
+    assert proc.poll() is None, "the run ended before the signal"
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, err
+    assert err.strip().splitlines()[-1].startswith("error: run interrupted") and "Traceback" not in err
+    (run_dir,) = [p.parent for p in tmp_path.glob("runs/20*/*/summary.json")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert 0 < summary["completed"] < 4000
+    _, (run,) = runs_of(uri, "paged_bench")
+    assert run.info.status == "KILLED" and run.data.metrics["completed"] == summary["completed"]
+
+
+@pytest.mark.slow
+def test_sigterm_closes_a_sweep_with_its_report_and_the_killed_jobs_figures(tmp_path):
+    uri = fresh_store(tmp_path)
+    proc = _start(tmp_path, "-m", "scheduler=static,continuous", "max_batch=2,4", *LONG)
+    _wait_for(tmp_path, "runs/multirun/*/*/0/config.yaml")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "stopped by SIGTERM" in err and "4 job(s), 1 not finished, 3 not run" in out
+    (sweep_dir,) = [p.parent for p in tmp_path.glob("runs/multirun/*/*/sweep.json")]
+    assert (sweep_dir / "report" / "table.md").is_file()
+    _, runs = runs_of(uri, "paged_bench")
+    assert "RUNNING" not in {r.info.status for r in runs}
+    parent, (child,) = _split(runs)
+    assert parent.info.status == "KILLED" and parent.data.tags["failed_jobs"] == "1"
+    assert parent.data.tags["jobs_not_run"] == "3"
+    summary = json.loads((sweep_dir / "0" / "summary.json").read_text())
+    assert child.info.status == "KILLED" and child.data.metrics["completed"] == summary["completed"] > 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_joblib_sweep_logs_the_interrupted_jobs(tmp_path):
+    uri = fresh_store(tmp_path)
+    proc = _start(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "max_batch=4,8,16", *LONG,
+                  group=True)  # fmt: skip
+    _wait_for(tmp_path, "runs/multirun/*/*/*/config.yaml", count=2)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to every process of the command
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "leaked semaphore" not in err and "Traceback" not in err
+    _, runs = runs_of(uri, "paged_bench")
+    parent, children = _split(runs)
+    assert parent.info.status == "KILLED"
+    assert [(r.info.run_name, r.info.status) for r in children] == [("max_batch=4", "KILLED"),
+                                                                      ("max_batch=8", "KILLED")]  # fmt: skip
+    assert all(r.data.metrics["completed"] > 0 for r in children)  # what they measured before Ctrl-C
+    assert parent.data.tags["failed_jobs"] == "2" and parent.data.tags["jobs_not_run"] == "1"

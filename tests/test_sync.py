@@ -1,0 +1,78 @@
+"""``python -m paged_bench.sync``: runs on disk that the store lacks are uploaded once (a second
+call uploads nothing), and a sweep parent run left RUNNING by a killed process is closed.
+(The same against a real MLflow server that died mid-sweep: test_remote_tracking.py.)"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.tracking_support import cli_env, fresh_store, run_cli, runs_of
+
+
+def _sync(cwd, *paths):
+    return run_cli(cwd, *map(str, paths), module="paged_bench.sync")
+
+
+def test_untracked_runs_are_uploaded_once(tmp_path):
+    uri = fresh_store(tmp_path)
+    for batch in (4, 8):
+        assert run_cli(tmp_path, f"max_batch={batch}", "tracking.enabled=false").returncode == 0
+    run_dirs = sorted(p.parent for p in tmp_path.glob("runs/20*/*/summary.json"))
+    assert not _has_experiment(uri)  # tracking was off: nothing in the store yet
+
+    first = _sync(tmp_path, tmp_path / "runs")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "sync: 2 run(s) uploaded, 0 already in the store, 0 sweep parent run(s) closed"
+    _, runs = runs_of(uri, "paged_bench")
+    assert sorted(r.data.tags["run_dir"] for r in runs) == [str(p) for p in run_dirs]
+    for run in runs:
+        summary = json.loads((tmp_path / run.data.tags["run_dir"] / "summary.json").read_text())
+        assert run.info.status == "FINISHED" and run.data.metrics["completed"] == summary["completed"]
+
+    second = _sync(tmp_path, *run_dirs)
+    assert second.stdout.strip() == "sync: 0 run(s) uploaded, 2 already in the store, 0 sweep parent run(s) closed"
+    assert len(runs_of(uri, "paged_bench")[1]) == 2
+
+
+def _has_experiment(uri):
+    from tests.tracking_support import client
+
+    return client(uri).get_experiment_by_name("paged_bench") is not None
+
+
+def test_a_missing_folder_is_one_line(tmp_path):
+    proc = _sync(tmp_path, tmp_path / "nope")
+    assert proc.returncode == 2 and proc.stderr.strip() == f"error: no such folder: {tmp_path / 'nope'}"
+
+
+@pytest.mark.slow
+def test_a_parent_left_running_by_a_killed_sweep_is_closed(tmp_path):
+    uri = fresh_store(tmp_path)
+    long_jobs = ["workload.num_requests=4000", "max_batch=4,8"]
+    proc = subprocess.Popen([sys.executable, "-m", "paged_bench", "-m", *long_jobs], cwd=tmp_path, env=cli_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.time() + 120
+    while not list(tmp_path.glob("runs/multirun/*/*/1/config.yaml")) and time.time() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)  # no clean-up at all: job 1 is cut off, the parent stays RUNNING
+    proc.wait()
+    _, runs = runs_of(uri, "paged_bench")
+    assert [r.info.status for r in runs if r.data.tags.get("paged_bench.kind") == "sweep"] == ["RUNNING"]
+
+    first = _sync(tmp_path, tmp_path / "runs")
+    assert first.returncode == 0, first.stderr
+    assert "1 sweep parent run(s) closed" in first.stdout
+    _, runs = runs_of(uri, "paged_bench")
+    (parent,) = [r for r in runs if r.data.tags.get("paged_bench.kind") == "sweep"]
+    children = sorted((r for r in runs if r is not parent), key=lambda r: int(r.data.tags["job_num"]))
+    assert parent.info.status == "FAILED"  # job 1 never recorded an end
+    assert [(r.info.run_name, r.info.status) for r in children] == [("max_batch=4", "FINISHED"),
+                                                                      ("max_batch=8", "FAILED")]  # fmt: skip
+    second = _sync(tmp_path, tmp_path / "runs")
+    assert second.stdout.strip() == "sync: 0 run(s) uploaded, 2 already in the store, 0 sweep parent run(s) closed"
