@@ -20,7 +20,8 @@ from paged_bench.errors import EngineError, check_int
 from paged_bench.model.batch import build_batch, warmup_batch
 from paged_bench.model.config import ModelConfig, resolve_model
 from paged_bench.model.forward import forward
-from paged_bench.model.sampling import is_greedy, request_rng, sample
+from paged_bench.model.logprobs import PromptRows, record_logprobs
+from paged_bench.model.sampling import is_greedy, sample_batch
 from paged_bench.model.tokenizers import load_tokenizer
 from paged_bench.model.weights import fuse, make_state
 from paged_bench.step import StepOutput, StepPlan
@@ -52,6 +53,7 @@ class ModelBackend(Backend):
         self._rng = np.random.default_rng(seed)
         self.pool: Any = None
         self.swap: Any = None
+        self.sampling_failures: list | None = None  # the server's: isolate a request's sampling error
 
     def make_ops(self, cfg: ModelConfig) -> Any:
         raise NotImplementedError
@@ -80,6 +82,7 @@ class ModelBackend(Backend):
     def logits(self, plan: StepPlan) -> Any:
         """The forward over the plan's tokens: ops-native logits ``[len(plan.reqs), vocab]``."""
         batch = build_batch(plan, self.allocator)
+        self._prompt_rows = PromptRows.extend(batch, plan)  # log-probabilities of prompt positions
         if batch.input_ids.min() < 0 or batch.input_ids.max() >= self.vocab_size:
             bad = next(r for r in plan.reqs if not all(0 <= t < self.vocab_size for t in r.token_ids))
             raise EngineError(
@@ -92,12 +95,14 @@ class ModelBackend(Backend):
         if not plan.reqs:
             return StepOutput([], 0.0)
         logits = self.logits(plan)
-        if all(is_greedy(r) for r in plan.reqs):
+        prompt_rows = self._prompt_rows
+        if prompt_rows is None and all(is_greedy(r) for r in plan.reqs):
             return StepOutput(self.ops.argmax(logits), 0.0)
         rows = self.ops.to_numpy(logits)
-        return StepOutput(
-            [sample(row, r.temperature, r.top_p, request_rng(r, self._rng)) for row, r in zip(rows, plan.reqs)], 0.0
-        )
+        tokens = sample_batch(rows[: len(plan.reqs)], plan.reqs, self._rng, self.sampling_failures)
+        if prompt_rows is not None:
+            record_logprobs(plan, rows, tokens, prompt_rows)
+        return StepOutput(tokens, 0.0)
 
     def close(self) -> None:
         self.pool = self.swap = None

@@ -2,18 +2,29 @@
 
 A request with a ``sampling_seed`` draws from a generator seeded by (seed, position), so its
 tokens do not depend on which other requests shared its steps; others draw from the
-backend's generator, seeded by the run's seed.
+backend's generator, seeded by the run's seed. Any 64-bit seed works (a negative one is
+taken modulo 2**64), and a temperature below ``GREEDY_BELOW`` samples greedily, as vLLM does.
+
+``sample_batch`` guards each request's sampling on its own: given a ``failures`` list (the
+server passes one), a request whose sampling raises is noted there with its error and gets
+the greedy token as a placeholder, so the engine can end that request alone; without one,
+the error propagates as before (a benchmark run must not go on with made-up tokens).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
 from paged_bench.request import Request
 
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS
+_SEED_SPACE = 2**64
+
 
 def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator) -> int:
-    if temperature <= 0:
+    if temperature < GREEDY_BELOW:
         return int(np.argmax(logits))
     z = logits.astype(np.float64) / temperature
     p = np.exp(z - z.max())
@@ -31,8 +42,25 @@ def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.
 def request_rng(req: Request, default: np.random.Generator) -> np.random.Generator:
     if req.sampling_seed is None:
         return default
-    return np.random.default_rng((req.sampling_seed, req.num_tokens))
+    return np.random.default_rng((req.sampling_seed % _SEED_SPACE, req.num_tokens))
 
 
 def is_greedy(req: Request) -> bool:
-    return req.temperature <= 0
+    return req.temperature < GREEDY_BELOW
+
+
+def sample_batch(
+    rows: np.ndarray, reqs: Sequence[Request], default: np.random.Generator,
+    failures: list[tuple[Request, str]] | None = None,
+) -> list[int]:  # fmt: skip
+    """One token per request; see the module docstring for ``failures``."""
+    out = []
+    for row, req in zip(rows, reqs):
+        try:
+            out.append(sample(row, req.temperature, req.top_p, request_rng(req, default)))
+        except Exception as e:
+            if failures is None:
+                raise
+            failures.append((req, f"sampling failed for this request ({type(e).__name__})"))
+            out.append(int(np.argmax(row)))
+    return out

@@ -7,8 +7,11 @@ steps, which is continuous batching. After each step the thread hands every requ
 tokens, and its end, to the event loop in one batch (``call_soon_threadsafe``), where each
 request's ``Stream`` queue receives them.
 
-If a step raises, every unfinished request ends with ``FinishReason.ERROR`` (its stream gets
-the error), its blocks are freed, and the loop goes on serving new requests.
+A request whose own sampling fails (the backend notes it in ``sampling_failures`` instead of
+raising) ends alone with ``FinishReason.ERROR``; the placeholder token sampled for it is never
+sent. If a whole step raises, every unfinished request ends with ``FinishReason.ERROR`` (its
+stream gets a generic error; the details go to the log), its blocks are freed, and the loop
+goes on serving new requests.
 """
 
 from __future__ import annotations
@@ -77,10 +80,12 @@ class EngineLoop:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = False
-        self._live: dict[Request, tuple[Stream, int]] = {}  # engine side: stream, tokens pushed
+        self._live: dict[Request, tuple] = {}  # engine side: stream, tokens pushed[, tokens to send]
         self._errors = 0
         self._aio: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        if hasattr(engine.backend, "sampling_failures"):  # real backends: isolate per request
+            engine.backend.sampling_failures = []
 
     # -- event-loop side ----------------------------------------------------------------------
 
@@ -140,10 +145,12 @@ class EngineLoop:
                     continue
                 try:
                     engine.step()
-                except Exception as e:  # the server must outlive a failed step
+                except Exception:  # the server must outlive a failed step
                     log.exception("engine step failed; ending the affected requests")
                     self._errors += 1
-                    engine.scheduler.abort_all(FinishReason.ERROR, engine.clock.now(), f"engine error: {type(e).__name__}: {e}")
+                    engine.scheduler.abort_all(FinishReason.ERROR, engine.clock.now(),
+                                               "the engine failed a step; the server logged the details")  # fmt: skip
+                self._end_failed_requests()
                 if self.observer is not None:
                     self.observer.step(engine)
                 self._publish()
@@ -152,6 +159,23 @@ class EngineLoop:
             self._drain()  # requests submitted meanwhile end too
             self._publish()
             engine.backend.close()
+
+    def _end_failed_requests(self) -> None:
+        """End the requests whose sampling failed in the last step, and only them."""
+        failures = getattr(self.engine.backend, "sampling_failures", None)
+        if not failures:
+            return
+        now = self.engine.clock.now()
+        for req, message in failures:
+            log.error("request %s: %s", req.request_id, message)
+            self._errors += 1
+            if not req.is_finished:
+                self.engine.scheduler.finish_request(req, FinishReason.ERROR, now, message)
+            req.finish(FinishReason.ERROR, now, message)  # also when the placeholder ended it
+            entry = self._live.get(req)
+            if entry is not None:  # the placeholder token was appended: never send it
+                self._live[req] = (entry[0], entry[1], req.num_tokens - 1)
+        failures.clear()
 
     def _drain(self) -> None:
         engine, now = self.engine, self.engine.clock.now()
@@ -174,8 +198,8 @@ class EngineLoop:
     def _publish(self) -> None:
         """Hand new tokens and ends to the event loop, and refresh the snapshot."""
         updates = []
-        for req, (stream, pushed) in list(self._live.items()):
-            n = req.num_tokens
+        for req, (stream, pushed, *limit) in list(self._live.items()):
+            n = min(req.num_tokens, *limit) if limit else req.num_tokens
             if n > pushed or req.is_finished:
                 new = req.token_ids[pushed:n]
                 if req.is_finished:
