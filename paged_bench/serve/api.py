@@ -180,7 +180,7 @@ class OpenAIServer:
         except RequestError as e:
             return errors.response(e, {"Retry-After": "1"} if e.status in (429, 503) else None)
         fmt = ResponseFormat(kind, self.ctx.model_name)
-        logprobs = LogprobFormatter(kind, self.decode)
+        logprobs = LogprobFormatter(kind, self.decode, params.tokens_as_ids)
         if params.stream:
             body_iter = self.sse(choices, params, fmt, logprobs)
             return _DisconnectAwareStreamingResponse(body_iter, media_type="text/event-stream")

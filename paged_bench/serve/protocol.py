@@ -85,6 +85,7 @@ class GenerationParams:
     continuous_usage: bool
     logprobs: int | None = None  # top entries per generated token; None: no logprobs
     echo: bool = False  # completions: the prompt text (and its logprobs) before each choice
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
 
     @property
     def num_choices(self) -> int:
@@ -263,6 +264,7 @@ def _params(req: Any, prompts: list[list[int]], ctx: ServingContext, key: str, m
         continuous_usage=stream and bool(opts.continuous_usage_stats),
         logprobs=logprobs,
         echo=echo,
+        tokens_as_ids=bool(req.return_tokens_as_token_ids),
         _max_model_len=ctx.max_model_len,
     )
 

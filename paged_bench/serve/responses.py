@@ -45,9 +45,10 @@ class LogprobFormatter:
 
     kind: Kind
     decode: Callable[[list[int]], str]
+    as_ids: bool = False  # vLLM's return_tokens_as_token_ids
 
     def token(self, token_id: int) -> str:
-        return self.decode([token_id])
+        return f"token_id:{token_id}" if self.as_ids else self.decode([token_id])
 
     def completion(self, entries: Sequence[TokenLogprob | None], ids: Sequence[int], offset: int = 0) -> dict:
         """Completions' shape; ``entries[i]`` is None where there is no log-probability (the
@@ -60,9 +61,17 @@ class LogprobFormatter:
         return {
             "tokens": tokens,
             "token_logprobs": [None if e is None else e.logprob for e in entries],
-            "top_logprobs": [None if e is None else {self.token(t): lp for t, lp in e.top} for e in entries],
+            "top_logprobs": [None if e is None else self._top_dict(e) for e in entries],
             "text_offset": offsets,
         }
+
+    def _top_dict(self, entry: TokenLogprob) -> dict[str, float]:
+        """Text -> logprob; tokens that decode to the same text keep the best one's (the
+        list is best first), as a dict can hold only one."""
+        out: dict[str, float] = {}
+        for token_id, logprob in entry.top:
+            out.setdefault(self.token(token_id), logprob)
+        return out
 
     def chat(self, entries: Sequence[TokenLogprob]) -> dict:
         def one(token_id: int, logprob: float) -> dict:

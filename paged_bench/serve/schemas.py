@@ -51,6 +51,7 @@ class _SamplingRequest(_Lenient):
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = False
     user: Text | None = None
+    return_tokens_as_token_ids: bool | None = Field(False, description="vLLM's: logprobs name tokens 'token_id:<id>'")
     # declared so that they are refused by name (see protocol.UNSUPPORTED), not silently ignored
     presence_penalty: Finite | None = None
     frequency_penalty: Finite | None = None
