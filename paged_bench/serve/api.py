@@ -213,12 +213,20 @@ class OpenAIServer:
 
     async def collect(self, choices: list[Choice], params: GenerationParams, fmt: ResponseFormat,
                       logprobs: LogprobFormatter) -> Response:  # fmt: skip
+        tasks = [asyncio.create_task(self.collect_one(c, params, logprobs)) for c in choices]
         try:
-            results = await asyncio.gather(*(self.collect_one(c, params, logprobs) for c in choices))
-        except GenerationFailed as e:
-            for c in choices:
-                self.loop.finish(c.stream)
-            return errors.response(RequestError(str(e), status=500))
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            failed = next((t.exception() for t in tasks if t.done() and t.exception() is not None), None)
+            if failed is not None:  # one choice cannot finish: the response cannot either
+                for c in choices:
+                    self.loop.finish(c.stream)
+                if isinstance(failed, GenerationFailed):
+                    return errors.response(RequestError(str(failed), status=500))
+                raise failed
+            results = [t.result() for t in tasks]
+        finally:
+            for t in tasks:
+                t.cancel()
         prompt_tokens = sum(len(p) for p in params.prompts)
         usage_ = usage(prompt_tokens, sum(n for _, n in results))
         return JSONResponse(fmt.response([r for r, _ in results], usage_))
