@@ -6,7 +6,6 @@ prompt's KV blocks), and the default subword tokenizer and context. Loopback onl
 from __future__ import annotations
 
 import math
-import threading
 import time
 
 import httpx
@@ -14,7 +13,7 @@ import openai
 import pytest
 
 from paged_bench.serve import serve_in_thread
-from tests.test_serve_api import FAST, all_free, metric, wait_for
+from tests.test_serve_api import FAST, MetricSampler, all_free, metric, wait_for
 
 QUIET = ("server.port=0", "server.log_level=warning")
 NUMPY = "paged-bench-numpy"
@@ -72,7 +71,7 @@ def test_echo_scores_the_prompt_like_generation_does(client):
     gen = client.completions.create(model=NUMPY, prompt="Once upon", max_tokens=4, logprobs=0, temperature=0,
                                     extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})  # fmt: skip
     generated = gen.choices[0].logprobs
-    prompt_ids = list("Once upon".encode())
+    prompt_ids = list(b"Once upon")
     gen_ids = [int(t.removeprefix("token_id:")) for t in generated.tokens]
     scored = client.completions.create(model=NUMPY, prompt=prompt_ids + gen_ids, max_tokens=0, echo=True,
                                        logprobs=1)  # fmt: skip
@@ -122,25 +121,13 @@ def test_n_choices_share_the_prompts_kv_blocks():
     try:
         client = openai.OpenAI(base_url=handle.url + "/v1", api_key="x", max_retries=0)
         hits0 = metric(handle.url, "paged_bench_prefix_cache_hits_total")
-        shared, stop = [], threading.Event()
-
-        def sample():
-            while not stop.is_set():
-                shared.append(metric(handle.url, "paged_bench_kv_blocks_shared"))
-                time.sleep(0.005)
-
-        sampler = threading.Thread(target=sample)
-        sampler.start()
-        try:
+        with MetricSampler(handle.url, "paged_bench_kv_blocks_shared", 0.005) as shared:
             r = client.completions.create(model="paged-bench-sim", prompt=list(range(1, 65)), max_tokens=40, n=4,
                                           extra_body={"ignore_eos": True})  # fmt: skip
-        finally:
-            stop.set()
-            sampler.join()
         assert len(r.choices) == 4
         hits = metric(handle.url, "paged_bench_prefix_cache_hits_total") - hits0
         assert hits >= 3 * 48  # each extra choice reuses at least the first 3 full blocks
-        assert max(shared) >= 3
+        assert max(shared.values) >= 3
         wait_for(lambda: all_free(handle))
     finally:
         handle.stop()

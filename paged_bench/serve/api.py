@@ -60,6 +60,24 @@ class Choice:
     generate: bool = True  # False: echo with max_tokens=0, the one generated token is dropped
 
 
+def _engine_request(params: GenerationParams, i: int) -> Request:
+    """The engine request behind choice ``i`` (a ``LogprobsRequest`` when logprobs are asked)."""
+    max_tokens = params.max_tokens_of(i)
+    fields = {
+        "request_id": f"req-{id(params):x}-{time.perf_counter_ns()}-{i}",
+        "arrival_time": 0.0,  # set by submit, on the engine's clock
+        "token_ids": list(params.prompt_of(i)),
+        "max_tokens": max(1, max_tokens),  # echo without generation still runs a step (vLLM: max_tokens 1)
+        "ignore_eos": params.ignore_eos or max_tokens == 0,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "sampling_seed": params.seed_of(i),
+    }
+    if params.logprobs is None:
+        return Request(**fields)
+    return LogprobsRequest(**fields, num_logprobs=params.logprobs, want_prompt_logprobs=params.echo)
+
+
 def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
@@ -143,25 +161,9 @@ class OpenAIServer:
             raise RequestError(f"too many requests waiting ({self.max_waiting}); retry later", status=429)
         choices = []
         for i in range(params.num_choices):
-            prompt = params.prompt_of(i)
-            max_tokens = params.max_tokens_of(i)
-            fields = dict(
-                request_id=f"req-{id(params):x}-{time.perf_counter_ns()}-{i}",
-                arrival_time=0.0,  # set by submit, on the engine's clock
-                token_ids=list(prompt),
-                max_tokens=max(1, max_tokens),  # echo without generation still prefills (as vLLM: 1)
-                ignore_eos=params.ignore_eos or max_tokens == 0,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                sampling_seed=params.seed_of(i),
-            )
-            if params.logprobs is not None:
-                req: Request = LogprobsRequest(**fields, num_logprobs=params.logprobs,
-                                               want_prompt_logprobs=params.echo)  # fmt: skip
-            else:
-                req = Request(**fields)
+            prompt, max_tokens = params.prompt_of(i), params.max_tokens_of(i)
             text = echo_text(prompt) if params.echo else ""
-            choices.append(Choice(i, self.loop.submit(req), prompt, text, generate=max_tokens > 0))
+            choices.append(Choice(i, self.loop.submit(_engine_request(params, i)), prompt, text, max_tokens > 0))
         return choices
 
     # -- a request ----------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def _parse(parse: Any, body: Any, ctx: ServingContext) -> GenerationParams | Res
         return response(e)
     except RecursionError:
         return response(RequestError("the request is nested too deeply"))
-    except Exception as e:  # a tokenizer or template that chokes on this input
+    except Exception as e:  # noqa: BLE001 -- a tokenizer or template that chokes on this input
         return response(internal("request parsing", e))
 
 

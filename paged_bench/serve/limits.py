@@ -118,9 +118,10 @@ class Guard:
         except Refused as e:
             if not started:
                 await _send_error(send, e.error)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 -- answered (and logged), not re-raised: the connection survives
+            error = errors.internal(f"{scope['method']} {scope['path']}", e)
             if not started:
-                await _send_error(send, errors.internal(f"{scope['method']} {scope['path']}", e))
+                await _send_error(send, error)
 
 
 async def _send_error(send: Callable, error: RequestError) -> None:

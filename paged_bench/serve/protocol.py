@@ -25,9 +25,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from paged_bench.model.sampling import GREEDY_BELOW
 from paged_bench.serve.schemas import ChatMessage, ChatRequest, CompletionRequest, StreamOptions
-
-GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a smaller temperature samples greedily
 
 
 class RequestError(Exception):

@@ -29,11 +29,11 @@ from paged_bench.build import build
 from paged_bench.config import compose_config
 from paged_bench.engine import Engine
 from paged_bench.errors import check, check_int, check_number
+from paged_bench.model.tokenizers import TOKENIZER_CHOICES, serving_tokenizer
 from paged_bench.serve.api import OpenAIServer, create_app
 from paged_bench.serve.engine_loop import EngineLoop
-from paged_bench.serve.prom import ServerMetrics
-from paged_bench.model.tokenizers import TOKENIZER_CHOICES, serving_tokenizer
 from paged_bench.serve.limits import Guard, GuardConfig, header_timeout_protocol
+from paged_bench.serve.prom import ServerMetrics
 from paged_bench.serve.protocol import Limits, ServingContext
 from paged_bench.serve.text import chat_renderer
 
