@@ -181,3 +181,14 @@ def test_openapi_declares_bodies_and_responses(tiny):
         assert {"200", "400", "401", "404", "413", "429"} <= set(post["responses"])
     props = spec["components"]["schemas"]["CompletionRequest"]["properties"]
     assert {"prompt", "max_tokens", "logprobs", "echo", "n", "seed", "stop"} <= set(props)
+
+
+def test_prompt_scoring_is_complete_even_when_the_prompt_is_cached(client):
+    """A prompt already in the prefix cache must still be scored at every position: a
+    request wanting prompt log-probabilities skips the cache (as vLLM v1's does)."""
+    prompt = [(7 * i) % 250 + 1 for i in range(40)]  # 2 full blocks of 16: cacheable
+    first, second = (client.completions.create(model=NUMPY, prompt=prompt, max_tokens=0, echo=True, logprobs=0)
+                     for _ in range(2))  # fmt: skip
+    a, b = first.choices[0].logprobs.token_logprobs, second.choices[0].logprobs.token_logprobs
+    assert len(a) == len(b) == 40 and a[0] is None and None not in a[1:]
+    assert a == b

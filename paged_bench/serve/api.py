@@ -210,6 +210,9 @@ class OpenAIServer:
     def choice_logprobs(choice: Choice, entries: list[TokenLogprob], fmt: LogprobFormatter) -> dict:
         """Echo: the prompt's tokens (the first has no log-probability) then the generated ones."""
         req = choice.stream.req
+        if len(req.prompt_logprobs) != len(choice.prompt_ids) - 1:  # never a misaligned answer
+            raise GenerationFailed(f"only {len(req.prompt_logprobs)} of the prompt's {len(choice.prompt_ids) - 1} "
+                                   "log-probabilities were computed")  # fmt: skip
         prompt_entries: list[TokenLogprob | None] = [None, *req.prompt_logprobs]
         return fmt.completion(prompt_entries + list(entries), choice.prompt_ids + [e.token_id for e in entries])
 
