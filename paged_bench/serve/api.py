@@ -150,7 +150,7 @@ class OpenAIServer:
                 yield Token(choice.index, delta, None, logprob)
             if update.finish_reason is not None:
                 if update.finish_reason.succeeded:  # echo without generation
-                    yield Token(choice.index, "", "length")
+                    yield Token(choice.index, "", update.finish_reason.value)
                     return
                 raise GenerationFailed(update.error or f"the request ended: {update.finish_reason.value}")
 
@@ -170,8 +170,8 @@ class OpenAIServer:
 
     async def generate(self, request: HTTPRequest, body: Any, kind: Kind) -> Response:
         parse = errors.parse_chat if kind == "chat" else errors.parse_completion
-        size = int(request.headers.get("content-length") or 0)
-        if size > PARSE_IN_THREAD_BYTES:
+        size = request.headers.get("content-length", "")
+        if size.isdigit() and int(size) > PARSE_IN_THREAD_BYTES:
             params = await anyio.to_thread.run_sync(parse, body, self.ctx)
         else:
             params = parse(body, self.ctx)

@@ -233,7 +233,6 @@ def _stops(stop: Any, limits: Limits) -> tuple[str, ...]:
 
 def _params(req: Any, prompts: list[list[int]], ctx: ServingContext, key: str, max_tokens: int | None,
             logprobs: int | None, echo: bool = False) -> GenerationParams:  # fmt: skip
-    _check_model(req, ctx)
     _refuse_unsupported(req)
     n = req.n or 1
     if len(prompts) * n > ctx.limits.max_choices:
