@@ -295,3 +295,8 @@ def test_binding_beyond_loopback_without_a_key_warns(caplog):
         build_app(compose_config("server.host=0.0.0.0", "server.api_key=k", "server.tokenizer=byte",
                                  config_name="serve"))  # fmt: skip
     assert "without an API key" not in caplog.text
+
+
+def test_logprobs_on_a_backend_without_logits_are_refused(sim):
+    r = httpx.post(sim.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "logprobs": 1})
+    assert r.status_code == 400 and "computes no logits" in r.json()["error"]["message"]

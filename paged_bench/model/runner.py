@@ -16,11 +16,12 @@ import numpy as np
 
 from paged_bench.allocators.base import Allocator
 from paged_bench.backends.base import Backend
+from paged_bench.backends.request_state import RequestState, RequestStates
 from paged_bench.errors import EngineError, check_int
 from paged_bench.model.batch import build_batch, warmup_batch
 from paged_bench.model.config import ModelConfig, resolve_model
 from paged_bench.model.forward import forward
-from paged_bench.model.logprobs import PromptRows, record_logprobs
+from paged_bench.model.logprobs import LogprobSinks, PromptRows
 from paged_bench.model.sampling import is_greedy, sample_batch
 from paged_bench.model.tokenizers import load_tokenizer
 from paged_bench.model.weights import fuse, make_state
@@ -53,7 +54,10 @@ class ModelBackend(Backend):
         self._rng = np.random.default_rng(seed)
         self.pool: Any = None
         self.swap: Any = None
+        self.states = RequestStates()
         self.sampling_failures: list | None = None  # the server's: isolate a request's sampling error
+        self.logprob_sinks = LogprobSinks()  # the server's: requests that want log-probabilities
+        self._prompt_rows: PromptRows | None = None
 
     def make_ops(self, cfg: ModelConfig) -> Any:
         raise NotImplementedError
@@ -79,30 +83,38 @@ class ModelBackend(Backend):
             cpu, gpu = zip(*plan.swap_in)
             self.ops.copy_slots(self.swap, self.pool, self._slots(cpu), self._slots(gpu))
 
-    def logits(self, plan: StepPlan) -> Any:
-        """The forward over the plan's tokens: ops-native logits ``[len(plan.reqs), vocab]``."""
-        batch = build_batch(plan, self.allocator)
-        self._prompt_rows = PromptRows.extend(batch, plan)  # log-probabilities of prompt positions
+    def logits(self, plan: StepPlan, states: list[RequestState]) -> Any:
+        """The forward over the plan's tokens: ops-native logits ``[plan.num_reqs, vocab]`` (then
+        the prompt positions whose log-probabilities a request asked for, if any)."""
+        batch = build_batch(plan, states, self.allocator.layout.block_size)
+        self._prompt_rows = self.logprob_sinks.extend_batch(batch, plan, states)
         if batch.input_ids.min() < 0 or batch.input_ids.max() >= self.vocab_size:
-            bad = next(r for r in plan.reqs if not all(0 <= t < self.vocab_size for t in r.token_ids))
+            bad = next(
+                rid for rid, s in zip(plan.req_ids, states) if not all(0 <= t < self.vocab_size for t in s.token_ids)
+            )
             raise EngineError(
-                f"request {bad.request_id} has token ids outside the model's vocabulary (0 to {self.vocab_size - 1})"
+                f"request {bad} has token ids outside the model's vocabulary (0 to {self.vocab_size - 1})"
             )
         return forward(self.ops, self.weights, self.model_config, self.pool, batch)
 
     def execute(self, plan: StepPlan) -> StepOutput:
+        states = self.states.apply(plan)
         self.swap_copies(plan)
-        if not plan.reqs:
+        if not states:
             return StepOutput([], 0.0)
-        logits = self.logits(plan)
+        logits = self.logits(plan, states)
         prompt_rows = self._prompt_rows
-        if prompt_rows is None and all(is_greedy(r) for r in plan.reqs):
-            return StepOutput(self.ops.argmax(logits), 0.0)
-        rows = self.ops.to_numpy(logits)
-        tokens = sample_batch(rows[: len(plan.reqs)], plan.reqs, self._rng, self.sampling_failures)
-        if prompt_rows is not None:
-            record_logprobs(plan, rows, tokens, prompt_rows)
+        if prompt_rows is None and all(is_greedy(s.sampling) for s in states):
+            tokens = self.ops.argmax(logits)
+        else:
+            rows = self.ops.to_numpy(logits)
+            samplings, lengths = [s.sampling for s in states], [len(s.token_ids) for s in states]
+            tokens = sample_batch(rows, plan.req_ids, samplings, lengths, self._rng, self.sampling_failures)
+            if prompt_rows is not None:
+                self.logprob_sinks.record(plan, rows, tokens, prompt_rows)
+        self.states.record_samples(plan, states, tokens)
         return StepOutput(tokens, 0.0)
 
     def close(self) -> None:
         self.pool = self.swap = None
+        self.states.clear()

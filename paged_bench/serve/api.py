@@ -25,7 +25,7 @@ from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from paged_bench.model.logprobs import LogprobsRequest, TokenLogprob
+from paged_bench.model.logprobs import LogprobSink, LogprobsRequest, TokenLogprob
 from paged_bench.request import FinishReason, Request
 from paged_bench.serve import errors, schemas
 from paged_bench.serve.engine_loop import EngineLoop, Stream
@@ -75,7 +75,7 @@ def _engine_request(params: GenerationParams, i: int) -> Request:
     }
     if params.logprobs is None:
         return Request(**fields)
-    return LogprobsRequest(**fields, num_logprobs=params.logprobs, want_prompt_logprobs=params.echo)
+    return LogprobsRequest(**fields, sink=LogprobSink(params.logprobs, params.echo), want_prompt_logprobs=params.echo)
 
 
 def _sse(obj: Any) -> str:

@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass, field
 
 from paged_bench.engine import Engine
+from paged_bench.model.logprobs import LogprobsRequest
 from paged_bench.request import FinishReason, Request
 
 log = logging.getLogger("paged_bench.serve")
@@ -86,6 +87,7 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
         if hasattr(engine.backend, "sampling_failures"):  # real backends: isolate per request
             engine.backend.sampling_failures = []
+        self._sinks = getattr(engine.backend, "logprob_sinks", None)  # real backends compute logprobs
 
     # -- event-loop side ----------------------------------------------------------------------
 
@@ -165,16 +167,18 @@ class EngineLoop:
         failures = getattr(self.engine.backend, "sampling_failures", None)
         if not failures:
             return
-        now = self.engine.clock.now()
-        for req, message in failures:
-            log.error("request %s: %s", req.request_id, message)
+        now, by_id = self.engine.clock.now(), {req.request_id: req for req in self._live}
+        for rid, message in failures:
+            log.error("request %s: %s", rid, message)
             self._errors += 1
+            req = by_id.get(rid)
+            if req is None:
+                continue
             if not req.is_finished:
                 self.engine.scheduler.finish_request(req, FinishReason.ERROR, now, message)
             req.finish(FinishReason.ERROR, now, message)  # also when the placeholder ended it
-            entry = self._live.get(req)
-            if entry is not None:  # the placeholder token was appended: never send it
-                self._live[req] = (entry[0], entry[1], req.num_tokens - 1)
+            stream, pushed, *_ = self._live[req]
+            self._live[req] = (stream, pushed, req.num_tokens - 1)  # the placeholder is never sent
         failures.clear()
 
     def _drain(self) -> None:
@@ -188,6 +192,8 @@ class EngineLoop:
             req = stream.req
             if command[0] == "add":
                 self._live[req] = (stream, req.num_tokens)
+                if isinstance(req, LogprobsRequest) and self._sinks is not None:
+                    self._sinks.by_id[req.request_id] = req.sink
                 if self._stopping:
                     req.finish(FinishReason.ABORT, now, "the server is shutting down")
                 else:
@@ -204,6 +210,8 @@ class EngineLoop:
                 new = req.token_ids[pushed:n]
                 if req.is_finished:
                     del self._live[req]
+                    if self._sinks is not None:
+                        self._sinks.by_id.pop(req.request_id, None)
                     updates.append((stream, Update(new, req.finish_reason, req.error)))
                     if self.observer is not None:
                         self.observer.finished(req)

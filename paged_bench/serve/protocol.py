@@ -67,6 +67,7 @@ class ServingContext:
     encode: Callable[[str], list[int]]
     render_chat: Callable[[list[dict[str, str]]], list[int]]  # messages -> prompt token ids
     limits: Limits = Limits()
+    computes_logprobs: bool = True  # the backend computes logits (the simulator does not)
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,9 @@ def _params(req: Any, prompts: list[list[int]], ctx: ServingContext, key: str, m
     if max_tokens is not None and max_tokens < (0 if echo else 1):
         raise RequestError(f"{key} must be at least {0 if echo else 1}, got {max_tokens}", key)
     _check_lengths(prompts, key, max_tokens, ctx)
+    if logprobs is not None and not ctx.computes_logprobs:
+        raise RequestError("this backend computes no logits, so no log-probabilities (serve a real model: "
+                           "backend=numpy or torch)", "logprobs")  # fmt: skip
     if logprobs is not None and logprobs > ctx.limits.max_logprobs:
         raise RequestError(f"logprobs={logprobs}; at most {ctx.limits.max_logprobs}",
                            "top_logprobs" if key == "max_completion_tokens" else "logprobs")  # fmt: skip

@@ -131,6 +131,7 @@ def build_app(cfg: Mapping[str, Any]) -> tuple[FastAPI, ServerConfig]:
         encode=tokenizer.encode,
         render_chat=chat_renderer(tokenizer),
         limits=server_cfg.limits,
+        computes_logprobs=hasattr(backend, "logprob_sinks"),
     )
     metrics = ServerMetrics()
     loop = EngineLoop(engine)
