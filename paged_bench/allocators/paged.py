@@ -78,7 +78,8 @@ class PagedAllocator(Allocator):
 
     def lookup_prefix(self, req: Request) -> PrefixHit:
         num_full = (req.num_tokens - 1) // self.pool_block_slots
-        if not self.prefix_caching or num_full == 0:
+        # a request scoring its prompt (server echo + logprobs) must compute every position
+        if not self.prefix_caching or num_full == 0 or getattr(req, "want_prompt_logprobs", False):
             return NO_HIT
         cached = self.pool.cached
         blocks = []

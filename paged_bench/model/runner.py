@@ -21,7 +21,8 @@ from paged_bench.errors import EngineError, check_int
 from paged_bench.model.batch import StepBatch, build_batch, warmup_batch
 from paged_bench.model.config import ModelConfig, resolve_model
 from paged_bench.model.forward import forward
-from paged_bench.model.sampling import is_greedy, request_rng, sample
+from paged_bench.model.logprobs import LogprobSinks, PromptRows
+from paged_bench.model.sampling import is_greedy, sample_batch
 from paged_bench.model.tokenizers import load_tokenizer
 from paged_bench.model.weights import Weights, fuse, make_state
 from paged_bench.step import StepOutput, StepPlan
@@ -54,6 +55,9 @@ class ModelBackend(Backend):
         self.pool: Any = None
         self.swap: Any = None
         self.states = RequestStates()
+        self.sampling_failures: list | None = None  # the server's: isolate a request's sampling error
+        self.logprob_sinks = LogprobSinks()  # the server's: requests that want log-probabilities
+        self._prompt_rows: PromptRows | None = None
 
     def make_ops(self, cfg: ModelConfig) -> Any:
         raise NotImplementedError
@@ -74,8 +78,10 @@ class ModelBackend(Backend):
         swap_copies(self.ops, self.pool, self.swap, plan, self.allocator.layout.block_size)
 
     def batch(self, plan: StepPlan, states: list[RequestState]) -> StepBatch:
-        """The plan's tokens packed, their K/V slots looked up (token ids checked)."""
+        """The plan's tokens packed, their K/V slots looked up (token ids checked), then the
+        prompt positions whose log-probabilities a request asked for, if any."""
         batch = build_batch(plan, states, self.allocator.layout.block_size)
+        self._prompt_rows = self.logprob_sinks.extend_batch(batch, plan, states)
         if batch.input_ids.min() < 0 or batch.input_ids.max() >= self.vocab_size:
             bad = next(
                 rid for rid, s in zip(plan.req_ids, states) if not all(0 <= t < self.vocab_size for t in s.token_ids)
@@ -86,7 +92,8 @@ class ModelBackend(Backend):
         return batch
 
     def logits(self, plan: StepPlan, states: list[RequestState]) -> Any:
-        """The forward over the plan's tokens: ops-native logits ``[plan.num_reqs, vocab]``."""
+        """The forward over the plan's tokens: ops-native logits ``[plan.num_reqs, vocab]`` (then
+        the prompt rows ``batch`` added)."""
         return forward(self.ops, self.weights, self.model_config, self.pool, self.batch(plan, states))
 
     def execute(self, plan: StepPlan) -> StepOutput:
@@ -94,18 +101,23 @@ class ModelBackend(Backend):
         self.swap_copies(plan)
         if not states:
             return StepOutput([], 0.0)
-        tokens = self.sample(states, self.logits(plan, states))
+        tokens = self.sample(plan, states, self.logits(plan, states))
         self.states.record_samples(plan, states, tokens)
         return StepOutput(tokens, 0.0)
 
-    def sample(self, states: list[RequestState], logits: Any) -> list[int]:
-        if all(is_greedy(s.sampling) for s in states):
+    def sample(self, plan: StepPlan, states: list[RequestState], logits: Any) -> list[int]:
+        """One token per row: argmax when every row is greedy and no prompt log-probabilities are
+        wanted, else per-request sampling (a failure ends only that request, see
+        ``sampling_failures``), recording the log-probabilities asked for."""
+        prompt_rows = self._prompt_rows
+        if prompt_rows is None and all(is_greedy(s.sampling) for s in states):
             return self.ops.argmax(logits)
         rows = self.ops.to_numpy(logits)
-        return [
-            sample(row, s.sampling.temperature, s.sampling.top_p, request_rng(s.sampling, len(s.token_ids), self._rng))
-            for row, s in zip(rows, states)
-        ]
+        samplings, lengths = [s.sampling for s in states], [len(s.token_ids) for s in states]
+        tokens = sample_batch(rows, plan.req_ids, samplings, lengths, self._rng, self.sampling_failures)
+        if prompt_rows is not None:
+            self.logprob_sinks.record(plan, rows, tokens, prompt_rows)
+        return tokens
 
     def close(self) -> None:
         self.pool = self.swap = None
