@@ -134,7 +134,7 @@ def test_bad_traces_say_where(tmp_path):
         TraceWorkload(path=str(tmp_path / "missing.csv"))
     bad = tmp_path / "bad.csv"
     bad.write_text("arrival_time,output_len\n0,3\n")
-    with pytest.raises(ConfigError, match="request 1"):
+    with pytest.raises(ConfigError, match="bad.csv.*prompt_len or prompt"):
         TraceWorkload(path=str(bad)).requests(CTX)
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"arrival_time": 0}\n{oops\n')
