@@ -31,6 +31,7 @@ class Bench:
     requests: list[Request]
     config: dict[str, Any]
     choices: dict[str, str]  # plugin kind -> option name
+    max_concurrency: int | None = None  # the workload's closed loop: most requests in flight
 
     @property
     def backend(self) -> Backend:
@@ -106,4 +107,4 @@ def build(cfg: Mapping[str, Any]) -> Bench:
     name, options = sections["workload"]
     workload = registry.create("workload", name, **options)
     requests = workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
-    return Bench(engine, requests, dict(cfg), choices)
+    return Bench(engine, requests, dict(cfg), choices, workload.max_concurrency)
