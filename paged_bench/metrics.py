@@ -16,14 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paged_bench.engine import STEP_COLUMNS, EngineResult
+from paged_bench.engine import EngineResult
 from paged_bench.request import Request
 
 PERCENTILES = {"mean": None, "median": 50, "p90": 90, "p95": 95, "p99": 99}
 LATENCIES = ("ttft", "tpot", "itl", "e2el", "queue")
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
-
-_COL = {name: i for i, name in enumerate(STEP_COLUMNS)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,23 +90,29 @@ def summarize(result: EngineResult, slo: Mapping[str, float | None] | None = Non
     summary["swapped_blocks"] = result.swapped_blocks
     queries = result.prefix_query_tokens
     summary["prefix_cache_hit_rate"] = result.prefix_hit_tokens / queries if queries else 0.0
+    summary["preempted_prefix_hit_tokens"] = result.preempted_prefix_hit_tokens
     return summary
 
 
 def _kv_figures(result: EngineResult) -> dict[str, float | int | None]:
     steps = result.steps
-    live = np.array([s[_COL["kv_live_slots"]] for s in steps], dtype=float)
-    reserved = np.array([s[_COL["kv_reserved_slots"]] for s in steps], dtype=float)
-    dt = np.array([s[_COL["duration"]] for s in steps], dtype=float)
+    live = steps.column("kv_live_slots").astype(float)
+    reserved = steps.column("kv_reserved_slots").astype(float)
+    dt = steps.column("duration")
     live_peak = int(live.max()) if len(live) else 0
     reserved_peak = int(reserved.max()) if len(reserved) else 0
     held = (reserved > 0) & (dt > 0)
     util = float(np.average(live[held] / reserved[held], weights=dt[held])) if held.any() else None
+    waste = None
+    if reserved_peak:
+        # live and reserved at the same step: where the reservation peaks (the fullest such step)
+        live_at_peak = live[reserved == reserved_peak].max()
+        waste = 100.0 * (1 - live_at_peak / reserved_peak)
     out: dict[str, float | int | None] = {
         "kv_live_slots_peak": live_peak,
         "kv_reserved_slots_peak": reserved_peak,
         "kv_utilization_mean": util,
-        "kv_waste_pct": 100.0 * (1 - live_peak / reserved_peak) if reserved_peak else None,
+        "kv_waste_pct": waste,
     }
     if result.kv_bytes_per_token is not None:
         out["kv_bytes_per_token"] = result.kv_bytes_per_token

@@ -59,7 +59,7 @@ def write_run(run_dir: Path, result: EngineResult, summary: Mapping[str, Any], i
     paths = [run_dir / n for n in ("summary.json", "requests.csv", "steps.csv", "run_info.json")]
     paths[0].write_text(json.dumps(dict(summary), indent=2) + "\n")
     _write_csv(paths[1], REQUEST_COLUMNS, request_rows(result))
-    _write_csv(paths[2], STEP_COLUMNS, result.steps)
+    _write_csv(paths[2], STEP_COLUMNS, list(result.steps.rows()))
     paths[3].write_text(json.dumps(dict(info), indent=2, default=str) + "\n")
     return paths
 

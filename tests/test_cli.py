@@ -17,7 +17,7 @@ SUMMARY_KEYS = {
     "completed", "failed", "duration", "total_input_tokens", "total_output_tokens",
     "request_throughput", "output_throughput", "total_token_throughput",
     "kv_live_slots_peak", "kv_reserved_slots_peak", "kv_utilization_mean", "kv_waste_pct",
-    "num_preemptions", "recomputed_tokens", "swapped_blocks", "prefix_cache_hit_rate",
+    "num_preemptions", "recomputed_tokens", "swapped_blocks", "prefix_cache_hit_rate", "preempted_prefix_hit_tokens",
 }  # fmt: skip
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from paged_bench.allocators.base import KVLayout
-from paged_bench.engine import STEP_COLUMNS, EngineResult
+from paged_bench.engine import STEP_COLUMNS, EngineResult, StepRecords
 from paged_bench.metrics import LATENCIES, PERCENTILES, request_latency, summarize
 from paged_bench.request import FinishReason, Request
 
@@ -28,7 +28,10 @@ def step(t, dt, live, reserved):
 def result(requests, steps=(), duration=2.0, **kw) -> EngineResult:
     base = dict(layout=KVLayout(10, 16, 0), kv_bytes_per_token=None, num_preemptions=0, recomputed_tokens=0,
                 swapped_blocks=0, prefix_query_tokens=0, prefix_hit_tokens=0)
-    return EngineResult(list(requests), list(steps), duration, **{**base, **kw})
+    records = StepRecords()
+    for row in steps:
+        records.append(row)
+    return EngineResult(list(requests), records, duration, **{**base, **kw})
 
 
 def test_per_request_latencies():

@@ -258,7 +258,7 @@ def test_metrics_expose_engine_state_and_histograms(server, client):
 
 def test_engine_keeps_bounded_step_records(server):
     engine = engine_of(server)
-    assert engine.steps.maxlen is not None and len(engine.steps) <= engine.steps.maxlen
+    assert engine.steps.max_records is not None and len(engine.steps) <= engine.steps.max_records
 
 
 def test_bounded_step_records_keep_the_latest_and_count_all():
@@ -269,5 +269,5 @@ def test_bounded_step_records_keep_the_latest_and_count_all():
     engine = Engine(base.scheduler, base.backend, base.clock, max_step_records=3)
     result = engine.run(reqs([(0.0, 8, 10), (0.0, 8, 5)]))
     assert engine.num_steps == 10 and len(result.steps) == 3
-    assert [row[0] for row in result.steps] == [7, 8, 9]  # step numbers go on counting
+    assert [row.step for row in result.steps] == [7, 8, 9]  # step numbers go on counting
     assert result.leaks == []

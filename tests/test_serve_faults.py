@@ -85,7 +85,7 @@ def test_engine_error_ends_streams_with_an_error_and_server_stays_up():
         execute, calls = backend.execute, []
 
         def failing(plan):
-            calls.append(len(plan.reqs))
+            calls.append(plan.num_reqs)
             if len(calls) == 3:
                 raise RuntimeError("device on fire")
             return execute(plan)

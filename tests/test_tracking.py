@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from paged_bench.engine import STEP_COLUMNS
+from paged_bench.engine import STEP_COLUMNS, StepRecords
 from paged_bench.tracking import store
 from paged_bench.tracking.runs import PREEMPTIONS_SERIES, STEP_SERIES, JobRecord, log_job, params_of, step_metrics
 from tests.tracking_support import artifact_paths, cli_env, client, fresh_store, run_cli, runs_of
@@ -116,15 +116,13 @@ def test_ctrl_c_marks_the_run_killed_and_keeps_what_was_measured(tmp_path):
 # -- the pieces, in-process -------------------------------------------------------------------
 
 
-def _steps(n: int, preempt_at: tuple[int, ...] = ()) -> list[tuple]:
-    col = {c: i for i, c in enumerate(STEP_COLUMNS)}
-    rows = []
+def _steps(n: int, preempt_at: tuple[int, ...] = ()) -> StepRecords:
+    records = StepRecords()
     for i in range(n):
-        row = [0] * len(STEP_COLUMNS)
-        row[col["step"]], row[col["time"]], row[col["batch_size"]] = i, 0.01 * (i + 1), i % 7
-        row[col["preemptions"]] = 1 if i in preempt_at else 0
-        rows.append(tuple(row))
-    return rows
+        row = dict.fromkeys(STEP_COLUMNS, 0)
+        row.update(step=i, time=0.01 * (i + 1), batch_size=i % 7, preemptions=1 if i in preempt_at else 0)
+        records.append(tuple(row.values()))
+    return records
 
 
 def test_step_series_are_thinned_without_losing_preemptions_or_the_last_step():

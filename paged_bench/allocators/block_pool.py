@@ -11,14 +11,15 @@ from the middle (a cache hit on a free block) are all O(1).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 
 
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.ref_cnt = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
-        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.block_hash: list[Hashable | None] = [None] * num_blocks
+        self.cached: dict[Hashable, int] = {}  # block hash -> block id
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.num_evictions = 0
 
@@ -59,11 +60,19 @@ class BlockPool:
             self._free.move_to_end(block, last=False)
         return True
 
-    def cache(self, block: int, block_hash: int) -> None:
+    def cache(self, block: int, block_hash: Hashable) -> None:
         """Index a full, computed block under its hash (first writer wins)."""
         if block_hash not in self.cached:
             self.cached[block_hash] = block
             self.block_hash[block] = block_hash
+
+    def uncache(self, block: int) -> None:
+        """Drop a block from the index (its K/V will never be computed)."""
+        h = self.block_hash[block]
+        if h is not None:
+            if self.cached.get(h) == block:
+                del self.cached[h]
+            self.block_hash[block] = None
 
     def is_free(self, block: int) -> bool:
         return self.ref_cnt[block] == 0

@@ -43,7 +43,7 @@ class LinearCost:
 
     def duration(self, plan: StepPlan) -> float:
         decodes, scheduled = plan.num_decode_tokens, sum(plan.num_new_tokens)
-        kv_read = scheduled + sum([r.num_computed_tokens for r in plan.reqs])
+        kv_read = scheduled + sum(plan.num_computed_tokens)
         return (
             self.step_overhead
             + self.per_prefill_token * (scheduled - decodes)
@@ -105,7 +105,7 @@ class SimBackend(Backend):
 
     def execute(self, plan: StepPlan) -> StepOutput:
         if self.roofline is not None:
-            return StepOutput([0] * len(plan.reqs), self.roofline.duration(plan, self._block_size))
+            return StepOutput([0] * len(plan.req_ids), self.roofline.duration(plan, self._block_size))
         # token 0 for every sample: deterministic, and the prefix cache still tells requests
         # apart because a block's hash chains over the whole prompt before it
-        return StepOutput([0] * len(plan.reqs), self.cost.duration(plan))
+        return StepOutput([0] * len(plan.req_ids), self.cost.duration(plan))

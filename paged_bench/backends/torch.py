@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from paged_bench.allocators.base import Allocator
+from paged_bench.backends.request_state import RequestState
 from paged_bench.errors import check_int
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.ops_torch import DTYPES, TorchOps, pick_device, pick_dtype
@@ -56,9 +57,9 @@ class TorchBackend(ModelBackend):
         with torch.inference_mode():
             return super().execute(plan)
 
-    def logits(self, plan: StepPlan) -> torch.Tensor:
+    def logits(self, plan: StepPlan, states: list[RequestState]) -> torch.Tensor:
         with torch.inference_mode():  # the pool is an inference tensor
-            return super().logits(plan)
+            return super().logits(plan, states)
 
     def close(self) -> None:
         super().close()

@@ -32,7 +32,7 @@ import httpx
 from paged_bench.allocators.base import KVLayout
 from paged_bench.arrivals import feed
 from paged_bench.build import Bench
-from paged_bench.engine import EngineResult
+from paged_bench.engine import EngineResult, StepRecords
 from paged_bench.loadgen.client import Outcome, request_body, send
 from paged_bench.loadgen.config import TargetConfig
 from paged_bench.loadgen.prometheus import ttft_totals
@@ -43,6 +43,7 @@ UNKNOWN_TOKEN = -1
 ENGINE_ONLY_FIGURES = (
     "kv_live_slots_peak", "kv_reserved_slots_peak", "kv_utilization_mean", "kv_waste_pct", "kv_bytes_per_token",
     "kv_reserved_bytes_peak", "num_preemptions", "recomputed_tokens", "swapped_blocks", "prefix_cache_hit_rate",
+    "preempted_prefix_hit_tokens",
 )  # fmt: skip
 
 
@@ -150,7 +151,7 @@ class _Run:
             error = f"all {len(reqs)} requests failed, e.g.: {reqs[0].error}"
         return EngineResult(
             requests=reqs,
-            steps=[],
+            steps=StepRecords(),
             duration=max((r.finish_time for r in done), default=0.0),
             layout=KVLayout(0, 0, 0),
             kv_bytes_per_token=None,

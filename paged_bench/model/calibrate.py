@@ -28,7 +28,7 @@ from paged_bench.errors import ConfigError, PagedBenchError, check
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.roofline import Hardware, RooflineCost, StepWork, hardware, measure_cpu, save_preset, step_work
 from paged_bench.request import Request
-from paged_bench.step import StepPlan
+from paged_bench.step import NewRequestData, StepPlan
 
 BLOCK_SIZE = 16
 
@@ -53,17 +53,19 @@ def default_shapes(max_len: int = 512) -> list[Shape]:
     return shapes
 
 
-def _plan(shape: Shape, allocator: PagedAllocator, rng: np.random.Generator, vocab: int) -> StepPlan:
-    plan = StepPlan(budget=0)
+def _plan(
+    shape: Shape, allocator: PagedAllocator, rng: np.random.Generator, vocab: int
+) -> tuple[StepPlan, list[Request]]:
+    reqs, rows = [], []
     specs = [(shape.context, 1)] * shape.decodes + [(shape.context, shape.chunk)] * shape.prefills
     for i, (ctx, n) in enumerate(specs):
         req = Request(i, 0.0, rng.integers(0, vocab, ctx + n).tolist(), 1)
         if not allocator.allocate_slots(req, ctx + n):
             raise ConfigError("calibration shape", shape, "fewer tokens than the calibration pool holds")
         req.num_computed_tokens = ctx
-        plan.reqs.append(req)
-        plan.num_new_tokens.append(n)
-    return plan
+        reqs.append(req)
+        rows.append((NewRequestData.from_request(req, allocator.block_table(req)), n))
+    return StepPlan.starting(rows), reqs
 
 
 def time_shapes(
@@ -78,13 +80,13 @@ def time_shapes(
     rng = np.random.default_rng(0)
     samples = []
     for shape in shapes:
-        plan = _plan(shape, allocator, rng, model.vocab_size)
+        plan, reqs = _plan(shape, allocator, rng, model.vocab_size)
         times = []
         for _ in range(repeats + 1):
             t = time.perf_counter()
             backend.execute(plan)
             times.append(time.perf_counter() - t)
-        for req in plan.reqs:
+        for req in reqs:
             allocator.free(req)
         samples.append((step_work(plan, model, dtype, BLOCK_SIZE), statistics.median(times[1:])))
     return samples

@@ -114,19 +114,18 @@ class StepWork:
 def step_work(plan: StepPlan, model: ModelConfig, dtype: str, block_size: int) -> StepWork:
     kv_token = model.kv_bytes_per_token(dtype)
     new = pairs = kv_read = 0
-    for req, n in zip(plan.reqs, plan.num_new_tokens):
-        start = req.num_computed_tokens
+    for start, n in zip(plan.num_computed_tokens, plan.num_new_tokens):
         new += n
         pairs += n * start + n * (n + 1) // 2  # the query at position p sees keys 0..p
         kv_read += start + n
-    sampled = len(plan.reqs)
+    sampled = len(plan.req_ids)
     matmul = (
         2.0 * new * model.num_layers * model.layer_matmul_params + 2.0 * sampled * model.hidden_size * model.vocab_size
     )
-    weights = float(model.matmul_params * DTYPE_BYTES[dtype]) if plan.reqs else 0.0
+    weights = float(model.matmul_params * DTYPE_BYTES[dtype]) if plan.req_ids else 0.0
     attn = 4.0 * model.num_layers * model.num_heads * model.head_dim * pairs
     swap = float((len(plan.swap_in) + len(plan.swap_out)) * block_size * kv_token)
-    return StepWork(len(plan.reqs), matmul, weights, attn, float((kv_read + new) * kv_token), swap)
+    return StepWork(len(plan.req_ids), matmul, weights, attn, float((kv_read + new) * kv_token), swap)
 
 
 @dataclass(frozen=True)

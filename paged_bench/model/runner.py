@@ -16,6 +16,7 @@ import numpy as np
 
 from paged_bench.allocators.base import Allocator
 from paged_bench.backends.base import Backend
+from paged_bench.backends.request_state import RequestState, RequestStates
 from paged_bench.errors import EngineError, check_int
 from paged_bench.model.batch import build_batch, warmup_batch
 from paged_bench.model.config import ModelConfig, resolve_model
@@ -52,6 +53,7 @@ class ModelBackend(Backend):
         self._rng = np.random.default_rng(seed)
         self.pool: Any = None
         self.swap: Any = None
+        self.states = RequestStates()
 
     def make_ops(self, cfg: ModelConfig) -> Any:
         raise NotImplementedError
@@ -77,27 +79,37 @@ class ModelBackend(Backend):
             cpu, gpu = zip(*plan.swap_in)
             self.ops.copy_slots(self.swap, self.pool, self._slots(cpu), self._slots(gpu))
 
-    def logits(self, plan: StepPlan) -> Any:
-        """The forward over the plan's tokens: ops-native logits ``[len(plan.reqs), vocab]``."""
-        batch = build_batch(plan, self.allocator)
+    def logits(self, plan: StepPlan, states: list[RequestState]) -> Any:
+        """The forward over the plan's tokens: ops-native logits ``[plan.num_reqs, vocab]``."""
+        batch = build_batch(plan, states, self.allocator.layout.block_size)
         if batch.input_ids.min() < 0 or batch.input_ids.max() >= self.vocab_size:
-            bad = next(r for r in plan.reqs if not all(0 <= t < self.vocab_size for t in r.token_ids))
+            bad = next(
+                rid for rid, s in zip(plan.req_ids, states) if not all(0 <= t < self.vocab_size for t in s.token_ids)
+            )
             raise EngineError(
-                f"request {bad.request_id} has token ids outside the model's vocabulary (0 to {self.vocab_size - 1})"
+                f"request {bad} has token ids outside the model's vocabulary (0 to {self.vocab_size - 1})"
             )
         return forward(self.ops, self.weights, self.model_config, self.pool, batch)
 
     def execute(self, plan: StepPlan) -> StepOutput:
+        states = self.states.apply(plan)
         self.swap_copies(plan)
-        if not plan.reqs:
+        if not states:
             return StepOutput([], 0.0)
-        logits = self.logits(plan)
-        if all(is_greedy(r) for r in plan.reqs):
-            return StepOutput(self.ops.argmax(logits), 0.0)
-        rows = self.ops.to_numpy(logits)
-        return StepOutput(
-            [sample(row, r.temperature, r.top_p, request_rng(r, self._rng)) for row, r in zip(rows, plan.reqs)], 0.0
-        )
+        logits = self.logits(plan, states)
+        if all(is_greedy(s.sampling) for s in states):
+            tokens = self.ops.argmax(logits)
+        else:
+            rows = self.ops.to_numpy(logits)
+            tokens = [
+                sample(
+                    row, s.sampling.temperature, s.sampling.top_p, request_rng(s.sampling, len(s.token_ids), self._rng)
+                )
+                for row, s in zip(rows, states)
+            ]
+        self.states.record_samples(plan, states, tokens)
+        return StepOutput(tokens, 0.0)
 
     def close(self) -> None:
         self.pool = self.swap = None
+        self.states.clear()

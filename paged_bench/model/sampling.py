@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from paged_bench.request import Request
+from paged_bench.step import SamplingParams
 
 
 def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator) -> int:
@@ -28,11 +28,12 @@ def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.
     return int(rng.choice(len(p), p=p))
 
 
-def request_rng(req: Request, default: np.random.Generator) -> np.random.Generator:
-    if req.sampling_seed is None:
+def request_rng(sampling: SamplingParams, num_tokens: int, default: np.random.Generator) -> np.random.Generator:
+    """The generator for a request's next token, drawn when it holds ``num_tokens`` tokens."""
+    if sampling.seed is None:
         return default
-    return np.random.default_rng((req.sampling_seed, req.num_tokens))
+    return np.random.default_rng((sampling.seed, num_tokens))
 
 
-def is_greedy(req: Request) -> bool:
-    return req.temperature <= 0
+def is_greedy(sampling: SamplingParams) -> bool:
+    return sampling.temperature <= 0

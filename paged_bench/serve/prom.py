@@ -13,7 +13,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from paged_bench.engine import STEP_COLUMNS, Engine
+from paged_bench.engine import Engine
 from paged_bench.metrics import request_latency
 from paged_bench.request import Request
 from paged_bench.serve.engine_loop import EngineLoop
@@ -21,7 +21,6 @@ from paged_bench.serve.engine_loop import EngineLoop
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "paged_bench_"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
-_BATCH_COL = STEP_COLUMNS.index("batch_size")
 
 
 class _SnapshotCollector:
@@ -71,8 +70,9 @@ class ServerMetrics:
     # -- EngineLoop observer (engine thread) --------------------------------------------------
 
     def step(self, engine: Engine) -> None:
-        if engine.steps:
-            self.batch.observe(engine.steps[-1][_BATCH_COL])
+        last = engine.steps.last()
+        if last is not None:
+            self.batch.observe(last.batch_size)
 
     def finished(self, req: Request) -> None:
         reason = req.finish_reason.value if req.finish_reason else "unknown"

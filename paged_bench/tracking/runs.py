@@ -14,14 +14,14 @@ import math
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from paged_bench.engine import STEP_COLUMNS
 from paged_bench.flat import flatten
+from paged_bench.step_records import StepRecords
 from paged_bench.tracking import store
 
 # a job's status -> MLflow's
@@ -60,7 +60,7 @@ class JobRecord:
     start_time: float  # epoch seconds
     run_name: str
     summary: Mapping[str, Any] = field(default_factory=dict)
-    steps: Sequence[tuple] = ()
+    steps: StepRecords = field(default_factory=StepRecords)
     artifacts: list[Path] = field(default_factory=list)  # files; a folder goes in as a folder
     tags: dict[str, str] = field(default_factory=dict)
     note: str | None = None  # the run's description in the UI
@@ -112,22 +112,21 @@ def summary_metrics(summary: Mapping[str, Any], timestamp: int) -> list:
     ]
 
 
-def step_metrics(steps: Sequence[tuple], start_ms: int, max_points: int) -> list:
+def step_metrics(steps: StepRecords, start_ms: int, max_points: int) -> list:
     """The step-wise series, thinned to ``max_points`` per series; timestamps follow the run's
     clock, so the UI's relative-time axis shows run time (virtual time for the sim)."""
     from mlflow.entities import Metric
 
     if not steps or max_points <= 0:
         return []
-    col = {name: i for i, name in enumerate(STEP_COLUMNS)}
     stride = math.ceil(len(steps) / max_points)
     out, preempted = [], 0
-    for i, row in enumerate(steps):
-        preempted += row[col["preemptions"]]
+    for i, row in enumerate(steps.rows()):
+        preempted += row.preemptions
         if i % stride and i != len(steps) - 1:
             continue
-        step, ts = row[col["step"]], start_ms + _ms(row[col["time"]])
-        out += [Metric(name, float(row[col[c]]), ts, step) for c, name in STEP_SERIES.items()]
+        step, ts = row.step, start_ms + _ms(row.time)
+        out += [Metric(name, float(getattr(row, c)), ts, step) for c, name in STEP_SERIES.items()]
         out.append(Metric(PREEMPTIONS_SERIES, float(preempted), ts, step))
     return out
 
