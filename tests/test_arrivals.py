@@ -52,11 +52,10 @@ def test_closed_loop_waits_for_a_free_slot_and_starts_the_clock_when_it_sends():
 def test_engine_never_runs_more_than_max_concurrency(config, tmp_path):
     out = run_job(config(*BURST, "workload.max_concurrency=8", "tracking.enabled=false"), tmp_path / "closed")
     assert out.summary["completed"] == 40
-    running = [step.running for step in _steps(out)]
-    assert max(running) == 8
+    assert out.result.steps.column("running").max() == 8
     assert most_in_flight(out.result.requests) == 8
     open_loop = run_job(config(*BURST, "tracking.enabled=false"), tmp_path / "open")
-    assert max(step.running for step in _steps(open_loop)) == 16  # max_batch: the cap is what held it to 8
+    assert open_loop.result.steps.column("running").max() == 16  # max_batch: the cap is what held it to 8
 
 
 def test_one_user_at_a_time_waits_for_no_one(config, tmp_path):
@@ -84,11 +83,3 @@ def test_http_runs_keep_the_same_cap(server, config, tmp_path):
     assert most_in_flight(uncapped.result.requests) > 3
     wait_for(lambda: all_free(server))
 
-
-def _steps(outcome):
-    from collections import namedtuple
-
-    from paged_bench.engine import STEP_COLUMNS
-
-    Step = namedtuple("Step", STEP_COLUMNS)
-    return [Step(*row) for row in outcome.result.steps]
