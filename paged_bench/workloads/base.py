@@ -43,11 +43,12 @@ def check_max_concurrency(value: Any) -> int | None:
     return None if value is None else check_int("workload.max_concurrency", value)
 
 
-def random_prompts(rng: np.random.Generator, lengths: np.ndarray, vocab_size: int) -> list[list[int]]:
+def random_prompts(rng: np.random.Generator, lengths: np.ndarray, vocab_size: int) -> list[np.ndarray]:
     """One prompt of random token ids per length: the same ids as one ``rng.integers`` call per
-    prompt (numpy's stream does not depend on how draws are split), at a fraction of the cost."""
+    prompt (numpy's stream does not depend on how draws are split), drawn at once and kept as
+    views of one array: a ``Request`` makes its prompt a list of ints only when it is read."""
     ends = np.cumsum(lengths)
-    flat = rng.integers(0, vocab_size, int(ends[-1]) if len(ends) else 0).tolist()
+    flat = rng.integers(0, vocab_size, int(ends[-1]) if len(ends) else 0)
     return [flat[end - n : end] for n, end in zip(lengths.tolist(), ends.tolist())]
 
 
@@ -88,11 +89,11 @@ class SyntheticWorkload(Workload):
         arrivals = np.concatenate(([0.0], np.cumsum(self.gaps(arrival_rng, n - 1)))) if n > 1 else np.zeros(1)
         prompt_lens = self.prompt_len.sample(prompt_rng, n)
         output_lens = self.output_len.sample(output_rng, n)
-        prefixes = [token_rng.integers(0, ctx.vocab_size, self.prefix_len).tolist() for _ in range(self.num_prefixes)]
+        prefixes = [token_rng.integers(0, ctx.vocab_size, self.prefix_len) for _ in range(self.num_prefixes)]
         groups = token_rng.integers(0, self.num_prefixes, n) if self.num_prefixes and self.prefix_len else None
         prompts = random_prompts(token_rng, prompt_lens, ctx.vocab_size)
         if groups is not None:
-            prompts = [prefixes[g] + tokens for g, tokens in zip(groups.tolist(), prompts)]
+            prompts = [np.concatenate((prefixes[g], tokens)) for g, tokens in zip(groups.tolist(), prompts)]
         group_ids = [None] * n if groups is None else groups.tolist()
         return [
             Request(i, arrival, tokens, output_len, prefix_group=group)
