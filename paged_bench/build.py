@@ -20,7 +20,7 @@ from paged_bench.errors import ConfigError, check, check_int, check_number
 from paged_bench.metrics import SLO_KEYS
 from paged_bench.model.kv_capacity import KVBudget
 from paged_bench.request import Request
-from paged_bench.workloads.base import WorkloadContext
+from paged_bench.workloads.base import Workload, WorkloadContext
 
 PLUGIN_KINDS = ("workload", "scheduler", "allocator", "backend")
 
@@ -34,6 +34,7 @@ class Bench:
     config: dict[str, Any]
     choices: dict[str, str]  # plugin kind -> option name
     kv_budget: KVBudget | None = None  # how num_blocks=auto sized the pool from the hardware
+    max_concurrency: int | None = None  # the workload's closed loop: most requests in flight
 
     @property
     def backend(self) -> Backend:
@@ -152,10 +153,13 @@ def build_engine(cfg: Mapping[str, Any]) -> Engine:
     return Engine(scheduler, backend, make_clock(backend.clock if clock_kind == "auto" else clock_kind))
 
 
-def build_requests(cfg: Mapping[str, Any], backend: Backend) -> list[Request]:
-    """The workload's requests, tokenized for ``backend``."""
+def build_workload(cfg: Mapping[str, Any]) -> Workload:
     name, options = plugin_section(cfg, "workload")
-    workload = registry.create("workload", name, **options)
+    return registry.create("workload", name, **options)
+
+
+def build_requests(workload: Workload, backend: Backend) -> list[Request]:
+    """The workload's requests, tokenized for ``backend``."""
     return workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
 
 
@@ -171,5 +175,6 @@ def build(cfg: Mapping[str, Any]) -> Bench:
     check_top_level(cfg)
     choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
     engine = build_engine(cfg)
-    budget = kv_budget_for(cfg, engine.backend)
-    return Bench(engine, build_requests(cfg, engine.backend), dict(cfg), choices, budget)
+    workload = build_workload(cfg)
+    requests = build_requests(workload, engine.backend)
+    return Bench(engine, requests, dict(cfg), choices, kv_budget_for(cfg, engine.backend), workload.max_concurrency)
