@@ -158,9 +158,13 @@ def build_workload(cfg: Mapping[str, Any]) -> Workload:
     return registry.create("workload", name, **options)
 
 
-def build_requests(workload: Workload, backend: Backend) -> list[Request]:
+def requests_for(workload: Workload, backend: Backend) -> list[Request]:
     """The workload's requests, tokenized for ``backend``."""
     return workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
+
+
+def build_requests(cfg: Mapping[str, Any], backend: Backend) -> list[Request]:
+    return requests_for(build_workload(cfg), backend)
 
 
 def kv_budget_for(cfg: Mapping[str, Any], backend: Backend) -> KVBudget | None:
@@ -176,5 +180,5 @@ def build(cfg: Mapping[str, Any]) -> Bench:
     choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
     engine = build_engine(cfg)
     workload = build_workload(cfg)
-    requests = build_requests(workload, engine.backend)
+    requests = requests_for(workload, engine.backend)
     return Bench(engine, requests, dict(cfg), choices, kv_budget_for(cfg, engine.backend), workload.max_concurrency)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from paged_bench import registry
-from paged_bench.build import PLUGIN_KINDS, build_engine, build_requests, build_workload, check_top_level, plugin_section
+from paged_bench.build import PLUGIN_KINDS, build_engine, build_requests, check_top_level, plugin_section
 from paged_bench.cluster.loop import Cluster
 from paged_bench.cluster.replica import Replica
 from paged_bench.cluster.spec import ClusterSpec
@@ -74,4 +74,4 @@ def build_cluster(cfg: Mapping[str, Any], spec: ClusterSpec) -> ClusterBench:
         cluster = Cluster(replicas, router(), router(), spec.link, kv_bytes)
     else:
         cluster = Cluster(replicas, router())
-    return ClusterBench(cluster, build_requests(build_workload(cfg), engines[0].backend), spec, choices)
+    return ClusterBench(cluster, build_requests(cfg, engines[0].backend), spec, choices)
