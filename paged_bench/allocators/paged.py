@@ -116,8 +116,7 @@ class PagedAllocator(Allocator):
         seq.num_slots = total
         if total >= seq.cache_at:
             self._cache_full_blocks(req, seq)
-        past_capacity = seq.capacity + 1
-        seq.plain_below = past_capacity if past_capacity < seq.cache_at else seq.cache_at
+        seq.plain_below = min(seq.capacity + 1, seq.cache_at)
         return True
 
     def allocate_rows(self, reqs: list[Request], nums: list[int]) -> int:
