@@ -44,7 +44,7 @@ def test_pool_allocates_least_recently_freed_and_reuses_freed_blocks_at_once():
     a = pool.allocate(4)
     assert pool.num_free == 0
     for b in a:
-        pool.release(b)
+        pool.release([b])
     assert pool.num_free == 4
     # all uncached: freed blocks are reusable immediately
     assert sorted(pool.allocate(4)) == sorted(a)
@@ -55,7 +55,7 @@ def test_pool_evicts_uncached_blocks_before_cached_ones():
     b0, b1, b2 = pool.allocate(3)
     pool.cache([b0], [111])
     for b in (b0, b1, b2):
-        pool.release(b)
+        pool.release([b])
     got = pool.allocate(2)
     assert b0 not in got  # the cached block survives while worthless blocks remain
     assert pool.cached == {111: b0}
@@ -67,7 +67,7 @@ def test_pool_touch_revives_a_free_cached_block_in_o1():
     pool = BlockPool(2)
     (b,) = pool.allocate(1)
     pool.cache([b], [7])
-    pool.release(b)
+    pool.release([b])
     assert pool.is_free(b)
     assert pool.touch(b) is True and pool.num_free == 1
     assert pool.touch(b) is False and pool.ref_cnt[b] == 2

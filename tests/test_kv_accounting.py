@@ -100,3 +100,18 @@ def test_the_default_victim_is_the_last_admitted_and_latest_arrival_is_an_option
     assert config("scheduler=preemptive")["scheduler"]["victim"] == "last_admitted"
     with pytest.raises(ConfigError, match="scheduler.victim"):
         _victim("oldest")
+
+
+def test_builtin_block_hashes_are_the_same_in_every_process():
+    import subprocess
+    import sys
+
+    code = (
+        "from paged_bench.allocators.paged import PagedAllocator\n"
+        "from paged_bench.request import Request\n"
+        "a = PagedAllocator(num_blocks=4, block_size=2)\n"
+        "print(a._block_hashes(Request(0, 0.0, [1, 2, 3, 4, 5], 1), 2))"
+    )
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}  # fmt: skip
+    assert len(runs) == 1

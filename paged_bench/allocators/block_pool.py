@@ -50,15 +50,16 @@ class BlockPool:
             return True
         return False
 
-    def release(self, block: int) -> bool:
-        """Drop one reference; True if the block became free."""
-        self.ref_cnt[block] -= 1
-        if self.ref_cnt[block]:
-            return False
-        self._free[block] = None
-        if self.block_hash[block] is None:
-            self._free.move_to_end(block, last=False)
-        return True
+    def release(self, blocks: Iterable[int]) -> None:
+        """Drop one reference to each block, in order; a block nobody holds any more joins the
+        free queue: at its tail if cached (evicted last), else at its head (reused first)."""
+        ref_cnt, block_hash, free = self.ref_cnt, self.block_hash, self._free
+        for block in blocks:
+            ref_cnt[block] -= 1
+            if not ref_cnt[block]:
+                free[block] = None
+                if block_hash[block] is None:
+                    free.move_to_end(block, last=False)
 
     def cache(self, blocks: Iterable[int], hashes: Iterable[Hashable]) -> None:
         """Index full blocks under their hashes (first writer wins: a block whose content

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from paged_bench.allocators.base import NO_HIT, Allocator, AllocatorCounters, KVLayout, PrefixHit
 from paged_bench.allocators.block_pool import BlockPool
-from paged_bench.allocators.prefix_hash import PREFIX_HASHES
+from paged_bench.allocators.prefix_hash import NO_EXTRA_KEYS, PREFIX_HASHES
 from paged_bench.errors import check, check_int
 from paged_bench.request import Request
 
@@ -142,8 +142,7 @@ class PagedAllocator(Allocator):
         seq = self._seqs.pop(req, None)
         if seq is not None:
             if seq.on_cpu:
-                for block in seq.blocks:
-                    self.cpu_pool.release(block)
+                self.cpu_pool.release(seq.blocks)
             else:
                 self._release(req, seq)
         self._hashes.pop(req, None)
@@ -167,8 +166,7 @@ class PagedAllocator(Allocator):
         if not self.allocate_slots(req, num_new_tokens, NO_HIT, min_free_blocks):
             self._seqs[req] = cpu
             return None
-        for block in cpu.blocks:
-            self.cpu_pool.release(block)
+        self.cpu_pool.release(cpu.blocks)
         return list(zip(cpu.blocks, self._seqs[req].blocks))
 
     def take_new_blocks(self) -> dict[int | str, tuple[int, ...]]:
@@ -213,7 +211,7 @@ class PagedAllocator(Allocator):
         total = req.num_computed_tokens + hit.num_tokens + num_new_tokens
         need = -(-total // bs) - len(hit.blocks)
         # cached blocks nobody holds sit in the free queue: taking them uses free capacity too
-        revived = sum(1 for b in hit.blocks if pool.ref_cnt[b] == 0)
+        revived = sum(1 for b in hit.blocks if pool.ref_cnt[b] == 0) if hit.blocks else 0
         if pool.num_free - revived - need < min_free_blocks:
             return None
         for block in hit.blocks:
@@ -239,9 +237,7 @@ class PagedAllocator(Allocator):
         if seq.num_slots > req.num_computed_tokens and seq.num_cached:
             self._uncache_uncomputed(req, seq)
         self._unfilled_slots -= seq.capacity - seq.num_slots
-        release = self.pool.release
-        for block in reversed(seq.blocks):
-            release(block)
+        self.pool.release(reversed(seq.blocks))
         seq.blocks, seq.num_slots, seq.capacity = [], 0, 0
 
     def _uncache_uncomputed(self, req: Request, seq: _Seq) -> None:
@@ -267,6 +263,6 @@ class PagedAllocator(Allocator):
         bs, tokens, hash_block = self.pool_block_slots, req.token_ids, self._hash_block
         parent = hashes[-1] if hashes else self._root_hash
         for i in range(len(hashes), num_blocks):
-            parent = hash_block((parent, tuple(tokens[i * bs : (i + 1) * bs]), None))
+            parent = hash_block((parent, tuple(tokens[i * bs : (i + 1) * bs]), NO_EXTRA_KEYS))
             hashes.append(parent)
         return hashes

@@ -15,8 +15,10 @@ import pickle
 from collections.abc import Callable, Hashable
 from typing import Any
 
-# a block's key is the tuple (parent hash, block tokens, extra keys); extra keys are None here
+# a block's key is the tuple (parent hash, block tokens, extra keys); no extra keys here: an
+# empty tuple, not None (hash(None) is its address until Python 3.12: it differs per process)
 BlockHasher = Callable[[tuple[Hashable, tuple[int, ...], Any]], Hashable]
+NO_EXTRA_KEYS: tuple = ()
 
 ROOT_SEED = b"paged_bench prefix cache"
 
@@ -25,7 +27,11 @@ def sha256_hash(key: tuple[Hashable, tuple[int, ...], Any]) -> bytes:
     return hashlib.sha256(pickle.dumps(key, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
+_ROOT_DIGEST = hashlib.sha256(ROOT_SEED).digest()
+
 PREFIX_HASHES: dict[str, tuple[BlockHasher, Hashable]] = {
-    "builtin": (hash, hash(ROOT_SEED)),  # the C builtin itself: no Python call per block
-    "sha256": (sha256_hash, hashlib.sha256(ROOT_SEED).digest()),
+    # the C builtin itself, no Python call per block; the root is an int, as hash() of
+    # bytes would differ per process (PYTHONHASHSEED) while ints and tuples of ints do not
+    "builtin": (hash, int.from_bytes(_ROOT_DIGEST[:8], "big")),
+    "sha256": (sha256_hash, _ROOT_DIGEST),
 }
