@@ -72,14 +72,28 @@ def server():
     handle.stop()
 
 
-def test_http_runs_keep_the_same_cap(server, config, tmp_path):
-    remote = ("target=openai", f"target.base_url={server.url}/v1", "target.warmup=0")
-    burst = (*BURST[:2], "workload.num_requests=12")
-    out = run_job(config(*burst, *BURST[2:], *FAST, *remote, "workload.max_concurrency=3"), tmp_path / "closed")
-    assert out.summary["completed"] == 12
-    assert most_in_flight(out.result.requests) == 3
-    wait_for(lambda: all_free(server))
-    uncapped = run_job(config(*burst, *BURST[2:], *FAST, *remote), tmp_path / "open")
-    assert most_in_flight(uncapped.result.requests) > 3
-    wait_for(lambda: all_free(server))
+def test_http_runs_keep_the_same_cap(server, config, tmp_path, monkeypatch):
+    from paged_bench.loadgen import runner
 
+    sending = {"now": 0, "most": 0}
+    real_send = runner.send
+
+    async def counting_send(*args, **kwargs):  # requests on the wire, counted at the client
+        sending["now"] += 1
+        sending["most"] = max(sending["most"], sending["now"])
+        try:
+            return await real_send(*args, **kwargs)
+        finally:
+            sending["now"] -= 1
+
+    monkeypatch.setattr(runner, "send", counting_send)
+    remote = ("target=openai", f"target.base_url={server.url}/v1", "target.warmup=0")
+    burst = (*BURST[:2], "workload.num_requests=12", *BURST[2:])
+    out = run_job(config(*burst, *FAST, *remote, "workload.max_concurrency=3"), tmp_path / "closed")
+    assert out.summary["completed"] == 12
+    assert sending["most"] == 3
+    wait_for(lambda: all_free(server))
+    sending["most"] = 0
+    run_job(config(*burst, *FAST, *remote), tmp_path / "open")
+    assert sending["most"] > 3  # without the cap, the burst goes out at once
+    wait_for(lambda: all_free(server))
