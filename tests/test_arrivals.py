@@ -18,10 +18,9 @@ def reqs(*arrivals: float) -> list[Request]:
     return [Request(i, t, [1, 2, 3], 2) for i, t in enumerate(arrivals)]
 
 
-def most_in_flight(records) -> int:
-    """Most requests between sending and their end at any instant (an end frees before a send),
-    from a run's per-request records (engine and HTTP runs alike)."""
-    events = sorted([(t, 1) for t in records.arrival_time] + [(t, -1) for t in records.finish_time])
+def most_in_flight(requests) -> int:
+    """Most requests between sending and their end at any instant (an end frees before a send)."""
+    events = sorted([(r.arrival_time, 1) for r in requests] + [(r.finish_time, -1) for r in requests])
     peak = level = 0
     for _, change in events:
         level += change
@@ -54,7 +53,7 @@ def test_engine_never_runs_more_than_max_concurrency(config, tmp_path):
     out = run_job(config(*BURST, "workload.max_concurrency=8", "tracking.enabled=false"), tmp_path / "closed")
     assert out.summary["completed"] == 40
     assert out.result.steps.column("running").max() == 8
-    assert most_in_flight(out.records) == 8
+    assert most_in_flight(out.result.requests) == 8
     open_loop = run_job(config(*BURST, "tracking.enabled=false"), tmp_path / "open")
     assert open_loop.result.steps.column("running").max() == 16  # max_batch: the cap is what held it to 8
 
@@ -63,7 +62,7 @@ def test_one_user_at_a_time_waits_for_no_one(config, tmp_path):
     out = run_job(config(*BURST, "workload.max_concurrency=1", "tracking.enabled=false"), tmp_path)
     ttfts = {round(r.first_token_time - r.arrival_time, 9) for r in out.result.requests}
     assert len(ttfts) == 1  # each request's clock starts when it is sent: no queueing behind the others
-    assert most_in_flight(out.records) == 1
+    assert most_in_flight(out.result.requests) == 1
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +72,28 @@ def server():
     handle.stop()
 
 
-def test_http_runs_keep_the_same_cap(server, config, tmp_path):
-    remote = ("target=openai", f"target.base_url={server.url}/v1", "target.warmup=0")
-    burst = (*BURST[:2], "workload.num_requests=12")
-    out = run_job(config(*burst, *BURST[2:], *FAST, *remote, "workload.max_concurrency=3"), tmp_path / "closed")
-    assert out.summary["completed"] == 12
-    assert most_in_flight(out.records) == 3
-    wait_for(lambda: all_free(server))
-    uncapped = run_job(config(*burst, *BURST[2:], *FAST, *remote), tmp_path / "open")
-    assert most_in_flight(uncapped.records) > 3
-    wait_for(lambda: all_free(server))
+def test_http_runs_keep_the_same_cap(server, config, tmp_path, monkeypatch):
+    from paged_bench.loadgen import runner
 
+    sending = {"now": 0, "most": 0}
+    real_send = runner.send
+
+    async def counting_send(*args, **kwargs):  # requests on the wire, counted at the client
+        sending["now"] += 1
+        sending["most"] = max(sending["most"], sending["now"])
+        try:
+            return await real_send(*args, **kwargs)
+        finally:
+            sending["now"] -= 1
+
+    monkeypatch.setattr(runner, "send", counting_send)
+    remote = ("target=openai", f"target.base_url={server.url}/v1", "target.warmup=0")
+    burst = (*BURST[:2], "workload.num_requests=12", *BURST[2:])
+    out = run_job(config(*burst, *FAST, *remote, "workload.max_concurrency=3"), tmp_path / "closed")
+    assert out.summary["completed"] == 12
+    assert sending["most"] == 3
+    wait_for(lambda: all_free(server))
+    sending["most"] = 0
+    run_job(config(*burst, *FAST, *remote), tmp_path / "open")
+    assert sending["most"] > 3  # without the cap, the burst goes out at once
+    wait_for(lambda: all_free(server))
