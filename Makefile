@@ -14,7 +14,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[torch,dev]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[torch,dev,slurm,ray]"
 	touch $(STAMP)
 
 run: install
