@@ -4,8 +4,8 @@
 and float32 on the CPU (float16 and bfloat16 are GPU choices). Loads a local Hugging Face
 checkpoint with ``backend.model_path=DIR`` (config.json + safetensors, and its tokenizer
 when the folder has one), or random weights from the run's seed, identical to numpy's.
-``threads`` sets torch's CPU threads while it runs (null: torch's default, one per core);
-on cores shared with other work, 1 avoids threads waiting on each other.
+``threads`` sets torch's CPU threads while it runs (null: the job's share of the cores, see
+``paged_bench.threads``); on cores shared with other work, 1 avoids threads waiting on each other.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from typing import Any
 import torch
 
 from paged_bench.allocators.base import Allocator
-from paged_bench.errors import check_int
+from paged_bench.errors import check_int  # noqa: F401  (kept for the backend's own checks)
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.ops_torch import DTYPES, TorchOps, pick_device, pick_dtype
 from paged_bench.model.runner import ModelBackend
 from paged_bench.step import StepOutput, StepPlan
+from paged_bench.threads import job_threads
 
 
 class TorchBackend(ModelBackend):
@@ -38,7 +39,7 @@ class TorchBackend(ModelBackend):
     ) -> None:
         self.device = pick_device(device)
         self.compute_dtype = pick_dtype(dtype, self.device)
-        self.threads = None if threads is None else check_int("backend.threads", threads)
+        self.threads = job_threads("backend.threads", threads)  # null: this job's share of the cores
         self._saved_threads: int | None = None
         super().__init__(model=model, model_path=model_path, seed=seed)
 
