@@ -14,7 +14,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[torch,dev]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[torch,dev,slurm,ray]"
 	touch $(STAMP)
 
 run: install
@@ -32,12 +32,13 @@ bench: install
 	$(PY) -m pytest tests/benchmarks --benchmark-enable --benchmark-only $(ARGS)
 	$(PY) benchmarks/sim_speed.py --cases seed,poisson20k
 
-# make ui: the MLflow UI on 127.0.0.1:$(UI_PORT) over the embedded store (runs/mlflow.db);
-# telemetry off, and no job-execution workers (2 processes instead of 9)
+# make ui: the MLflow UI on 127.0.0.1:$(UI_PORT) over the embedded store (runs/mlflow.db); telemetry
+# off, no job-execution workers, one web worker: 2 processes, ~0.5 GB (mlflow ui's defaults start
+# 7, ~0.8 GB; measured with ps on the dev VM)
 UI_PORT ?= 5000
 ui: install
 	mkdir -p runs
-	MLFLOW_DISABLE_TELEMETRY=true MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(VENV)/bin/mlflow ui \
+	MLFLOW_DISABLE_TELEMETRY=true MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(PY) -m mlflow ui --workers 1 \
 		--backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port $(UI_PORT)
 
 # make results: rerun the seeds' two experiments on the simulator and write their report into

@@ -44,6 +44,7 @@ def cli() -> None:
         sys.exit(catalog.main(sys.argv[1][2:]))
     for problem in catalog.register_plugin_configs():
         print(f"warning: {problem}", file=sys.stderr)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # hydra/launcher=ray: nothing talks to outside hosts
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # make Hydra raise instead of printing its report
     signals.install(signals.HANDLED)

@@ -185,3 +185,34 @@ def test_sim_runs_do_not_log_the_roofline_options_the_linear_model_ignores():
     assert roofline["backend.hardware"] == "h100" and roofline["backend.model.num_layers"] == "2"
     assert params_of({"backend": {"name": "torch", "model": "small"}}) == {"backend.name": "torch",
                                                                            "backend.model": "small"}  # fmt: skip
+
+
+def test_a_job_on_another_host_logs_itself_under_the_sweeps_parent(tmp_path, monkeypatch):
+    """SLURM or a Ray cluster: the job's machine is not the sweep's, so the job logs itself."""
+    from paged_bench.app import run_job
+    from paged_bench.cli.track import track_job
+    from paged_bench.report.load import save_config, update_run_info
+    from paged_bench.tracking import uploader
+    from tests.conftest import compose_config
+
+    monkeypatch.setenv("PAGED_BENCH_TRACKING_IDLE_S", "20")
+    uri = fresh_store(tmp_path)
+    c = client(uri)
+    exp = c.create_experiment("paged_bench")
+    parent = c.create_run(exp, tags={"paged_bench.kind": "sweep"}).info.run_id
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    link = {"uri": uri, "experiment_id": exp, "run_id": parent}
+    (sweep_dir / "sweep.json").write_text(json.dumps({"host": "another-node", "pid": 1, "tracking": link}))
+    config = compose_config("max_batch=4", "workload.num_requests=8")
+    run_dir = sweep_dir / "0"
+    save_config(run_dir, config)
+    run_job(config, run_dir)
+    update_run_info(run_dir, {"run_name": "max_batch=4", "job_num": 0, "start_time": time.time()})
+    store.reset_failure()
+    track_job(config, run_dir, sweep_dir)
+    uploader.close_shared()
+    assert store.failure() is None
+    (child,) = [r for r in c.search_runs([exp]) if r.info.run_id != parent]
+    assert child.data.tags["mlflow.parentRunId"] == parent and child.info.run_name == "max_batch=4"
+    assert child.info.status == "FINISHED" and child.data.metrics["completed"] == 8

@@ -30,6 +30,7 @@ from paged_bench.model.ops_torch import pick_device, pick_dtype
 from paged_bench.model.runner import adopt_model
 from paged_bench.model.weights import make_state
 from paged_bench.step import NewRequestData, ReqId, StepOutput, StepPlan
+from paged_bench.threads import pin_torch_threads
 
 _END = object()
 
@@ -64,9 +65,11 @@ class HFGenerateBackend(Backend):
         device: str = "auto",
         dtype: str = "auto",
         max_batch: int = 1,
+        threads: int | None = None,
     ) -> None:
         super().__init__()
         check_int("backend.seed", seed, 0)
+        threads = job_threads("backend.threads", threads)
         check(max_batch == 1, "backend.max_batch", max_batch, "1: a generate loop has room for one request")
         dev = pick_device(device)
         dt = pick_dtype(dtype, dev)
@@ -74,6 +77,7 @@ class HFGenerateBackend(Backend):
         adopt_model(self, cfg, model_path, dt)
         self.model = to_transformers(cfg, make_state(cfg, model_path, seed), str(dev), dt)
         self.device = dev
+        self._saved_threads = pin_torch_threads(threads)  # restored by close()
         self._seed = seed
         self._known: dict[ReqId, NewRequestData] = {}  # requests the plans introduced, not yet gone
         self._current: ReqId | None = None
@@ -155,3 +159,4 @@ class HFGenerateBackend(Backend):
 
     def close(self) -> None:
         self._stop()
+        torch.set_num_threads(self._saved_threads)

@@ -4,19 +4,19 @@
 and float32 on the CPU (float16 and bfloat16 are GPU choices). Loads a local Hugging Face
 checkpoint with ``backend.model_path=DIR`` (config.json + safetensors, and its tokenizer
 when the folder has one), or random weights from the run's seed, identical to numpy's.
-``threads`` sets torch's CPU threads while it runs (null: torch's default, one per core);
-on cores shared with other work, 1 avoids threads waiting on each other.
+``threads`` sets torch's CPU threads while it runs (null: the job's share of the cores, see
+``paged_bench.threads``); on cores shared with other work, 1 avoids threads waiting on each other.
 
 ``tensor_parallel_size=N`` splits the model over N ranks, Megatron-style: this process is
 rank 0 and spawns ranks 1..N-1 (``paged_bench.distributed``; gloo on CPU, NCCL on CUDA with
 rank r on cuda:r); each holds its slice of the weights and of every KV slot's heads. Each
 step rank 0 broadcasts the frozen step plan, every rank does its swap copies and its slice of
-the forward from the plan alone, and rank 0 gathers the logits and samples. Each rank takes ``threads`` CPU threads (null: an equal share of the cores).
+the forward from the plan alone, and rank 0 gathers the logits and samples. Each rank takes
+``threads`` CPU threads (null: an equal share of the job's cores).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +34,7 @@ from paged_bench.model.runner import ModelBackend
 from paged_bench.model.tp_shard import KEY as TP_KEY
 from paged_bench.model.weights import Weights
 from paged_bench.step import StepOutput, StepPlan
+from paged_bench.threads import cpu_share, job_threads
 
 
 class TorchBackend(ModelBackend):
@@ -52,15 +53,15 @@ class TorchBackend(ModelBackend):
     ) -> None:
         self.device = pick_device(device)
         self.compute_dtype = pick_dtype(dtype, self.device)
-        self.threads = None if threads is None else check_int("backend.threads", threads)
         self.num_devices = check_int(TP_KEY, tensor_parallel_size)
+        self.threads = job_threads("backend.threads", threads)
+        if threads is None:  # the job's share of the cores, split over its ranks
+            self.threads = max(1, cpu_share() // self.num_devices)
         if self.num_devices > 1:
             check(
                 self.device.type == "cpu" or torch.cuda.device_count() >= self.num_devices,
                 TP_KEY, tensor_parallel_size, f"at most the {torch.cuda.device_count()} CUDA devices here",
             )  # fmt: skip
-            if self.threads is None:
-                self.threads = max(1, (os.cpu_count() or 1) // self.num_devices)
         self.group: TPGroup | None = None  # the tensor-parallel ranks
         self._sampled: tuple[int, ...] | None = None  # the last forward's tokens, for the workers
         self._saved_threads: int | None = None

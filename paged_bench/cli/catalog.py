@@ -5,7 +5,7 @@ A plugin package makes its option usable on the command line (``scheduler=sjf``)
 the option's YAML in a package folder named by an entry point in the group
 ``paged_bench.conf``: ``<folder>/<group>/<option>.yaml``. The CLI registers those files in
 Hydra's ConfigStore before composing, which works in every install mode (Hydra's own
-``hydra_plugins`` scan does not see editable installs; see ECOSYSTEM.md).
+``hydra_plugins`` scan does not see editable installs; see docs/ecosystem.md).
 """
 
 from __future__ import annotations

@@ -110,6 +110,7 @@ def start(config: DictConfig) -> None:
     sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
     sweep_dir.mkdir(parents=True, exist_ok=True)
     total = count_jobs(config)
+    _check_parallel(config, total)
     experiment = OmegaConf.select(config, "experiment_name") or "paged_bench"
     settings = OmegaConf.to_container(config.tracking, resolve=True) if "tracking" in config else {}
     # +experiment=NAME -> param experiment (MLflow keys take no +/~)
@@ -160,6 +161,24 @@ def _stop_local_workers() -> None:
             executor.shutdown(wait=True, kill_workers=True)
         except Exception:  # noqa: BLE001, S110  (best effort: the sweep is closing anyway)
             pass
+
+
+def _check_parallel(config: DictConfig, total: int | None) -> None:
+    """Jobs side by side learn their share of the cores; a sweep that would oversubscribe
+    them for wall-clock backends stops here, before any job (Hydra only warns about a
+    callback's exceptions, so this one exits)."""
+    from paged_bench.cli import parallel
+    from paged_bench.errors import ConfigError
+
+    try:
+        jobs = job_overrides(config) if total is not None else []
+    except Exception:  # noqa: BLE001  (the sweeper reports bad overrides itself)
+        jobs = []
+    try:
+        parallel.prepare(config, jobs, total)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(e.exit_code) from e
 
 
 def write_info(sweep_dir: Path, info: dict[str, Any]) -> None:
