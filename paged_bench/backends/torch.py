@@ -86,7 +86,7 @@ class TorchBackend(ModelBackend):
             with torch.inference_mode():
                 super().bind(allocator)  # allocates the pool and warms the kernels up
             return
-        Backend.bind(self, allocator)
+        Backend.bind(self, allocator)  # not ModelBackend's: every rank allocates its share and warms up
         layout = allocator.layout
         self.group.bind(Bind(layout.num_slots, layout.num_cpu_blocks * layout.block_size, layout.block_size))
         self.pool, self.swap = self.group.model.pool, self.group.model.swap  # rank 0's share
