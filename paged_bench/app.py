@@ -16,6 +16,7 @@ from paged_bench.cluster.spec import cluster_spec
 from paged_bench.engine import EngineResult
 from paged_bench.metrics import summarize
 from paged_bench.outputs import write_run
+from paged_bench.records import RequestRecords
 from paged_bench.request import Request
 
 
@@ -44,6 +45,7 @@ class JobOutcome:
     result: EngineResult
     choices: dict[str, str]
     files: list[Path]
+    records: RequestRecords | None = None  # the run's requests as measured (engine or HTTP)
 
     @property
     def status(self) -> str:
@@ -84,7 +86,7 @@ def run_info(outcome: JobOutcome, target: Any) -> dict[str, Any]:
             "block_size": result.layout.block_size,
             "num_cpu_blocks": result.layout.num_cpu_blocks,
         },
-        "num_requests": len(result.requests),
+        "num_requests": len(outcome.records) if outcome.records is not None else len(result.requests),
         "num_steps": len(result.steps),
         "target": target,
     }
@@ -112,10 +114,11 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
             result = remote.result
     finally:
         bench.backend.close()
-    summary = summarize(result, cfg.get("slo"))
+    records = RequestRecords.from_requests(result.requests) if remote is None else remote.records
+    summary = summarize(result, cfg.get("slo"), records)
     if remote is not None:
         summary.update(remote.summary)  # engine-only figures null, server-side TTFT added
-    outcome = JobOutcome(run_dir, summary, result, bench.choices, [])
+    outcome = JobOutcome(run_dir, summary, result, bench.choices, [], records)
     info = run_info(outcome, target if remote is None else {"name": target, "base_url": remote.target.base_url})
-    outcome.files = write_run(run_dir, result, summary, info)
+    outcome.files = write_run(run_dir, result, summary, info, records)
     return outcome

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from paged_bench.metrics import LATENCIES, PERCENTILES
+from paged_bench.metrics import LATENCIES, PERCENTILES, SPREADS
 
 SUMMARY_KEYS = {
-    *(f"{p}_{m}_ms" for m in LATENCIES for p in PERCENTILES),
+    *(f"{p}_{m}_ms" for m in LATENCIES for p in (*PERCENTILES, *SPREADS)),
+    "max_output_tokens_per_s", "max_concurrent_requests",
     "completed", "failed", "duration", "total_input_tokens", "total_output_tokens",
     "request_throughput", "output_throughput", "total_token_throughput",
     "kv_live_slots_peak", "kv_reserved_slots_peak", "kv_utilization_mean", "kv_waste_pct",

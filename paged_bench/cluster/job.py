@@ -16,6 +16,7 @@ from paged_bench.cluster.outputs import write_cluster_run
 from paged_bench.cluster.spec import ClusterSpec
 from paged_bench.cluster.summary import cluster_summary, merged_result
 from paged_bench.errors import check
+from paged_bench.records import RequestRecords
 
 if TYPE_CHECKING:
     from paged_bench.app import JobOutcome, ProgressCallback
@@ -35,8 +36,9 @@ def run_cluster_job(
         for replica in bench.cluster.replicas:
             replica.engine.backend.close()
     merged = merged_result(run)
-    summary, replicas = cluster_summary(run, merged, cfg.get("slo"))
-    outcome = JobOutcome(run_dir, summary, merged, bench.choices, [])
+    records = RequestRecords.from_requests(merged.requests)
+    summary, replicas = cluster_summary(run, merged, records, cfg.get("slo"))
+    outcome = JobOutcome(run_dir, summary, merged, bench.choices, [], records)
     info = run_info(outcome, "engine")
     info["cluster"] = {
         "replicas": spec.num_replicas,
@@ -44,5 +46,5 @@ def run_cluster_job(
         "decode_replicas": spec.num_decode if spec.disaggregated else 0,
         "link": vars(spec.link) if spec.disaggregated else None,
     }
-    outcome.files = write_cluster_run(run_dir, run, merged, summary, replicas, info)
+    outcome.files = write_cluster_run(run_dir, run, merged, records, summary, replicas, info)
     return outcome
