@@ -17,6 +17,7 @@ from paged_bench.clock import make_clock
 from paged_bench.engine import Engine
 from paged_bench.errors import ConfigError, check, check_int, check_number
 from paged_bench.metrics import SLO_KEYS
+from paged_bench.model.kv_capacity import KVBudget
 from paged_bench.request import Request
 from paged_bench.workloads.base import WorkloadContext
 
@@ -31,6 +32,7 @@ class Bench:
     requests: list[Request]
     config: dict[str, Any]
     choices: dict[str, str]  # plugin kind -> option name
+    kv_budget: KVBudget | None = None  # how num_blocks=auto sized the pool from the hardware
 
     @property
     def backend(self) -> Backend:
@@ -51,7 +53,7 @@ def check_top_level(cfg: Mapping[str, Any]) -> None:
     check_int("max_model_len", cfg.get("max_model_len"), 2)
     check_int("max_num_batched_tokens", cfg.get("max_num_batched_tokens"))
     check_int("seed", cfg.get("seed"), 0)
-    if cfg.get("num_blocks") is not None:
+    if cfg.get("num_blocks") not in (None, "auto"):
         check_int("num_blocks", cfg.get("num_blocks"))
     check(cfg.get("clock", "auto") in ("auto", "virtual", "wall"), "clock", cfg.get("clock"), "auto, virtual or wall")
     slo = cfg.get("slo") or {}
@@ -62,19 +64,25 @@ def check_top_level(cfg: Mapping[str, Any]) -> None:
             check_number(f"slo.{key}", value, 0, strict=True)
 
 
-def auto_num_blocks(cfg: Mapping[str, Any]) -> int:
-    """Enough blocks for ``max_batch`` sequences of ``max_model_len``: no memory pressure."""
+def auto_num_blocks(cfg: Mapping[str, Any], budget: KVBudget | None) -> int:
+    """What the backend's memory holds next to its model (``budget``, when it knows both), else
+    enough blocks for ``max_batch`` sequences of ``max_model_len``: no memory pressure."""
+    if budget is not None:
+        return budget.blocks(cfg["block_size"])
     return cfg["max_batch"] * -(-cfg["max_model_len"] // cfg["block_size"])
 
 
-def build_engine(cfg: Mapping[str, Any]) -> Engine:
-    """An engine (backend, allocator, scheduler, clock) from a config whose top level is checked."""
+def build_engine(cfg: Mapping[str, Any]) -> tuple[Engine, KVBudget | None]:
+    """An engine (backend, allocator, scheduler, clock) from a config whose top level is checked,
+    and how ``num_blocks=auto`` sized its pool (None when it did not)."""
     name, options = plugin_section(cfg, "backend")
     backend = registry.create("backend", name, **options)
 
     name, options = plugin_section(cfg, "allocator")
-    if options.get("num_blocks") is None:
-        options["num_blocks"] = auto_num_blocks(cfg)
+    budget = None
+    if options.get("num_blocks") in (None, "auto"):
+        budget = backend.kv_budget(cfg["max_num_batched_tokens"], cfg["max_batch"])
+        options["num_blocks"] = auto_num_blocks(cfg, budget)
     allocator = registry.create("allocator", name, **options)
     layout = allocator.layout
     check(
@@ -98,7 +106,7 @@ def build_engine(cfg: Mapping[str, Any]) -> Engine:
     )
 
     clock_kind = cfg.get("clock", "auto")
-    return Engine(scheduler, backend, make_clock(backend.clock if clock_kind == "auto" else clock_kind))
+    return Engine(scheduler, backend, make_clock(backend.clock if clock_kind == "auto" else clock_kind)), budget
 
 
 def build_requests(cfg: Mapping[str, Any], backend: Backend) -> list[Request]:
@@ -111,5 +119,5 @@ def build_requests(cfg: Mapping[str, Any], backend: Backend) -> list[Request]:
 def build(cfg: Mapping[str, Any]) -> Bench:
     check_top_level(cfg)
     choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
-    engine = build_engine(cfg)
-    return Bench(engine, build_requests(cfg, engine.backend), dict(cfg), choices)
+    engine, budget = build_engine(cfg)
+    return Bench(engine, build_requests(cfg, engine.backend), dict(cfg), choices, budget)

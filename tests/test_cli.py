@@ -19,6 +19,7 @@ SUMMARY_KEYS = {
     "request_throughput", "output_throughput", "total_token_throughput",
     "kv_live_slots_peak", "kv_reserved_slots_peak", "kv_utilization_mean", "kv_waste_pct",
     "num_preemptions", "recomputed_tokens", "swapped_blocks", "prefix_cache_hit_rate", "preempted_prefix_hit_tokens",
+    "kv_capacity_blocks", "kv_capacity_tokens", "num_gpus", "output_throughput_per_gpu",
 }  # fmt: skip
 
 

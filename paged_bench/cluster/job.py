@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 def run_cluster_job(
     cfg: Mapping[str, Any], run_dir: Path, spec: ClusterSpec, on_progress: ProgressCallback | None = None
 ) -> JobOutcome:
-    from paged_bench.app import JobOutcome, run_info, step_callback  # app imports this module lazily
+    from paged_bench.app import JobOutcome, capacity_figures, run_info, step_callback  # app imports us lazily
 
     check((cfg.get("target") or {}).get("name", "engine") == "engine", "target", cfg.get("target"),
           "target=engine for a cluster (cluster.replicas > 1 simulates the replicas in-process)")  # fmt: skip
@@ -38,8 +38,9 @@ def run_cluster_job(
     merged = merged_result(run)
     records = RequestRecords.from_requests(merged.requests)
     summary, replicas = cluster_summary(run, merged, records, cfg.get("slo"))
+    summary.update(capacity_figures(merged.layout, bench.num_gpus, summary.get("output_throughput")))
     outcome = JobOutcome(run_dir, summary, merged, bench.choices, [], records)
-    info = run_info(outcome, "engine")
+    info = run_info(outcome, "engine", bench.kv_budget)
     info["cluster"] = {
         "replicas": spec.num_replicas,
         "prefill_replicas": spec.num_prefill,
