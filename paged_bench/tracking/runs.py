@@ -218,7 +218,7 @@ def upload_run(mlflow_client: Any, experiment_id: str, run_dir: Path, settings: 
     try:
         end_ms = ms(float(info.get("end_time") or start_time))
         metrics = summary_metrics(summary, end_ms)
-        metrics += step_metrics(_read_steps(run_dir / "steps.csv"), ms(start_time), int(settings.get("step_metrics", 500) or 0))
+        metrics += step_metrics(_read_steps(run_dir / "steps.csv"), ms(start_time), int(settings.get("step_metrics", 100) or 0))
         params = [Param(k, v) for k, v in params_of(config or {}).items()]
         mlflow_client.log_batch(run_id, metrics=metrics, params=params)
         log_artifacts(mlflow_client, run_id, _artifacts(run_dir))
