@@ -28,12 +28,9 @@ import torch
 
 from paged_bench.app import run_job
 from paged_bench.config import compose_config
-from paged_bench.engine import STEP_COLUMNS
 from paged_bench.model.config import DTYPE_BYTES, PRESETS
 from paged_bench.model.hf import to_transformers
 from paged_bench.model.weights import random_state
-
-COL = {name: i for i, name in enumerate(STEP_COLUMNS)}
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, seconds: float = 2.0) -> float:
@@ -62,10 +59,10 @@ def workload(n: int, prompt: int, new: int) -> list[str]:
 
 def decode_rate(outcome) -> tuple[float, float]:
     """(decode tokens/s, seconds per decode step) over the steps that only decoded."""
-    steps = [s for s in outcome.result.steps if s[COL["prefill_tokens"]] == 0]
+    steps = [s for s in outcome.result.steps.rows() if s.prefill_tokens == 0]
     steps = steps[len(steps) // 8 :]  # skip the first steps: warm-up
-    tokens = sum(s[COL["decode_tokens"]] for s in steps)
-    seconds = sum(s[COL["duration"]] for s in steps)
+    tokens = sum(s.decode_tokens for s in steps)
+    seconds = sum(s.duration for s in steps)
     return tokens / seconds, seconds / len(steps)
 
 

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from paged_bench.build import build
+from paged_bench.build import Bench, build
+from paged_bench.cluster.spec import cluster_spec
 from paged_bench.engine import EngineResult
 from paged_bench.metrics import summarize
 from paged_bench.outputs import write_run
+from paged_bench.records import RequestRecords
 from paged_bench.request import Request
 
 
@@ -43,6 +45,7 @@ class JobOutcome:
     result: EngineResult
     choices: dict[str, str]
     files: list[Path]
+    records: RequestRecords | None = None  # the run's requests as measured (engine or HTTP)
 
     @property
     def status(self) -> str:
@@ -57,27 +60,69 @@ class JobOutcome:
         return self.result.error
 
 
+def capacity_figures(layout: Any, bench: Bench, output_throughput: float | None) -> dict[str, Any]:
+    """The KV pool's capacity (sized from the hardware by num_blocks=auto, or as configured) and
+    the output throughput per GPU of a tensor-parallel backend."""
+    gpus = bench.backend.num_devices
+    return {
+        "kv_capacity_blocks": layout.num_blocks,
+        "kv_capacity_tokens": layout.num_slots,
+        "num_gpus": gpus,
+        "output_throughput_per_gpu": None if output_throughput is None else output_throughput / gpus,
+    }
+
+
+def step_callback(on_progress: ProgressCallback | None, total: int) -> Callable[[float, list[Request]], None] | None:
+    """An engine's ``on_step`` that reports progress after the steps that finish requests."""
+    if on_progress is None:
+        return None
+    progress = Progress(total=total)
+
+    def on_step(now: float, finished: list[Request]) -> None:
+        if finished:
+            progress.advance(now, finished)
+            on_progress(progress)
+
+    return on_step
+
+
+def run_info(outcome: JobOutcome, target: Any, options: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``run_info.json``: how the job ended and what it ran; ``options`` are the config options
+    picked per group (``workload=seed``), recorded beside the plugin each selected (``poisson``)."""
+    result = outcome.result
+    return {
+        "status": outcome.status,
+        "error": outcome.error,
+        "choices": {kind: (options or {}).get(kind) or plugin for kind, plugin in outcome.choices.items()},
+        "plugins": outcome.choices,
+        "kv_layout": {
+            "num_blocks": result.layout.num_blocks,
+            "block_size": result.layout.block_size,
+            "num_cpu_blocks": result.layout.num_cpu_blocks,
+        },
+        "num_requests": len(result.requests),
+        "num_steps": len(result.steps),
+        "target": target,
+    }
+
+
 def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback | None = None,
             options: Mapping[str, str] | None = None) -> JobOutcome:  # fmt: skip
     """Build and run one job from a resolved config; raises ConfigError/PluginError before
     anything runs, never after (a run that stops early is reported in the outcome).
     ``options``: the config option picked per group (Hydra's choices: ``workload=seed``), which
     ``run_info.json`` records beside the plugin each one selected (``poisson``)."""
+    if (spec := cluster_spec(cfg)) is not None:  # more than one replica: paged_bench.cluster
+        from paged_bench.cluster.job import run_cluster_job
+
+        return run_cluster_job(cfg, run_dir, spec, on_progress)
     bench = build(cfg)
-    on_step = None
-    if on_progress is not None:
-        progress = Progress(total=len(bench.requests))
-
-        def on_step(now: float, finished: list[Request]) -> None:
-            if finished:
-                progress.advance(now, finished)
-                on_progress(progress)
-
+    on_step = step_callback(on_progress, len(bench.requests))
     target = (cfg.get("target") or {}).get("name", "engine")
     remote = None
     try:
         if target == "engine":
-            result = bench.engine.run(bench.requests, on_step)
+            result = bench.engine.run(bench.requests, on_step, bench.max_concurrency)
         else:  # the same requests, sent to an OpenAI-compatible server
             from paged_bench.loadgen import run_target  # HTTP client code only for remote runs
 
@@ -86,23 +131,13 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
             result = remote.result
     finally:
         bench.backend.close()
-    summary = summarize(result, cfg.get("slo"))
+    records = RequestRecords.from_requests(result.requests) if remote is None else remote.records
+    summary = summarize(result, cfg.get("slo"), records)
     if remote is not None:
         summary.update(remote.summary)  # engine-only figures null, server-side TTFT added
-    outcome = JobOutcome(run_dir, summary, result, bench.choices, [])
-    info = {
-        "status": outcome.status,
-        "error": outcome.error,
-        "choices": {kind: (options or {}).get(kind) or plugin for kind, plugin in bench.choices.items()},
-        "plugins": bench.choices,
-        "kv_layout": {
-            "num_blocks": result.layout.num_blocks,
-            "block_size": result.layout.block_size,
-            "num_cpu_blocks": result.layout.num_cpu_blocks,
-        },
-        "num_requests": len(result.requests),
-        "num_steps": len(result.steps),
-        "target": target if remote is None else {"name": target, "base_url": remote.target.base_url},
-    }
-    outcome.files = write_run(run_dir, result, summary, info)
+    summary.update(capacity_figures(result.layout, bench, summary.get("output_throughput")))
+    outcome = JobOutcome(run_dir, summary, result, bench.choices, [], records)
+    info = run_info(outcome, target if remote is None else {"name": target, "base_url": remote.target.base_url}, options)
+    info["kv_layout"]["sized_from"] = bench.kv_budget.to_dict() if bench.kv_budget else None
+    outcome.files = write_run(run_dir, result, summary, info, records)
     return outcome

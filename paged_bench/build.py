@@ -18,8 +18,9 @@ from paged_bench.clock import make_clock
 from paged_bench.engine import Engine
 from paged_bench.errors import ConfigError, check, check_int, check_number
 from paged_bench.metrics import SLO_KEYS
+from paged_bench.model.kv_capacity import KVBudget
 from paged_bench.request import Request
-from paged_bench.workloads.base import WorkloadContext
+from paged_bench.workloads.base import Workload, WorkloadContext
 
 PLUGIN_KINDS = ("workload", "scheduler", "allocator", "backend")
 
@@ -32,13 +33,15 @@ class Bench:
     requests: list[Request]
     config: dict[str, Any]
     choices: dict[str, str]  # plugin kind -> option name
+    kv_budget: KVBudget | None = None  # how num_blocks=auto sized the pool from the hardware
+    max_concurrency: int | None = None  # the workload's closed loop: most requests in flight
 
     @property
     def backend(self) -> Backend:
         return self.engine.backend
 
 
-def _plugin_section(cfg: Mapping[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
+def plugin_section(cfg: Mapping[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
     section = cfg.get(kind)
     if not isinstance(section, Mapping) or not isinstance(section.get("name"), str):
         raise ConfigError(kind, section, f"a {kind} config group option, e.g. {kind}=<name> (see --help)")
@@ -52,7 +55,7 @@ def check_top_level(cfg: Mapping[str, Any]) -> None:
     check_int("max_model_len", cfg.get("max_model_len"), 2)
     check_int("max_num_batched_tokens", cfg.get("max_num_batched_tokens"))
     check_int("seed", cfg.get("seed"), 0)
-    if cfg.get("num_blocks") is not None:
+    if cfg.get("num_blocks") not in (None, "auto"):
         check_int("num_blocks", cfg.get("num_blocks"))
     check(cfg.get("clock", "auto") in ("auto", "virtual", "wall"), "clock", cfg.get("clock"), "auto, virtual or wall")
     slo = cfg.get("slo") or {}
@@ -63,8 +66,11 @@ def check_top_level(cfg: Mapping[str, Any]) -> None:
             check_number(f"slo.{key}", value, 0, strict=True)
 
 
-def auto_num_blocks(cfg: Mapping[str, Any]) -> int:
-    """Enough blocks for ``max_batch`` sequences of ``max_model_len``: no memory pressure."""
+def auto_num_blocks(cfg: Mapping[str, Any], budget: KVBudget | None) -> int:
+    """What the backend's memory holds next to its model (``budget``, when it knows both), else
+    enough blocks for ``max_batch`` sequences of ``max_model_len``: no memory pressure."""
+    if budget is not None:
+        return budget.blocks(cfg["block_size"])
     return cfg["max_batch"] * -(-cfg["max_model_len"] // cfg["block_size"])
 
 
@@ -106,23 +112,20 @@ def check_memory(cfg: Mapping[str, Any], options: Mapping[str, Any], backend: Ba
         return
     most = available // (per_block + (1 + on_host) * block_size * kv)
     gib = f"{need / 2**30:,.1f} GiB needed, {available / 2**30:,.1f} GiB available"
-    if cfg.get("num_blocks") is None:
+    if cfg.get("num_blocks") in (None, "auto"):
         raise ConfigError("max_batch", cfg["max_batch"], f"a KV pool of max_batch full sequences that fits in memory "
                           f"({blocks:,} blocks: {gib}); set a smaller max_batch or num_blocks <= {most:,}")  # fmt: skip
     raise ConfigError("num_blocks", cfg["num_blocks"], f"a KV pool that fits in memory ({gib}): at most about {most:,}")
 
 
-def build(cfg: Mapping[str, Any]) -> Bench:
-    check_top_level(cfg)
-    sections = {kind: _plugin_section(cfg, kind) for kind in PLUGIN_KINDS}
-    choices = {kind: name for kind, (name, _) in sections.items()}
-
-    name, options = sections["backend"]
+def build_engine(cfg: Mapping[str, Any]) -> Engine:
+    """An engine (backend, allocator, scheduler, clock) from a config whose top level is checked."""
+    name, options = plugin_section(cfg, "backend")
     backend = registry.create("backend", name, **options)
 
-    name, options = sections["allocator"]
-    if options.get("num_blocks") is None:
-        options["num_blocks"] = auto_num_blocks(cfg)
+    name, options = plugin_section(cfg, "allocator")
+    if options.get("num_blocks") in (None, "auto"):
+        options["num_blocks"] = auto_num_blocks(cfg, kv_budget_for(cfg, backend))
     check_memory(cfg, options, backend)
     allocator = registry.create("allocator", name, **options)
     layout = allocator.layout
@@ -135,7 +138,7 @@ def build(cfg: Mapping[str, Any]) -> Bench:
     )
     backend.bind(allocator)
 
-    name, options = sections["scheduler"]
+    name, options = plugin_section(cfg, "scheduler")
     scheduler = registry.create(
         "scheduler",
         name,
@@ -147,9 +150,35 @@ def build(cfg: Mapping[str, Any]) -> Bench:
     )
 
     clock_kind = cfg.get("clock", "auto")
-    engine = Engine(scheduler, backend, make_clock(backend.clock if clock_kind == "auto" else clock_kind))
+    return Engine(scheduler, backend, make_clock(backend.clock if clock_kind == "auto" else clock_kind))
 
-    name, options = sections["workload"]
-    workload = registry.create("workload", name, **options)
-    requests = workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
-    return Bench(engine, requests, dict(cfg), choices)
+
+def build_workload(cfg: Mapping[str, Any]) -> Workload:
+    name, options = plugin_section(cfg, "workload")
+    return registry.create("workload", name, **options)
+
+
+def requests_for(workload: Workload, backend: Backend) -> list[Request]:
+    """The workload's requests, tokenized for ``backend``."""
+    return workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
+
+
+def build_requests(cfg: Mapping[str, Any], backend: Backend) -> list[Request]:
+    return requests_for(build_workload(cfg), backend)
+
+
+def kv_budget_for(cfg: Mapping[str, Any], backend: Backend) -> KVBudget | None:
+    """How ``num_blocks=auto`` sizes the pool from the backend's hardware; None when
+    ``num_blocks`` is set, or the backend knows no model and memory."""
+    if cfg.get("num_blocks") not in (None, "auto"):
+        return None
+    return backend.kv_budget(cfg["max_num_batched_tokens"], cfg["max_batch"])
+
+
+def build(cfg: Mapping[str, Any]) -> Bench:
+    check_top_level(cfg)
+    choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
+    engine = build_engine(cfg)
+    workload = build_workload(cfg)
+    requests = requests_for(workload, engine.backend)
+    return Bench(engine, requests, dict(cfg), choices, kv_budget_for(cfg, engine.backend), workload.max_concurrency)

@@ -12,38 +12,25 @@ freed, so the results gathered so far are complete and the pool is whole.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from paged_bench.allocators.base import KVLayout
+from paged_bench.arrivals import feed
 from paged_bench.backends.base import Backend
 from paged_bench.clock import VirtualClock, WallClock
 from paged_bench.errors import EngineError
 from paged_bench.request import FinishReason, Request
 from paged_bench.schedulers.base import Scheduler
+from paged_bench.step_records import STEP_COLUMNS, StepRecords
 
-STEP_COLUMNS = (
-    "step",
-    "time",
-    "duration",
-    "batch_size",
-    "prefill_tokens",
-    "decode_tokens",
-    "running",
-    "waiting",
-    "kv_live_slots",
-    "kv_reserved_slots",
-    "kv_free_blocks",
-    "preemptions",
-    "swapped_blocks",
-)
+__all__ = ["STEP_COLUMNS", "Engine", "EngineResult", "StepRecords"]
 
 
 @dataclass
 class EngineResult:
     requests: list[Request]
-    steps: list[tuple]  # one STEP_COLUMNS row per step
+    steps: StepRecords  # one row per step, read by column name
     duration: float  # seconds from the start to the end of the last step
     layout: KVLayout
     kv_bytes_per_token: int | None
@@ -52,6 +39,8 @@ class EngineResult:
     swapped_blocks: int
     prefix_query_tokens: int
     prefix_hit_tokens: int
+    preempted_prefix_query_tokens: int = 0
+    preempted_prefix_hit_tokens: int = 0
     error: str | None = None  # why the run stopped early, if it did
     interrupted: bool = False
     leaks: list[str] = field(default_factory=list)
@@ -68,9 +57,10 @@ class Engine:
         self.scheduler = scheduler
         self.allocator = scheduler.allocator
         self.backend = backend
+        scheduler.plan_token_ids = backend.reads_token_ids
         self.clock = clock
         # a long-lived server keeps only the latest step records, so its memory stays flat
-        self.steps: list[tuple] | deque[tuple] = [] if max_step_records is None else deque(maxlen=max_step_records)
+        self.steps = StepRecords(max_step_records)
         self.num_steps = 0
         self._num_blocks, self._block_size = self.allocator.layout.num_blocks, self.allocator.layout.block_size
 
@@ -85,58 +75,67 @@ class Engine:
         sched, allocator = self.scheduler, self.allocator
         start = self.clock.now()
         plan = sched.schedule(start)
-        if not (plan.reqs or plan.swap_in or plan.swap_out):
+        if not (plan.req_ids or plan.swap_in or plan.swap_out):  # plan.is_empty, inlined: every step
             if plan.num_preempted:  # everyone was preempted: they are readmitted next step
                 return []
             raise EngineError(
                 f"scheduler {sched.name!r} planned an empty step with {len(sched.running)} running and "
                 f"{len(sched.waiting)} waiting requests"
             )
+        # KV as the step holds it: after scheduling, before finished requests are freed
+        live, free_blocks = allocator.live_slots, allocator.num_free_blocks
         output = self.backend.execute(plan)
         end = self.clock.advance(start, output.duration)
         finished = sched.update(plan, output, end)
         decodes = plan.num_decode_tokens
-        free_blocks = allocator.num_free_blocks
-        self.num_steps += 1
         self.steps.append((
-            self.num_steps - 1,
+            self.num_steps,
             end,
             end - start,
-            len(plan.reqs),
+            len(plan.req_ids),
             sum(plan.num_new_tokens) - decodes,
             decodes,
             len(sched.running),
             len(sched.waiting),
-            allocator.live_slots,
+            live,
             (self._num_blocks - free_blocks) * self._block_size,
             free_blocks,
-            plan.num_preempted,
+            len(plan.preempted_req_ids),
             len(plan.swap_in) + len(plan.swap_out),
         ))  # fmt: skip
+        self.num_steps += 1
         return finished
 
     def run(
-        self, requests: list[Request], on_step: Callable[[float, list[Request]], None] | None = None
+        self,
+        requests: list[Request],
+        on_step: Callable[[float, list[Request]], None] | None = None,
+        max_concurrency: int | None = None,
     ) -> EngineResult:
-        """Replay ``requests`` at their arrival times until every one has finished.
+        """Replay ``requests`` at their arrival times (and, with ``max_concurrency``, no more
+        than that many in flight: ``arrivals``) until every one has finished.
 
         ``on_step(now, finished)`` is called after every step with the requests it finished."""
-        reqs = sorted(requests, key=lambda r: r.arrival_time)
+        arrivals = feed(requests, max_concurrency)
         clock, sched = self.clock, self.scheduler
         clock.start()
-        error, interrupted, next_arrival = None, False, 0
+        error, interrupted = None, False
         try:
             while True:
                 now = clock.now()
-                while next_arrival < len(reqs) and reqs[next_arrival].arrival_time <= now:
-                    sched.add_request(reqs[next_arrival], now)
-                    next_arrival += 1
+                for req in arrivals.due(now):
+                    sched.add_request(req, now)
+                    if req.is_finished:  # rejected at the door
+                        arrivals.finished([req], now)
                 if not sched.has_unfinished():
-                    if next_arrival == len(reqs):
+                    next_time = arrivals.next_time()
+                    if next_time is None:
                         break
-                    clock.wait_until(reqs[next_arrival].arrival_time)
+                    clock.wait_until(next_time)
                     continue
                 finished = self.step()
+                if finished:
+                    arrivals.finished(finished, clock.now())
                 if on_step is not None:
                     on_step(clock.now(), finished)
         except EngineError as e:
@@ -147,16 +146,16 @@ class Engine:
             now = clock.now()
             reason = FinishReason.ABORT if interrupted else FinishReason.ERROR
             sched.abort_all(reason, now, error)
-            for req in reqs[next_arrival:]:
+            for req in arrivals.pending():
                 req.finish(reason, now, f"not submitted: {error}")
-        return self._result(reqs, error, interrupted)
+        return self._result(arrivals.requests, error, interrupted)
 
     def _result(self, reqs: list[Request], error: str | None, interrupted: bool) -> EngineResult:
         sched, counters = self.scheduler, self.allocator.counters
         return EngineResult(
             requests=reqs,
             steps=self.steps,
-            duration=self.steps[-1][1] if self.steps else 0.0,
+            duration=last.time if (last := self.steps.last()) is not None else 0.0,
             layout=self.allocator.layout,
             kv_bytes_per_token=self.backend.kv_bytes_per_token,
             num_preemptions=sched.num_preemptions,
@@ -164,6 +163,8 @@ class Engine:
             swapped_blocks=sched.swapped_blocks,
             prefix_query_tokens=counters.prefix_query_tokens,
             prefix_hit_tokens=counters.prefix_hit_tokens,
+            preempted_prefix_query_tokens=counters.preempted_prefix_query_tokens,
+            preempted_prefix_hit_tokens=counters.preempted_prefix_hit_tokens,
             error=error,
             interrupted=interrupted,
             leaks=self.allocator.leaks(),

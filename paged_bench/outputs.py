@@ -3,16 +3,20 @@ and the short summary table printed at the end of a run."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from paged_bench.engine import STEP_COLUMNS, EngineResult
-from paged_bench.metrics import request_latency
+import numpy as np
 
+from paged_bench.engine import STEP_COLUMNS, EngineResult, StepRecords
+from paged_bench.metrics import request_latencies
+from paged_bench.records import RequestRecords
+
+_QUOTE = re.compile(r'[,"\r\n]')  # what makes csv.writer quote a cell
 REQUEST_COLUMNS = (
     "request_id",
     "arrival_time",
@@ -30,36 +34,68 @@ REQUEST_COLUMNS = (
     "num_preemptions",
     "finish_reason",
     "error",
+    "output_digest",
+    "text_digest",
 )
 
 
-def request_rows(result: EngineResult) -> list[tuple]:
-    rows = []
-    for r in result.requests:
-        lat = request_latency(r)
-        rows.append((
-            r.request_id, r.arrival_time, r.first_scheduled_time, r.first_token_time, r.finish_time,
-            r.num_prompt_tokens, r.num_output_tokens, r.max_tokens, r.num_cached_tokens,
-            lat.ttft_ms, lat.tpot_ms, lat.e2el_ms, lat.queue_ms, r.num_preemptions,
-            r.finish_reason.value if r.finish_reason else "", r.error or "",
-        ))  # fmt: skip
-    return rows
+def _quoted(text: str) -> str:
+    return '"' + text.replace('"', '""') + '"' if _QUOTE.search(text) else text
 
 
-def _write_csv(path: Path, columns: tuple[str, ...], rows: list[tuple]) -> None:
+def _cells(values: np.ndarray | list) -> list:
+    """A column as csv.writer (QUOTE_MINIMAL) writes its cells: unknown (nan, None) empty, text
+    quoted where it holds a comma, quote or line break."""
+    if isinstance(values, np.ndarray):
+        cells = values.tolist()
+        return ["" if v != v else v for v in cells] if values.dtype.kind == "f" and np.isnan(values).any() else cells
+    return ["" if v is None else _quoted(v) if isinstance(v, str) else v for v in values]
+
+
+def request_columns(records: RequestRecords) -> tuple[np.ndarray | list, ...]:
+    """``requests.csv``'s columns, in ``REQUEST_COLUMNS`` order."""
+    lat = request_latencies(records)
+    return (
+        records.request_id, records.arrival_time, records.first_scheduled_time, records.first_chunk_time,
+        records.finish_time, records.prompt_tokens, records.output_tokens, records.max_tokens, records.cached_tokens,
+        lat.ttft_ms, lat.tpot_ms, lat.e2el_ms, lat.queue_ms, records.num_preemptions, records.finish_reason,
+        records.error, records.output_digest, records.text_digest,
+    )  # fmt: skip
+
+
+def request_rows(records: RequestRecords) -> Iterable[tuple]:
+    return zip(*map(_cells, request_columns(records)))
+
+
+def step_rows(steps: StepRecords) -> Iterable[tuple]:
+    """``steps.csv``'s rows, in ``STEP_COLUMNS`` order (numbers only)."""
+    return zip(*(steps.column(name).tolist() for name in STEP_COLUMNS))
+
+
+def _write_csv(path: Path, columns: tuple[str, ...], rows: Iterable[tuple]) -> None:
+    """What csv.writer writes, formatted a row at a time by one %-format (rows hold ready cells)."""
+    row = ",".join(["%s"] * len(columns)) + "\r\n"
     with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        writer.writerows(("" if v is None else v for v in row) for row in rows)
+        f.write(",".join(columns) + "\r\n")
+        f.write("".join(map(row.__mod__, rows)))
 
 
-def write_run(run_dir: Path, result: EngineResult, summary: Mapping[str, Any], info: Mapping[str, Any]) -> list[Path]:
-    """Write the run's files into ``run_dir``; returns their paths."""
+def write_run(
+    run_dir: Path,
+    result: EngineResult,
+    summary: Mapping[str, Any],
+    info: Mapping[str, Any],
+    records: RequestRecords | None = None,
+) -> list[Path]:
+    """Write the run's files into ``run_dir``; returns their paths. ``records`` are the run's
+    requests when they are not the engine's (an HTTP run's)."""
+    if records is None:
+        records = RequestRecords.from_requests(result.requests)
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = [run_dir / n for n in ("summary.json", "requests.csv", "steps.csv", "run_info.json")]
     paths[0].write_text(json.dumps(dict(summary), indent=2) + "\n")
-    _write_csv(paths[1], REQUEST_COLUMNS, request_rows(result))
-    _write_csv(paths[2], STEP_COLUMNS, result.steps)
+    _write_csv(paths[1], REQUEST_COLUMNS, request_rows(records))
+    _write_csv(paths[2], STEP_COLUMNS, step_rows(result.steps))
     paths[3].write_text(json.dumps(dict(info), indent=2, default=str) + "\n")
     return paths
 

@@ -1,6 +1,6 @@
 """Plugin discovery and construction: one mechanism for built-ins and third-party packages.
 
-Every option of the four plugin kinds is an entry point in the group
+Every option of the plugin kinds is an entry point in the group
 ``paged_bench.<kind>s`` (``paged_bench.schedulers``, ...) naming a class derived from the
 kind's base class; our own built-ins register in our ``pyproject.toml`` exactly as a plugin
 package does in its own. A plugin that fails to import, or is not a subclass of its kind's
@@ -22,6 +22,7 @@ KINDS = {
     "scheduler": ("paged_bench.schedulers", "paged_bench.schedulers.base:Scheduler"),
     "allocator": ("paged_bench.allocators", "paged_bench.allocators.base:Allocator"),
     "backend": ("paged_bench.backends", "paged_bench.backends.base:Backend"),
+    "router": ("paged_bench.routers", "paged_bench.routers.base:Router"),  # a cluster's (paged_bench.cluster)
 }
 
 

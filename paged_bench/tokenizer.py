@@ -1,10 +1,25 @@
-"""The built-in byte-level tokenizer: UTF-8 bytes are tokens 0-255, then a few specials.
+"""The built-in tokenizers, for backends without a checkpoint of their own (random-weight
+models, the simulator), so that text workloads and the HTTP server work without downloads.
 
-Used when a backend has no tokenizer of its own (random-weight models, the simulator), so
-that text workloads and the HTTP server work without downloading anything.
+- ``ByteTokenizer``: UTF-8 bytes are tokens 0-255, then BOS and EOS (vocabulary 258).
+- ``BPETokenizer``: a real subword byte-level BPE (16,384 merges-and-bytes + BOS and EOS),
+  trained once with the ``tokenizers`` library on text every Python install carries (the
+  standard library's English docs, ``pydoc_data/topics.py``, then its ``.py`` sources, in
+  sorted order, up to a fixed budget) and cached as a ``tokenizer.json`` under the user cache
+  dir (``$PAGED_BENCH_CACHE``, else ``$XDG_CACHE_HOME/paged_bench``, else ``~/.cache/paged_bench``).
+  Training takes about a second; the same Python and ``tokenizers`` versions give the same
+  tokenizer, byte for byte (the cache file's name carries both).
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 
 class ByteTokenizer:
@@ -17,3 +32,79 @@ class ByteTokenizer:
 
     def decode(self, token_ids: list[int]) -> str:
         return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
+
+
+BPE_MERGED_VOCAB = 16384  # bytes + merges; BOS and EOS come after them
+BPE_TRAINING_CHARS = 8_000_000  # ~1 s of training on one core
+BOS, EOS = "<|bos|>", "<|eos|>"
+
+
+class BPETokenizer:
+    """A ``tokenizers.Tokenizer`` behind the ``encode``/``decode`` interface of the byte one."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+        self.vocab_size = tok.get_vocab_size()
+        self.bos_token_id = tok.token_to_id(BOS)
+        self.eos_token_id = tok.token_to_id(EOS)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tok.decode(token_ids, skip_special_tokens=True)
+
+
+def cache_dir() -> Path:
+    if os.environ.get("PAGED_BENCH_CACHE"):
+        return Path(os.environ["PAGED_BENCH_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "paged_bench"
+
+
+def _training_text(budget: int) -> Iterator[str]:
+    """The standard library's English docs first, then its sources, sorted: the same text on
+    every install of one Python version."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    docs = stdlib / "pydoc_data" / "topics.py"
+    sources = sorted(p for p in stdlib.rglob("*.py") if not {"test", "tests", "site-packages"} & set(p.parts))
+    sent = 0
+    for path in ([docs] if docs.is_file() else []) + sources:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        yield text
+        sent += len(text)
+        if sent >= budget:
+            return
+
+
+def train_bpe(merged_vocab: int = BPE_MERGED_VOCAB, budget: int = BPE_TRAINING_CHARS) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=merged_vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(_training_text(budget), trainer)
+    tok.add_special_tokens([BOS, EOS])  # after the merges: ids merged_vocab and merged_vocab + 1
+    return tok
+
+
+def bpe_tokenizer(directory: Path | None = None) -> BPETokenizer:
+    """The built-in BPE: read from the cache, or trained once and cached (atomically, so
+    concurrent first uses are safe)."""
+    from tokenizers import Tokenizer
+    from tokenizers import __version__ as tokenizers_version
+
+    directory = directory or cache_dir()
+    version = f"py{sys.version_info.major}.{sys.version_info.minor}-tokenizers{tokenizers_version}"
+    path = directory / f"bpe-{BPE_MERGED_VOCAB}-{version}.json"
+    if path.is_file():
+        return BPETokenizer(Tokenizer.from_file(str(path)))
+    tok = train_bpe()
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False) as f:
+        f.write(tok.to_str())
+    os.replace(f.name, path)
+    return BPETokenizer(tok)

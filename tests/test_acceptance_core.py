@@ -5,10 +5,7 @@ from __future__ import annotations
 import pytest
 
 from paged_bench.build import build
-from paged_bench.engine import STEP_COLUMNS
 from paged_bench.metrics import summarize
-
-LIVE, RESERVED = STEP_COLUMNS.index("kv_live_slots"), STEP_COLUMNS.index("kv_reserved_slots")
 
 
 def run(config, *overrides):
@@ -44,7 +41,7 @@ def test_paging_cuts_kv_reservation_at_least_3x(config):
 
 def test_block_size_one_reserves_exactly_what_is_live(config):
     result, s = run(config, "block_size=1")
-    assert all(row[LIVE] == row[RESERVED] for row in result.steps)
+    assert all(row.kv_live_slots == row.kv_reserved_slots for row in result.steps)
     assert s["kv_waste_pct"] == 0
 
 

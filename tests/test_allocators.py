@@ -44,7 +44,7 @@ def test_pool_allocates_least_recently_freed_and_reuses_freed_blocks_at_once():
     a = pool.allocate(4)
     assert pool.num_free == 0
     for b in a:
-        pool.release(b)
+        pool.release([b])
     assert pool.num_free == 4
     # all uncached: freed blocks are reusable immediately
     assert sorted(pool.allocate(4)) == sorted(a)
@@ -53,9 +53,9 @@ def test_pool_allocates_least_recently_freed_and_reuses_freed_blocks_at_once():
 def test_pool_evicts_uncached_blocks_before_cached_ones():
     pool = BlockPool(3)
     b0, b1, b2 = pool.allocate(3)
-    pool.cache(b0, 111)
+    pool.cache([b0], [111])
     for b in (b0, b1, b2):
-        pool.release(b)
+        pool.release([b])
     got = pool.allocate(2)
     assert b0 not in got  # the cached block survives while worthless blocks remain
     assert pool.cached == {111: b0}
@@ -66,8 +66,8 @@ def test_pool_evicts_uncached_blocks_before_cached_ones():
 def test_pool_touch_revives_a_free_cached_block_in_o1():
     pool = BlockPool(2)
     (b,) = pool.allocate(1)
-    pool.cache(b, 7)
-    pool.release(b)
+    pool.cache([b], [7])
+    pool.release([b])
     assert pool.is_free(b)
     assert pool.touch(b) is True and pool.num_free == 1
     assert pool.touch(b) is False and pool.ref_cnt[b] == 2
@@ -138,15 +138,34 @@ def test_prefix_cache_reuses_the_longest_cached_chain_of_full_blocks():
     assert alloc.live_slots == 14 + 16 - 8
 
 
-def test_a_block_is_shared_only_once_computed():
+def test_a_block_is_shared_as_soon_as_it_is_allocated_for_computation():
+    # vLLM v1 caches full blocks at allocate_slots: a request admitted later in the same step
+    # already hits them (the step writes all new K/V before any attention reads it)
     alloc = PagedAllocator(num_blocks=16, block_size=4)
     a = req(0, list(range(12)))
-    admit(alloc, a)  # allocated, not yet computed
+    admit(alloc, a)  # allocated for this step, not yet computed
     b = req(1, list(range(12)) + [5])
-    assert alloc.lookup_prefix(b).num_tokens == 0
-    compute(a, 12)
-    decode_next(alloc, a)  # the next step's allocation indexes a's computed full blocks
     assert alloc.lookup_prefix(b).num_tokens == 12
+
+
+def test_blocks_released_before_their_step_ran_are_not_shared():
+    alloc = PagedAllocator(num_blocks=16, block_size=4)
+    a = req(0, list(range(12)))
+    admit(alloc, a)
+    alloc.free(a)  # preempted (or the step failed) before a's K/V was written
+    assert alloc.lookup_prefix(req(1, list(range(12)) + [5])).num_tokens == 0
+    assert alloc.pool.cached == {} and alloc.leaks() == []
+
+
+def test_only_the_uncomputed_blocks_of_a_released_table_are_dropped():
+    alloc = PagedAllocator(num_blocks=16, block_size=4)
+    a = req(0, list(range(8)))
+    admit(alloc, a)
+    compute(a, 8)  # blocks 0-1 computed
+    a.token_ids += list(range(8, 12))
+    assert alloc.allocate_slots(a, 4)  # block 2 indexed for this step
+    alloc.free(a)  # preempted before the step ran
+    assert alloc.lookup_prefix(req(1, list(range(12)) + [5])).num_tokens == 8
 
 
 def test_prefix_hit_leaves_the_last_token_to_compute():
@@ -227,16 +246,19 @@ def test_bad_allocator_options_name_the_key():
 
 def test_contiguous_reserves_a_max_model_len_slab_per_request_from_the_same_memory():
     alloc = ContiguousAllocator(num_blocks=64, block_size=16, max_model_len=256)  # 1024 slots
-    assert alloc.layout.num_blocks == 4 and alloc.layout.block_size == 256
+    # the layout speaks in blocks, as paged's: a slab is 16 consecutive blocks
+    assert alloc.layout.num_blocks == 64 and alloc.layout.block_size == 16
     r = req(0, range(10))
     admit(alloc, r)
-    assert alloc.reserved_slots == 256 and alloc.live_slots == 10
+    assert alloc.reserved_slots == 256 and alloc.live_slots == 10 and alloc.num_free_blocks == 48
+    table = list(alloc.block_table(r))
+    assert len(table) == 16 and table == list(range(table[0], table[0] + 16))
     compute(r, 10)
     for _ in range(200):  # grows within its slab, never needs another
         r.token_ids.append(0)
         assert alloc.allocate_slots(r, 1)
         compute(r, 1)
-    assert len(alloc.block_table(r)) == 1
+    assert alloc.block_table(r) == table and alloc.take_new_blocks() == {}
 
 
 def test_contiguous_admission_waits_for_a_free_slab():

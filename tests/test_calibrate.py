@@ -17,7 +17,7 @@ from paged_bench.model import calibrate as cal
 from paged_bench.model.config import PRESETS
 from paged_bench.model.roofline import HARDWARE, Hardware, RooflineCost, load_preset, save_preset, step_work
 from paged_bench.request import Request
-from paged_bench.step import StepPlan
+from paged_bench.step import NewRequestData, StepPlan
 from tests.conftest import compose_config
 
 
@@ -26,9 +26,9 @@ def _works(model, shapes, dtype="float32"):
     rng = np.random.default_rng(0)
     works = []
     for shape in shapes:
-        plan = cal._plan(shape, alloc, rng, model.vocab_size)
+        plan, reqs = cal._plan(shape, alloc, rng, model.vocab_size)
         works.append(step_work(plan, model, dtype, 16))
-        for r in plan.reqs:
+        for r in reqs:
             alloc.free(r)
     return works
 
@@ -68,12 +68,12 @@ def test_preset_round_trips_and_drives_the_simulator(tmp_path):
     assert sim.backend.roofline == cost and sim.backend.kv_bytes_per_token == PRESETS["small"].kv_bytes_per_token()
     result = sim.engine.run(sim.requests)
     assert result.error is None and result.steps
-    assert result.steps[0][2] == pytest.approx(cost.duration(_first_plan(sim.requests[0]), 16))
+    assert next(result.steps.rows()).duration == pytest.approx(cost.duration(_first_plan(sim.requests[0]), 16))
 
 
 def _first_plan(req):
     fresh = Request(req.request_id, 0.0, list(req.prompt_token_ids), req.max_tokens)
-    return StepPlan(0, [fresh], [fresh.num_tokens])
+    return StepPlan.starting([(NewRequestData.from_request(fresh, ()), fresh.num_tokens)])
 
 
 def test_bad_presets_are_one_line_errors(tmp_path):

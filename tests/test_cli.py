@@ -10,14 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from paged_bench.metrics import LATENCIES, PERCENTILES
+from paged_bench.metrics import LATENCIES, PERCENTILES, SPREADS
 
 SUMMARY_KEYS = {
-    *(f"{p}_{m}_ms" for m in LATENCIES for p in PERCENTILES),
+    *(f"{p}_{m}_ms" for m in LATENCIES for p in (*PERCENTILES, *SPREADS)),
+    "max_output_tokens_per_s", "max_concurrent_requests",
     "completed", "failed", "duration", "total_input_tokens", "total_output_tokens",
     "request_throughput", "output_throughput", "total_token_throughput",
     "kv_live_slots_peak", "kv_reserved_slots_peak", "kv_utilization_mean", "kv_waste_pct",
-    "num_preemptions", "recomputed_tokens", "swapped_blocks", "prefix_cache_hit_rate",
+    "num_preemptions", "recomputed_tokens", "swapped_blocks", "prefix_cache_hit_rate", "preempted_prefix_hit_tokens",
+    "kv_capacity_blocks", "kv_capacity_tokens", "num_gpus", "output_throughput_per_gpu",
 }  # fmt: skip
 
 

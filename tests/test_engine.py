@@ -8,12 +8,10 @@ import pytest
 
 from paged_bench.backends.base import Backend
 from paged_bench.clock import VirtualClock, WallClock
-from paged_bench.engine import STEP_COLUMNS, Engine
+from paged_bench.engine import Engine
 from paged_bench.request import FinishReason, Request
 from paged_bench.step import StepOutput, StepPlan
 from tests.test_schedulers import make_engine, reqs
-
-COL = {c: i for i, c in enumerate(STEP_COLUMNS)}
 
 
 class ScriptedBackend(Backend):
@@ -28,7 +26,7 @@ class ScriptedBackend(Backend):
 
     def execute(self, plan: StepPlan) -> StepOutput:
         self.plans.append(tuple(plan.num_new_tokens))
-        return StepOutput([self.token] * len(plan.reqs), self.duration)
+        return StepOutput([self.token] * plan.num_reqs, self.duration)
 
 
 def engine_with(backend: Backend, **kw) -> Engine:
@@ -100,10 +98,10 @@ def test_an_interrupted_run_ends_every_request_and_frees_the_pool():
 def test_step_records_add_up():
     rs = reqs([(0.0, 10, 3), (0.0, 6, 4)])
     result = engine_with(ScriptedBackend()).run(rs)
-    first = result.steps[0]
-    assert first[COL["prefill_tokens"]] == 16 and first[COL["decode_tokens"]] == 0
-    assert first[COL["kv_live_slots"]] == 16 and first[COL["kv_reserved_slots"]] == (3 + 2) * 4
-    decodes = sum(s[COL["decode_tokens"]] for s in result.steps)
+    first = next(result.steps.rows())
+    assert first.prefill_tokens == 16 and first.decode_tokens == 0
+    assert first.kv_live_slots == 16 and first.kv_reserved_slots == (3 + 2) * 4
+    decodes = sum(s.decode_tokens for s in result.steps)
     assert decodes == (3 - 1) + (4 - 1)  # the first token of each comes from its prefill
 
 
@@ -128,7 +126,7 @@ def test_same_seed_same_run_bit_for_bit(config):
     def run():
         bench = build(config("scheduler=preemptive", "num_blocks=40", "workload.rate=100"))
         result = bench.engine.run(bench.requests)
-        return result.steps, [(r.token_times, r.num_preemptions) for r in result.requests]
+        return list(result.steps.rows()), [(r.token_times, r.num_preemptions) for r in result.requests]
 
     assert run() == run()
 

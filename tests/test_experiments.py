@@ -165,3 +165,20 @@ def test_seed_batching_through_the_cli_and_its_report(tmp_path):
     assert f"{s16['median_ttft_ms'] / c16['median_ttft_ms']:.2f}x" in row
     for png in ("ttft_cdf.png", "vs_max_batch.png", "kv_over_time.png"):
         assert (sweep_dir / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tp_tradeoff_tp_cuts_itl_less_than_linearly_and_costs_throughput_per_gpu():
+    r = results("tp_tradeoff")
+
+    def fig(tp: int, model: str, rate: float, key: str) -> float:
+        return r[f"backend.tensor_parallel_size={tp} backend.model={model} workload.rate={rate}"][key]
+
+    itl_70b = [fig(tp, "llama-3-70b", 1.0, "median_itl_ms") for tp in (1, 2, 4, 8)]
+    assert itl_70b == sorted(itl_70b, reverse=True) and itl_70b[1] > 0.5 * itl_70b[0]  # less than 2x per doubling
+    itl_8b = [fig(tp, "llama-3-8b", 1.0, "median_itl_ms") for tp in (1, 2, 4, 8)]
+    assert itl_8b[1] / itl_8b[0] > itl_70b[1] / itl_70b[0] and itl_8b[3] > itl_8b[2]  # small model: little, then worse
+    per_gpu = [fig(tp, "llama-3-8b", 200.0, "output_throughput_per_gpu") for tp in (1, 2, 4, 8)]
+    assert per_gpu == sorted(per_gpu, reverse=True)
+    # one GPU barely holds 70B: a short pool preempts; a second rank nearly doubles the throughput
+    assert fig(1, "llama-3-70b", 200.0, "num_preemptions") > 0 == fig(2, "llama-3-70b", 200.0, "num_preemptions")
+    assert fig(2, "llama-3-70b", 200.0, "output_throughput") > 1.5 * fig(1, "llama-3-70b", 200.0, "output_throughput")

@@ -14,7 +14,9 @@ from paged_bench.errors import ConfigError
 from paged_bench.loadgen.config import TargetConfig
 from paged_bench.loadgen.prometheus import parse_ttft_totals
 from paged_bench.loadgen.spawn import free_port
+from paged_bench.records import text_digest
 from paged_bench.serve import serve_in_thread
+from paged_bench.tokenizer import ByteTokenizer
 from tests.test_serve_api import FAST, all_free, metric, wait_for
 
 WORKLOAD = ("workload=poisson", "workload.num_requests=12", "workload.rate=40", "workload.prompt_len.low=8",
@@ -45,6 +47,11 @@ def test_served_and_in_process_agree_on_token_counts(server, config, tmp_path):
     assert [r["request_id"] for r in s_rows] == [r["request_id"] for r in l_rows]
     for s, l in zip(s_rows, l_rows):
         assert (s["prompt_tokens"], s["output_tokens"], s["finish_reason"]) == (l["prompt_tokens"], l["output_tokens"], "length")
+    # token for token: the served text is the in-process tokens' text
+    decode = ByteTokenizer().decode
+    local_texts = [decode(r.output_token_ids) for r in local.result.requests]
+    assert [s["text_digest"] for s in s_rows] == [text_digest(t) for t in local_texts]
+    assert all(s["output_digest"] == "" for s in s_rows) and all(l["output_digest"] for l in l_rows)
     assert served.summary["total_output_tokens"] == local.summary["total_output_tokens"]
     assert served.summary["completed"] == 12 and served.summary["failed"] == 0
     # the same files; engine-only figures are null for a remote run

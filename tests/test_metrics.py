@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import csv
+import hashlib
+import struct
+
+import numpy as np
 import pytest
 
 from paged_bench.allocators.base import KVLayout
-from paged_bench.engine import STEP_COLUMNS, EngineResult
-from paged_bench.metrics import LATENCIES, PERCENTILES, request_latency, summarize
+from paged_bench.engine import STEP_COLUMNS, EngineResult, StepRecords
+from paged_bench.metrics import LATENCIES, PERCENTILES, peak_concurrency, request_figures, request_latency, summarize
+from paged_bench.outputs import REQUEST_COLUMNS, _write_csv, request_columns, request_rows
+from paged_bench.records import RequestOutput, RequestRecords, text_digest, token_digest
 from paged_bench.request import FinishReason, Request
 
 
@@ -28,7 +35,10 @@ def step(t, dt, live, reserved):
 def result(requests, steps=(), duration=2.0, **kw) -> EngineResult:
     base = dict(layout=KVLayout(10, 16, 0), kv_bytes_per_token=None, num_preemptions=0, recomputed_tokens=0,
                 swapped_blocks=0, prefix_query_tokens=0, prefix_hit_tokens=0)
-    return EngineResult(list(requests), list(steps), duration, **{**base, **kw})
+    records = StepRecords()
+    for row in steps:
+        records.append(row)
+    return EngineResult(list(requests), records, duration, **{**base, **kw})
 
 
 def test_per_request_latencies():
@@ -89,3 +99,107 @@ def test_every_key_is_present_even_without_samples():
         for label in PERCENTILES:
             assert s[f"{label}_{name}_ms"] is None
     assert s["output_throughput"] == 0.0 and s["kv_waste_pct"] is None
+
+
+def test_std_is_the_population_std_as_numpy_and_vllm_compute_it():
+    a = finished(0, 0.0, 0.0, [0.1, 0.2, 0.3])
+    b = finished(1, 0.5, 0.6, [0.8, 1.2])
+    s = summarize(result([a, b], duration=2.0))
+    assert s["std_ttft_ms"] == pytest.approx(100)  # TTFTs 100 and 300
+    assert s["std_itl_ms"] == pytest.approx(np.std([100, 100, 400]))
+    assert s["std_e2el_ms"] == pytest.approx(200)  # 300 and 700
+    assert summarize(result([], duration=0.0))["std_tpot_ms"] is None
+
+
+def test_a_failed_request_ends_its_latencies_at_its_last_token():
+    r = finished(0, 1.0, 1.0, [1.1, 1.3], reason=FinishReason.ERROR)
+    r.finish_time = 5.0  # aborted long after its last token
+    lat = request_latency(r)
+    assert lat.e2el_ms == pytest.approx(300) and lat.tpot_ms == pytest.approx(200)
+
+
+def test_tpot_divides_by_output_tokens_not_chunks():
+    # 9 tokens in 3 chunks, 100 ms apart: vLLM's TPOT is 200 ms / 8 = 25 ms
+    out = RequestOutput(0, 0.0, 9, 4, 9, [0.05, 0.15, 0.25], finish_time=0.6, finish_reason="length")
+    s = request_figures(RequestRecords.from_outputs([out]), 1.0)
+    assert s["mean_tpot_ms"] == pytest.approx(25)
+    assert s["mean_e2el_ms"] == pytest.approx(250)  # the last chunk, not the stream's end at 600 ms
+    assert s["mean_itl_ms"] == pytest.approx(100)  # chunk to chunk
+    assert s["total_output_tokens"] == 9 and s["mean_queue_ms"] is None  # queueing is the server's secret
+
+
+def vllm_peaks(starts, ttfts, itls, latencies) -> tuple[float, int]:
+    """``max_output_tokens_per_s`` and ``max_concurrent_requests`` as calculate_metrics
+    (vllm/benchmarks/serve.py) computes them over successful outputs, transcribed loop for loop."""
+    min_start = min(starts)
+    max_end = max(s + lat for s, lat in zip(starts, latencies))
+    buckets = np.zeros(int(np.ceil(max_end - min_start)) + 1)
+    for start, ttft, itl in zip(starts, ttfts, itls):
+        times = [start + ttft]
+        for gap in itl:
+            times.append(times[-1] + gap)
+        for t in times:
+            b = int(t - min_start)
+            if 0 <= b < len(buckets):
+                buckets[b] += 1
+    events = sorted([(s, 1) for s in starts] + [(s + lat, -1) for s, lat in zip(starts, latencies)])
+    current = peak = 0
+    for _, delta in events:
+        current += delta
+        peak = max(peak, current)
+    return float(buckets.max()), peak
+
+
+def test_peaks_match_vllms_loops_on_random_runs():
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        reqs = []
+        for i in range(int(rng.integers(1, 60))):
+            arrival = float(rng.uniform(0, 5))
+            times = np.cumsum(rng.exponential(0.05, int(rng.integers(1, 40)))) + arrival + rng.uniform(0, 0.5)
+            reqs.append(finished(i, arrival, arrival, times.tolist()))
+        failed = finished(99, 0.0, 0.0, [0.1] * 50, reason=FinishReason.ERROR)  # never counted
+        s = summarize(result([*reqs, failed], duration=10.0))
+        starts = [r.arrival_time for r in reqs]
+        ttfts = [r.token_times[0] - r.arrival_time for r in reqs]
+        itls = [np.diff(r.token_times).tolist() for r in reqs]
+        latencies = [r.token_times[-1] - r.arrival_time for r in reqs]
+        tokens, concurrent = vllm_peaks(starts, ttfts, itls, latencies)
+        assert (s["max_output_tokens_per_s"], s["max_concurrent_requests"]) == (tokens, concurrent)
+
+
+def test_peaks_by_hand():
+    a = finished(0, 0.5, 0.5, [0.6, 0.7, 1.4, 1.6])  # from 0.5: buckets 0, 0, 0, 1
+    b = finished(1, 1.0, 1.0, [1.2, 1.55, 1.58])  # buckets 0, 1, 1
+    c = finished(2, 1.58, 1.58, [2.0])  # starts as b ends: not concurrent with it
+    s = summarize(result([a, b, c], duration=3.0))
+    assert s["max_output_tokens_per_s"] == 4.0
+    assert s["max_concurrent_requests"] == 2
+    assert peak_concurrency(np.array([0.0, 1.0]), np.array([1.0, 2.0])) == 1  # half-open intervals
+    assert summarize(result([], duration=0.0))["max_concurrent_requests"] == 0
+
+
+def test_output_digest_is_blake2b_of_little_endian_int64_ids():
+    a = finished(0, 0.0, 0.0, [0.1, 0.2])
+    a.token_ids[-2:] = [7, 300]
+    expected = hashlib.blake2b(struct.pack("<2q", 7, 300), digest_size=8).hexdigest()
+    records = RequestRecords.from_requests([a])
+    assert records.output_digest == [expected] == [token_digest([7, 300])]
+    assert token_digest([7, 301]) != expected and text_digest("ab") != text_digest("ba")
+
+
+def test_csv_cells_are_what_csv_writer_writes(tmp_path):
+    tricky = ['plain', 'a, comma', 'a "quote"', 'two\nlines', 'cr\r', '', None, 'ünï']
+    outs = [RequestOutput(f"id,{i}" if i % 2 else i, float(i), 4, 2, 0, finish_time=None if i % 3 else i + 0.5,
+                          finish_reason="error", error=text) for i, text in enumerate(tricky)]  # fmt: skip
+    records = RequestRecords.from_outputs(outs)
+    ours = tmp_path / "ours.csv"
+    _write_csv(ours, REQUEST_COLUMNS, request_rows(records))
+    with (tmp_path / "csv.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(REQUEST_COLUMNS)
+        raw = [c.tolist() if isinstance(c, np.ndarray) else c for c in request_columns(records)]
+        writer.writerows(zip(*[[None if v != v else v for v in column] for column in raw]))  # nan: unknown
+    assert ours.read_bytes() == (tmp_path / "csv.csv").read_bytes()
+    with ours.open(newline="") as f:
+        assert [r["error"] for r in csv.DictReader(f)] == [t or "" for t in tricky]

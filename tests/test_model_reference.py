@@ -14,7 +14,7 @@ from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.build import build
 from paged_bench.registry import create
 from paged_bench.request import Request
-from paged_bench.step import StepPlan
+from paged_bench.step import NewRequestData, StepPlan
 from tests.conftest import compose_config
 
 VOCAB, NEW_TOKENS, STEP_S = 320, 20, 0.001
@@ -77,8 +77,8 @@ def _run(backend, path, prompts, *overrides):
     seen = {"reprefilled_outputs": 0, "swapped_in": 0}
 
     def timed(plan):  # real tokens, a fixed virtual step time: the schedule is deterministic
-        for req, n in zip(plan.reqs, plan.num_new_tokens):
-            if n > 1 and req.num_output_tokens:  # recomputing a preempted sequence's own tokens
+        for new in plan.new_reqs:  # recomputing a preempted sequence's own tokens
+            if len(new.token_ids) > new.num_prompt_tokens and new.num_computed_tokens < len(new.token_ids) - 1:
                 seen["reprefilled_outputs"] += 1
         seen["swapped_in"] += len(plan.swap_in)
         out = real(plan)
@@ -120,7 +120,7 @@ def test_greedy_tokens_match_transformers_generate(checkpoint, backend, case):
     if expect == "no-hits":
         assert result.prefix_hit_tokens == 0
     if expect == "chunked":
-        assert max(s[4] for s in result.steps) <= 8 < max(len(p) for p in prompts)
+        assert max(s.prefill_tokens for s in result.steps) <= 8 < max(len(p) for p in prompts)
     if expect in ("recompute", "swap"):
         assert result.num_preemptions > 0
     if expect == "recompute":  # a victim mid-generation re-prefilled its prompt and its outputs
@@ -129,8 +129,10 @@ def test_greedy_tokens_match_transformers_generate(checkpoint, backend, case):
         assert seen["swapped_in"] > 0 and seen["reprefilled_outputs"] == 0
 
 
-def _plan(reqs, news):
-    return StepPlan(budget=0, reqs=list(reqs), num_new_tokens=list(news))
+def _logits(be, alloc, reqs, news):
+    """The backend's logits for one step that (re)starts ``reqs``, computing ``news`` tokens each."""
+    plan = StepPlan.starting((NewRequestData.from_request(r, alloc.block_table(r)), n) for r, n in zip(reqs, news))
+    return be.ops.to_numpy(be.logits(plan, be.states.apply(plan)))
 
 
 def _two_steps(be, prompts):
@@ -142,7 +144,7 @@ def _two_steps(be, prompts):
     news = [len(reqs[0].token_ids), len(reqs[1].token_ids), 10]
     for r, n in zip(reqs, news):
         alloc.allocate_slots(r, n)
-    first = be.ops.to_numpy(be.logits(_plan(reqs, news)))
+    first = _logits(be, alloc, reqs, news)
     for r, n in zip(reqs, news):
         r.num_computed_tokens += n
     reqs[0].token_ids.append(7)
@@ -151,7 +153,7 @@ def _two_steps(be, prompts):
     news = [1, 1, len(reqs[2].token_ids) - 10]
     for r, n in zip(reqs, news):
         alloc.allocate_slots(r, n)
-    second = be.ops.to_numpy(be.logits(_plan(reqs, news)))
+    second = _logits(be, alloc, reqs, news)
     return first, second, [list(r.token_ids) for r in reqs]
 
 

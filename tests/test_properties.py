@@ -3,7 +3,9 @@
 Whatever the mix: every request finishes with exactly its output length (or the run
 stops with a clear error, non-preemptive policies only); no block leaks and every
 reference count returns to zero; live <= reserved <= capacity at every step, with the pool's
-bookkeeping consistent; and a virtual-time run is bit-for-bit reproducible.
+bookkeeping consistent; a backend that mirrors requests from the step plans alone sees
+exactly the scheduler's tokens and the allocator's block tables; and a virtual-time run is
+bit-for-bit reproducible.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from hypothesis import strategies as st
 
 from paged_bench.allocators.contiguous import ContiguousAllocator
 from paged_bench.allocators.paged import PagedAllocator
+from paged_bench.backends.request_state import RequestStates
 from paged_bench.backends.sim import SimBackend
 from paged_bench.clock import VirtualClock
 from paged_bench.engine import Engine
 from paged_bench.request import FinishReason, Request
 from paged_bench.schedulers.continuous import ContinuousScheduler
-from paged_bench.schedulers.preemptive import PreemptiveScheduler
+from paged_bench.schedulers.preemptive import VICTIMS, PreemptiveScheduler
 from paged_bench.schedulers.static import StaticScheduler
 
 MAX_MODEL_LEN = 128
@@ -40,6 +43,7 @@ def scenarios(draw):
         policy=draw(st.sampled_from(POLICIES)),
         allocator=draw(st.sampled_from(["paged", "paged-nocache", "contiguous"])),
         block_size=draw(st.sampled_from([1, 2, 4, 16])),
+        victim=draw(st.sampled_from(VICTIMS)),
         max_batch=draw(st.integers(1, 8)),
         budget=draw(st.sampled_from([8, 64, 1024])),
         # from "barely one sequence" to "no pressure at all"
@@ -58,13 +62,36 @@ def build(s) -> tuple[Engine, list[Request]]:
     common = dict(max_model_len=MAX_MODEL_LEN, max_batch=s["max_batch"], max_num_batched_tokens=s["budget"])
     policy = s["policy"]
     if policy in ("recompute", "swap"):
-        sched = PreemptiveScheduler(alloc, mode=policy, **common)
+        sched = PreemptiveScheduler(alloc, mode=policy, victim=s["victim"], **common)
     else:
         sched = (StaticScheduler if policy == "static" else ContinuousScheduler)(alloc, **common)
-    backend = SimBackend()
-    backend.bind(alloc)
     requests = [Request(i, t, list(p), o) for i, (t, p, o) in enumerate(s["specs"])]
+    backend = MirroringSim(sched, {r.request_id: r for r in requests})
+    backend.bind(alloc)
     return Engine(sched, backend, VirtualClock()), requests
+
+
+class MirroringSim(SimBackend):
+    """The sim, plus what a real backend keeps from the plans alone, checked against the
+    scheduler's requests and the allocator's tables at every step (the step contract)."""
+
+    reads_token_ids = True
+
+    def __init__(self, sched, by_id) -> None:
+        super().__init__()
+        self.sched, self.by_id, self.states = sched, by_id, RequestStates()
+
+    def execute(self, plan):
+        states = self.states.apply(plan)
+        for row, state in zip(plan.rows(), states):
+            req = self.by_id[row.req_id]
+            assert state.token_ids == req.token_ids and row.num_computed_tokens == req.num_computed_tokens
+            assert state.block_ids == list(self.sched.allocator.block_table(req))
+            assert row.samples == (row.num_computed_tokens + row.num_new_tokens == req.num_tokens)
+        assert set(self.states.by_id) <= {r.request_id for r in self.sched.running}
+        output = super().execute(plan)
+        self.states.record_samples(plan, states, output.token_ids)
+        return output
 
 
 def check_pool(engine: Engine) -> None:
@@ -75,8 +102,9 @@ def check_pool(engine: Engine) -> None:
     free = set(pool._free)
     assert all((pool.ref_cnt[b] == 0) == (b in free) for b in range(pool.num_blocks))
     assert all(pool.block_hash[b] == h for h, b in pool.cached.items())
+    per_pool_block = getattr(alloc, "blocks_per_slab", 1)  # a contiguous slab is one pool block
     for req in engine.scheduler.running:
-        assert all(pool.ref_cnt[b] > 0 for b in alloc.block_table(req))
+        assert all(pool.ref_cnt[b // per_pool_block] > 0 for b in alloc.block_table(req))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -85,8 +113,7 @@ def test_every_request_finishes_exactly_and_the_pool_is_whole(s):
     engine, requests = build(s)
     result = engine.run(requests, on_step=lambda now, finished: check_pool(engine))
     for row in result.steps:
-        live, reserved = row[8], row[9]
-        assert 0 <= live <= reserved <= engine.allocator.capacity_slots
+        assert 0 <= row.kv_live_slots <= row.kv_reserved_slots <= engine.allocator.capacity_slots
     assert result.leaks == []
     assert all(n == 0 for n in engine.allocator.pool.ref_cnt)
     assert engine.allocator.num_free_blocks == engine.allocator.layout.num_blocks

@@ -8,14 +8,13 @@ from paged_bench.allocators.contiguous import ContiguousAllocator
 from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.backends.sim import SimBackend
 from paged_bench.clock import VirtualClock
-from paged_bench.engine import STEP_COLUMNS, Engine
+from paged_bench.engine import Engine
 from paged_bench.errors import ConfigError
 from paged_bench.request import FinishReason, Request, RequestStatus
 from paged_bench.schedulers.continuous import ContinuousScheduler
 from paged_bench.schedulers.preemptive import PreemptiveScheduler
 from paged_bench.schedulers.static import StaticScheduler
-
-COL = {c: i for i, c in enumerate(STEP_COLUMNS)}
+from paged_bench.step import StepOutput
 
 
 def make_engine(scheduler_cls=ContinuousScheduler, *, num_blocks=64, block_size=4, max_batch=8,
@@ -54,7 +53,7 @@ def test_continuous_takes_a_freed_seat_at_the_next_step():
     assert_clean(result, rs)
     assert rs[2].first_scheduled_time == rs[1].finish_time  # the step right after
     assert rs[2].finish_time < rs[0].finish_time
-    assert max(s[COL["running"]] for s in result.steps) == 2
+    assert max(s.running for s in result.steps) == 2
 
 
 def test_every_step_respects_max_batch_and_the_token_budget():
@@ -62,8 +61,8 @@ def test_every_step_respects_max_batch_and_the_token_budget():
     result = make_engine(max_batch=3, budget=40).run(rs)
     assert_clean(result, rs)
     for s in result.steps:
-        assert s[COL["batch_size"]] <= 3
-        assert s[COL["prefill_tokens"]] + s[COL["decode_tokens"]] <= 40
+        assert s.batch_size <= 3
+        assert s.prefill_tokens + s.decode_tokens <= 40
 
 
 def test_chunked_prefill_spreads_a_long_prompt_over_steps():
@@ -71,9 +70,9 @@ def test_chunked_prefill_spreads_a_long_prompt_over_steps():
     result = make_engine(budget=16).run(rs)
     assert_clean(result, rs)
     assert r.num_output_tokens == 3
-    prefill_steps = [s for s in result.steps if s[COL["prefill_tokens"]] > 0]
+    prefill_steps = [s for s in result.steps if s.prefill_tokens > 0]
     assert len(prefill_steps) == 7  # ceil(100 / 16)
-    assert r.first_token_time == prefill_steps[-1][COL["time"]]
+    assert r.first_token_time == prefill_steps[-1].time
 
 
 def test_without_chunking_the_budget_must_hold_a_whole_prompt():
@@ -128,7 +127,9 @@ def test_recompute_preemption_revives_its_own_cached_blocks():
     result = engine.run(rs)
     assert_clean(result, rs)
     assert result.num_preemptions > 0
-    assert result.prefix_hit_tokens > 0  # the victim found its own blocks still cached
+    # the victim found its own blocks still cached: counted apart, as vLLM v1 does, so the
+    # hit rate of first admissions stays honest
+    assert result.preempted_prefix_hit_tokens > 0 and result.prefix_hit_tokens == 0
 
 
 def test_no_admissions_in_a_step_that_preempted():
@@ -138,13 +139,11 @@ def test_no_admissions_in_a_step_that_preempted():
     sched.add_request(a, 0.0)
     sched.add_request(b, 0.0)
     plan = sched.schedule(0.0)  # both prefill: 6 blocks
-    for r, n in zip(plan.reqs, plan.num_new_tokens):
-        r.num_computed_tokens += n
-        r.token_ids.append(0)
+    sched.update(plan, StepOutput([0] * plan.num_reqs), 0.0)
     sched.add_request(c, 0.0)
     plan = sched.schedule(0.0)  # a needs a 4th block: b is preempted
-    assert plan.num_preempted == 1 and b.status is RequestStatus.PREEMPTED
-    assert c not in plan.reqs and list(sched.waiting) == [b, c]
+    assert plan.preempted_req_ids == (b.request_id,) and b.status is RequestStatus.PREEMPTED
+    assert c.request_id not in plan.req_ids and list(sched.waiting) == [b, c]
 
 
 def test_watermark_keeps_blocks_free_at_admission():
@@ -162,8 +161,8 @@ def test_contiguous_caps_concurrency_at_the_number_of_slabs():
     rs = reqs([(0.0, 8, 20)] * 8)
     result = make_engine(allocator=alloc, max_model_len=64).run(rs)
     assert_clean(result, rs)
-    assert max(s[COL["running"]] for s in result.steps) == 4
-    assert max(s[COL["kv_reserved_slots"]] for s in result.steps) == 4 * 64
+    assert max(s.running for s in result.steps) == 4
+    assert max(s.kv_reserved_slots for s in result.steps) == 4 * 64
 
 
 def test_bad_scheduler_options_name_the_key():

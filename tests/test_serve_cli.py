@@ -1,5 +1,6 @@
 """``python -m paged_bench.serve`` as a user runs it: starts, answers, shuts down cleanly on
-Ctrl-C (SIGINT), and reports a bad setting in one line. Loopback only."""
+Ctrl-C (SIGINT) and on SIGTERM (what a process manager sends) with exit code 0, and reports a
+bad setting in one line. Loopback only."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import tempfile
 import time
 
 import httpx
+import pytest
 
 from paged_bench.loadgen.spawn import free_port
 
@@ -20,7 +22,8 @@ def run_serve(*overrides: str) -> subprocess.CompletedProcess:
                               capture_output=True, text=True, timeout=60, check=False)
 
 
-def test_ctrl_c_shuts_down_cleanly_even_mid_stream(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_and_sigterm_shut_down_cleanly_even_mid_stream(tmp_path, sig):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "paged_bench.serve", f"server.port={port}", "server.graceful_shutdown_s=1",
@@ -43,7 +46,7 @@ def test_ctrl_c_shuts_down_cleanly_even_mid_stream(tmp_path):
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as resp:
             lines = resp.iter_lines()
             assert next(lines).startswith("data: ")
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
             rest = [line for line in lines if line]  # after the grace period: an error event, not a cut
         assert len(rest) < 500
         assert "shutting down" in rest[-2] and rest[-1] == "data: [DONE]"

@@ -52,3 +52,21 @@ def test_simple_chat_template_for_tokenizers_without_one():
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     assert simple_chat_template(messages) == "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n"
     assert chat_renderer(TOK)(messages) == TOK.encode(simple_chat_template(messages))
+
+
+def test_work_per_token_is_bounded_whatever_the_output_length():
+    """Each token decodes only the few tokens since the last emitted text (vLLM's incremental
+    detokenization), not the whole output: a 6,000-token output costs no more per token than a
+    short one (the stop-string scan is bounded by the server's limits on stop strings)."""
+    decoded_lengths = []
+
+    def decode(ids: list[int]) -> str:
+        decoded_lengths.append(len(ids))
+        return TOK.decode(ids)
+
+    text = "abc ✓ " * 750
+    stream = TextStream(decode, stop=tuple("x" * 255 + str(i) for i in range(10)))
+    out = [stream.add(t) for t in TOK.encode(text)]
+    assert "".join(out) + stream.flush() == text
+    assert len(out) == len(text.encode()) == 6000
+    assert max(decoded_lengths) <= 4  # a 3-byte character is the longest pending run

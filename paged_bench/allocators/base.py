@@ -4,7 +4,9 @@ The scheduler asks an allocator for room (``lookup_prefix``, ``allocate_slots``,
 ``swap_out``/``swap_in``, ``free``) and never touches blocks itself. Backends read where a
 request's K/V lives through ``block_table``: token position ``p`` of a request is slot
 ``table[p // block_size] * block_size + p % block_size`` of a pool of ``num_blocks``
-blocks. Counters are kept up to date incrementally, so reading them each step is O(1).
+blocks. Each step the scheduler collects the blocks appended to running requests' tables
+(``take_new_blocks``) for the step plan, so a backend can mirror the tables without asking.
+Counters are kept up to date incrementally, so reading them each step is O(1).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ class KVLayout:
     """Shape of the KV pool a backend must allocate (per layer): blocks of block_size slots."""
 
     num_blocks: int
-    block_size: int
+    block_size: int  # slots per block, always (a contiguous slab is a run of consecutive blocks)
     num_cpu_blocks: int  # swap space, in blocks of the same size
 
     @property
@@ -44,8 +46,12 @@ NO_HIT = PrefixHit()
 class AllocatorCounters:
     """What an allocator has done so far; read by the engine after every step."""
 
-    prefix_query_tokens: int = 0  # tokens looked up in the prefix cache at admission
+    prefix_query_tokens: int = 0  # tokens looked up in the prefix cache at first admission
     prefix_hit_tokens: int = 0  # ... of which were found cached
+    # re-admissions after a recompute preemption (a victim reviving its own blocks), counted
+    # apart as vLLM v1's PrefixCacheStats does, so they do not inflate the hit rate
+    preempted_prefix_query_tokens: int = 0
+    preempted_prefix_hit_tokens: int = 0
 
 
 class Allocator(ABC):
@@ -54,7 +60,11 @@ class Allocator(ABC):
     name: ClassVar[str] = ""
     layout: KVLayout
     counters: AllocatorCounters
-    live_slots: int  # slots holding K/V (computed or being computed) of requests that hold them
+
+    @property
+    @abstractmethod
+    def live_slots(self) -> int:
+        """Slots holding K/V (computed or being computed) of requests that hold them."""
 
     @abstractmethod
     def lookup_prefix(self, req: Request) -> PrefixHit:
@@ -73,8 +83,20 @@ class Allocator(ABC):
 
         For a request that holds no KV yet, ``hit`` (from ``lookup_prefix``) is taken and the
         new tokens follow it. Returns False, changing nothing, if that would leave fewer than
-        ``min_free_blocks`` free blocks.
+        ``min_free_blocks`` free blocks. Full blocks are indexed in the prefix cache as they
+        are allocated for computation (as vLLM v1 does), so a request admitted later in the
+        same step already hits them.
         """
+
+    def allocate_rows(self, reqs: list[Request], nums: list[int]) -> int:
+        """``allocate_slots(reqs[i], nums[i])`` for running requests in order, stopping at the
+        first that fails; returns how many succeeded. The scheduler's hot path: an allocator
+        may override it with a leaner loop."""
+        allocate = self.allocate_slots
+        for i, (req, n) in enumerate(zip(reqs, nums)):
+            if not allocate(req, n):
+                return i
+        return len(reqs)
 
     @abstractmethod
     def free(self, req: Request) -> None:
@@ -85,10 +107,22 @@ class Allocator(ABC):
         backend to copy, or None if this allocator cannot (the caller recomputes instead)."""
         return None
 
-    def swap_in(self, req: Request, num_new_tokens: int) -> list[tuple[int, int]] | None:
+    def swap_in(self, req: Request, num_new_tokens: int, min_free_blocks: int = 0) -> list[tuple[int, int]] | None:
         """Bring a swapped-out ``req`` back with room for ``num_new_tokens`` more tokens;
-        returns (cpu, gpu) block pairs to copy, or None if the pool has no room now."""
+        returns (cpu, gpu) block pairs to copy, or None if that would leave fewer than
+        ``min_free_blocks`` free blocks."""
         return None
+
+    def cached_prefix_tokens(self, req: Request) -> int:
+        """Leading tokens of ``req`` this pool holds cached now. Read-only and keeps nothing
+        about ``req``: a cluster's router asks every replica, most of which never see it."""
+        return self.lookup_prefix(req).num_tokens
+
+    @abstractmethod
+    def take_new_blocks(self) -> dict[int | str, tuple[int, ...]]:
+        """Request id -> blocks appended to its table since the last call, for requests that
+        already held KV before their ``allocate_slots`` (a newly admitted request's whole
+        table goes into the plan instead)."""
 
     @abstractmethod
     def block_table(self, req: Request) -> list[int]:

@@ -11,14 +11,15 @@ from the middle (a cache hit on a free block) are all O(1).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable, Iterable
 
 
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.ref_cnt = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
-        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.block_hash: list[Hashable | None] = [None] * num_blocks
+        self.cached: dict[Hashable, int] = {}  # block hash -> block id
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.num_evictions = 0
 
@@ -49,21 +50,33 @@ class BlockPool:
             return True
         return False
 
-    def release(self, block: int) -> bool:
-        """Drop one reference; True if the block became free."""
-        self.ref_cnt[block] -= 1
-        if self.ref_cnt[block]:
-            return False
-        self._free[block] = None
-        if self.block_hash[block] is None:
-            self._free.move_to_end(block, last=False)
-        return True
+    def release(self, blocks: Iterable[int]) -> None:
+        """Drop one reference to each block, in order; a block nobody holds any more joins the
+        free queue: at its tail if cached (evicted last), else at its head (reused first)."""
+        ref_cnt, block_hash, free = self.ref_cnt, self.block_hash, self._free
+        for block in blocks:
+            ref_cnt[block] -= 1
+            if not ref_cnt[block]:
+                free[block] = None
+                if block_hash[block] is None:
+                    free.move_to_end(block, last=False)
 
-    def cache(self, block: int, block_hash: int) -> None:
-        """Index a full, computed block under its hash (first writer wins)."""
-        if block_hash not in self.cached:
-            self.cached[block_hash] = block
-            self.block_hash[block] = block_hash
+    def cache(self, blocks: Iterable[int], hashes: Iterable[Hashable]) -> None:
+        """Index full blocks under their hashes (first writer wins: a block whose content
+        is already indexed elsewhere stays unindexed)."""
+        cached, block_hash = self.cached, self.block_hash
+        for block, h in zip(blocks, hashes):
+            if h not in cached:
+                cached[h] = block
+                block_hash[block] = h
+
+    def uncache(self, block: int) -> None:
+        """Drop a block from the index (its K/V will never be computed)."""
+        h = self.block_hash[block]
+        if h is not None:
+            if self.cached.get(h) == block:
+                del self.cached[h]
+            self.block_hash[block] = None
 
     def is_free(self, block: int) -> bool:
         return self.ref_cnt[block] == 0

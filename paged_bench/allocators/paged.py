@@ -1,32 +1,42 @@
 """Paged KV allocation (PagedAttention): blocks handed out on demand, with prefix caching.
 
 Each request has a block table that grows one block at a time as its sequence does, so the
-only memory a request wastes is the unfilled tail of its last block. Full, computed blocks
-are indexed by a hash chain over (parent hash, block tokens); a new request takes the
-longest chain already cached, and blocks freed by finished requests stay findable until
+only memory a request wastes is the unfilled tail of its last block. Full blocks are indexed
+by a hash chain over (parent hash, block tokens) as soon as they are allocated for
+computation, as vLLM v1 does: a request admitted later in the same step already hits them
+(the step writes every new token's K/V before any attention reads it). A new request takes
+the longest chain already cached, and blocks freed by finished requests stay findable until
 the pool needs them (see ``block_pool``). Preemption can move a request's blocks to a
 bounded CPU swap space (a second pool) and back.
+
+Live slots are derived, not counted at every change: reserved slots (held blocks) minus the
+empty tail slots of the tables, which change only in ``allocate_slots`` (grow) and
+``_release`` (give back). A full block may be shared; an unfilled tail never is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from paged_bench.allocators.base import NO_HIT, Allocator, AllocatorCounters, KVLayout, PrefixHit
 from paged_bench.allocators.block_pool import BlockPool
+from paged_bench.allocators.prefix_hash import NO_EXTRA_KEYS, PREFIX_HASHES
 from paged_bench.errors import check, check_int
 from paged_bench.request import Request
 
 _NEVER = 1 << 62
+_NO_NEW_BLOCKS: dict[int | str, tuple[int, ...]] = {}  # shared by every plan without new blocks: read-only
 
 
 @dataclass(slots=True)
 class _Seq:
     blocks: list[int]  # the block table (CPU block ids while swapped out)
     num_slots: int  # tokens these blocks hold, computed or being computed this step
-    capacity: int  # len(blocks) * block_size
+    capacity: int  # len(blocks) * block size
     num_cached: int = 0  # leading blocks already indexed in the prefix cache
-    cache_at: int = _NEVER  # computed tokens at which the next block is full and can be cached
+    cache_at: int = _NEVER  # slots at which the next block is full and can be cached
+    plain_below: int = 0  # totals below this need neither a new block nor caching: the hot path
     on_cpu: bool = False
 
 
@@ -40,26 +50,36 @@ class PagedAllocator(Allocator):
         block_size: int,
         prefix_caching: bool = True,
         swap_blocks: int | None = None,
+        prefix_hash: str = "builtin",
     ) -> None:
         check_int("num_blocks", num_blocks)
         check_int("block_size", block_size)
         check(isinstance(prefix_caching, bool), "allocator.prefix_caching", prefix_caching, "true or false")
+        check(prefix_hash in PREFIX_HASHES, "allocator.prefix_hash", prefix_hash, " or ".join(PREFIX_HASHES))
         swap = num_blocks if swap_blocks is None else check_int("allocator.swap_blocks", swap_blocks, 0)
         self.layout = KVLayout(num_blocks, block_size, swap)
-        self.block_size = block_size
+        self.pool_block_slots = block_size  # slots per pool block: a slab for contiguous
         self.prefix_caching = prefix_caching
+        self.prefix_hash = prefix_hash
+        self._hash_block, self._root_hash = PREFIX_HASHES[prefix_hash]
         self.pool = BlockPool(num_blocks)
         self.cpu_pool = BlockPool(swap)
         self.counters = AllocatorCounters()
-        self.live_slots = 0
         self._seqs: dict[Request, _Seq] = {}
-        self._hashes: dict[Request, list[int]] = {}
+        self._hashes: dict[Request, list[Hashable]] = {}
+        self._new_blocks: dict[int | str, tuple[int, ...]] = {}
+        self._unfilled_slots = 0  # empty slots at the tails of GPU tables
 
     # -- the protocol -------------------------------------------------------------------
 
+    @property
+    def live_slots(self) -> int:
+        return (self.pool.num_blocks - self.pool.num_free) * self.pool_block_slots - self._unfilled_slots
+
     def lookup_prefix(self, req: Request) -> PrefixHit:
-        num_full = (req.num_tokens - 1) // self.block_size
-        if not self.prefix_caching or num_full == 0:
+        num_full = (req.num_tokens - 1) // self.pool_block_slots
+        # a request scoring its prompt (server echo + logprobs) must compute every position
+        if not self.prefix_caching or num_full == 0 or getattr(req, "want_prompt_logprobs", False):
             return NO_HIT
         cached = self.pool.cached
         blocks = []
@@ -68,7 +88,7 @@ class PagedAllocator(Allocator):
             if block is None:
                 break
             blocks.append(block)
-        return PrefixHit(tuple(blocks), len(blocks) * self.block_size)
+        return PrefixHit(tuple(blocks), len(blocks) * self.pool_block_slots)
 
     def allocate_slots(
         self, req: Request, num_new_tokens: int, hit: PrefixHit = NO_HIT, min_free_blocks: int = 0
@@ -76,62 +96,92 @@ class PagedAllocator(Allocator):
         # the hot path: called for every running request at every step
         seq = self._seqs.get(req)
         if seq is None:
-            return self._admit(req, num_new_tokens, hit, min_free_blocks)
-        computed = req.num_computed_tokens
-        total = computed + num_new_tokens
+            seq = self._admit(req, num_new_tokens, hit, min_free_blocks)
+            if seq is None:
+                return False
+            total, announce = req.num_computed_tokens + hit.num_tokens + num_new_tokens, False
+        else:
+            total, announce = req.num_computed_tokens + num_new_tokens, True
         if total > seq.capacity:
-            need = -(-total // self.block_size) - len(seq.blocks)
+            bs = self.pool_block_slots
+            need = -(-total // bs) - len(seq.blocks)
             if self.pool.num_free - need < min_free_blocks:
                 return False
-            seq.blocks += self.pool.allocate(need)
-            seq.capacity = len(seq.blocks) * self.block_size
-        self.live_slots += total - seq.num_slots
+            new = self.pool.allocate(need)
+            seq.blocks += new
+            seq.capacity += need * bs
+            self._unfilled_slots += need * bs
+            if announce:  # a row allocates once a step, so this is its only entry
+                self._new_blocks[req.request_id] = tuple(new)
+        self._unfilled_slots -= total - seq.num_slots
         seq.num_slots = total
-        if computed >= seq.cache_at:
-            self._cache_computed(req, seq)
+        if total >= seq.cache_at:
+            self._cache_full_blocks(req, seq)
+        seq.plain_below = min(seq.capacity + 1, seq.cache_at)
         return True
+
+    def allocate_rows(self, reqs: list[Request], nums: list[int]) -> int:
+        # allocate_slots for running requests, inlined for the common row: within capacity,
+        # no block to cache; anything else goes through allocate_slots itself
+        seqs, filled = self._seqs, 0
+        for req, n in zip(reqs, nums):
+            seq = seqs[req]
+            total = req.num_computed_tokens + n
+            if total >= seq.plain_below:
+                self._unfilled_slots -= filled
+                filled = 0
+                if not self.allocate_slots(req, n):
+                    return reqs.index(req)
+                continue
+            filled += total - seq.num_slots
+            seq.num_slots = total
+        self._unfilled_slots -= filled
+        return len(reqs)
 
     def free(self, req: Request) -> None:
         seq = self._seqs.pop(req, None)
         if seq is not None:
             if seq.on_cpu:
-                for block in seq.blocks:
-                    self.cpu_pool.release(block)
+                self.cpu_pool.release(seq.blocks)
             else:
-                if self.prefix_caching:
-                    self._cache_computed(req, seq)
-                self._release(seq.blocks, seq.num_slots)
+                self._release(req, seq)
         self._hashes.pop(req, None)
+        self._new_blocks.pop(req.request_id, None)
 
     def swap_out(self, req: Request) -> list[tuple[int, int]] | None:
         seq = self._seqs[req]
-        keep = -(-req.num_computed_tokens // self.block_size)  # blocks that hold computed K/V
+        keep = -(-req.num_computed_tokens // self.pool_block_slots)  # blocks that hold computed K/V
         if self.cpu_pool.num_free < keep:
             return None
-        if self.prefix_caching:
-            self._cache_computed(req, seq)
         cpu_blocks = self.cpu_pool.allocate(keep)
         pairs = list(zip(seq.blocks[:keep], cpu_blocks))
-        self._release(seq.blocks, seq.num_slots)
+        self._release(req, seq)
+        self._new_blocks.pop(req.request_id, None)
         seq.blocks, seq.num_slots, seq.on_cpu = cpu_blocks, req.num_computed_tokens, True
-        seq.num_cached, seq.cache_at = 0, _NEVER  # the swapped-in copies are re-indexed
         return pairs
 
-    def swap_in(self, req: Request, num_new_tokens: int) -> list[tuple[int, int]] | None:
-        seq = self._seqs[req]
-        total = req.num_computed_tokens + num_new_tokens
-        need = -(-total // self.block_size)
-        if self.pool.num_free < need:
+    def swap_in(self, req: Request, num_new_tokens: int, min_free_blocks: int = 0) -> list[tuple[int, int]] | None:
+        cpu = self._seqs.pop(req)
+        # back as a new table: allocate_slots takes the pool's room, watermark included
+        if not self.allocate_slots(req, num_new_tokens, NO_HIT, min_free_blocks):
+            self._seqs[req] = cpu
             return None
-        gpu_blocks = self.pool.allocate(need)
-        pairs = list(zip(seq.blocks, gpu_blocks))
-        for block in seq.blocks:
-            self.cpu_pool.release(block)
-        seq.blocks, seq.num_slots, seq.on_cpu = gpu_blocks, total, False
-        seq.capacity = len(gpu_blocks) * self.block_size
-        seq.cache_at = self.block_size if self.prefix_caching else _NEVER
-        self.live_slots += total
-        return pairs
+        self.cpu_pool.release(cpu.blocks)
+        return list(zip(cpu.blocks, self._seqs[req].blocks))
+
+    def take_new_blocks(self) -> dict[int | str, tuple[int, ...]]:
+        out = self._new_blocks
+        if not out:
+            return _NO_NEW_BLOCKS
+        self._new_blocks = {}
+        return out
+
+    def cached_prefix_tokens(self, req: Request) -> int:
+        known = req in self._hashes
+        hit = self.lookup_prefix(req)
+        if not known:  # forget the hash chain lookup_prefix memoised for a request not held here
+            self._hashes.pop(req, None)
+        return hit.num_tokens
 
     def block_table(self, req: Request) -> list[int]:
         return self._seqs[req].blocks
@@ -148,59 +198,71 @@ class PagedAllocator(Allocator):
             out.append(f"{len(held)} swap blocks still held")
         if self._seqs:
             out.append(f"{len(self._seqs)} requests still hold block tables")
-        if self.live_slots:
-            out.append(f"{self.live_slots} live slots still counted")
+        if self._unfilled_slots:
+            out.append(f"{self._unfilled_slots} unfilled slots still counted")
         return out
 
     # -- internals ------------------------------------------------------------------------
 
-    def _admit(self, req: Request, num_new_tokens: int, hit: PrefixHit, min_free_blocks: int) -> bool:
-        pool, bs = self.pool, self.block_size
-        total = hit.num_tokens + num_new_tokens
+    def _admit(self, req: Request, num_new_tokens: int, hit: PrefixHit, min_free_blocks: int) -> _Seq | None:
+        """A table for a request that holds no KV yet, starting with the hit's blocks; None
+        if the hit and the new tokens would leave fewer than ``min_free_blocks`` free."""
+        pool, bs = self.pool, self.pool_block_slots
+        total = req.num_computed_tokens + hit.num_tokens + num_new_tokens
         need = -(-total // bs) - len(hit.blocks)
         # cached blocks nobody holds sit in the free queue: taking them uses free capacity too
-        revived = sum(1 for b in hit.blocks if pool.ref_cnt[b] == 0)
+        revived = sum(1 for b in hit.blocks if pool.ref_cnt[b] == 0) if hit.blocks else 0
         if pool.num_free - revived - need < min_free_blocks:
-            return False
+            return None
         for block in hit.blocks:
             pool.touch(block)
-        blocks = list(hit.blocks) + pool.allocate(need)
-        num_cached = len(hit.blocks)
-        cache_at = (num_cached + 1) * bs if self.prefix_caching else _NEVER
-        self._seqs[req] = _Seq(blocks, total, len(blocks) * bs, num_cached, cache_at)
-        self.live_slots += num_new_tokens + revived * bs
+        num_hit = len(hit.blocks)
+        cache_at = (num_hit + 1) * bs if self.prefix_caching else _NEVER
+        seq = self._seqs[req] = _Seq(list(hit.blocks), hit.num_tokens, num_hit * bs, num_hit, cache_at)
+        if not req.num_computed_tokens:  # a lookup, not a swap-in
+            self._count_lookup(req, hit.num_tokens)
+        return seq
+
+    def _count_lookup(self, req: Request, hit_tokens: int) -> None:
         c = self.counters
-        c.prefix_query_tokens += req.num_tokens
-        c.prefix_hit_tokens += hit.num_tokens
-        return True
+        if req.num_preemptions:
+            c.preempted_prefix_query_tokens += req.num_tokens
+            c.preempted_prefix_hit_tokens += hit_tokens
+        else:
+            c.prefix_query_tokens += req.num_tokens
+            c.prefix_hit_tokens += hit_tokens
 
-    def _release(self, blocks: list[int], num_slots: int) -> None:
-        """Drop a table's references, tail first so that its tail is evicted first."""
-        bs, release, freed_slots = self.block_size, self.pool.release, 0
-        for i in range(len(blocks) - 1, -1, -1):
-            if release(blocks[i]):
-                freed_slots += min(bs, num_slots - i * bs)
-        self.live_slots -= freed_slots
+    def _release(self, req: Request, seq: _Seq) -> None:
+        """Drop a GPU table's references, tail first so that its tail is evicted first."""
+        if seq.num_slots > req.num_computed_tokens and seq.num_cached:
+            self._uncache_uncomputed(req, seq)
+        self._unfilled_slots -= seq.capacity - seq.num_slots
+        self.pool.release(reversed(seq.blocks))
+        seq.blocks, seq.num_slots, seq.capacity = [], 0, 0
 
-    def _cache_computed(self, req: Request, seq: _Seq) -> None:
-        num_full = req.num_computed_tokens // self.block_size
-        if num_full <= seq.num_cached:
-            return
-        hashes = self._block_hashes(req, num_full)
-        for i in range(seq.num_cached, num_full):
-            self.pool.cache(seq.blocks[i], hashes[i])
+    def _uncache_uncomputed(self, req: Request, seq: _Seq) -> None:
+        """A table released before its step ran (preempted, or the step failed): blocks it
+        indexed for this step hold no K/V, so nobody may hit them."""
+        first = req.num_computed_tokens // self.pool_block_slots
+        for block in seq.blocks[first : seq.num_cached]:
+            if self.pool.ref_cnt[block] == 1:
+                self.pool.uncache(block)
+        seq.num_cached = min(seq.num_cached, first)
+
+    def _cache_full_blocks(self, req: Request, seq: _Seq) -> None:
+        num_full, first = seq.num_slots // self.pool_block_slots, seq.num_cached
+        self.pool.cache(seq.blocks[first:num_full], self._block_hashes(req, num_full)[first:])
         seq.num_cached = num_full
-        seq.cache_at = (num_full + 1) * self.block_size
+        seq.cache_at = (num_full + 1) * self.pool_block_slots
 
-    def _block_hashes(self, req: Request, num_blocks: int) -> list[int]:
-        """Hash chain over the request's first ``num_blocks`` full blocks, extended lazily.
-
-        Python hashes ints and tuples of ints identically in every process, so runs stay
-        reproducible; a 64-bit collision is as unlikely here as in vLLM's default."""
-        hashes = self._hashes.setdefault(req, [])
-        bs, tokens = self.block_size, req.token_ids
-        parent = hashes[-1] if hashes else None
+    def _block_hashes(self, req: Request, num_blocks: int) -> list[Hashable]:
+        """Hash chain over the request's first ``num_blocks`` full blocks, extended lazily."""
+        hashes = self._hashes.get(req)
+        if hashes is None:
+            hashes = self._hashes[req] = []
+        bs, tokens, hash_block = self.pool_block_slots, req.token_ids, self._hash_block
+        parent = hashes[-1] if hashes else self._root_hash
         for i in range(len(hashes), num_blocks):
-            parent = hash((parent, tuple(tokens[i * bs : (i + 1) * bs])))
+            parent = hash_block((parent, tuple(tokens[i * bs : (i + 1) * bs]), NO_EXTRA_KEYS))
             hashes.append(parent)
         return hashes

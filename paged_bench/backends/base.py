@@ -1,4 +1,4 @@
-"""The backend protocol: executes a step plan and returns the sampled tokens.
+"""The backend protocol: executes a frozen step plan and returns the sampled tokens.
 
 A real backend (``numpy``, ``torch``) computes a transformer step whose attention reads
 K/V through the allocator's block tables, on the wall clock. A cost-model backend
@@ -8,11 +8,14 @@ K/V through the allocator's block tables, on the wall clock. A cost-model backen
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from paged_bench.allocators.base import Allocator
 from paged_bench.step import StepOutput, StepPlan
 from paged_bench.tokenizer import ByteTokenizer
+
+if TYPE_CHECKING:
+    from paged_bench.model.kv_capacity import KVBudget
 
 
 class Backend(ABC):
@@ -22,6 +25,8 @@ class Backend(ABC):
     vocab_size: int = ByteTokenizer.vocab_size
     eos_token_id: int | None = None
     kv_bytes_per_token: int | None = None  # for the byte figures, when the model is known
+    reads_token_ids: ClassVar[bool] = True  # False: plans carry no token ids (a cost model needs none)
+    num_devices: int = 1  # GPUs (tensor-parallel ranks) a step runs on: throughput per GPU
 
     def __init__(self) -> None:
         self.tokenizer = ByteTokenizer()
@@ -29,12 +34,20 @@ class Backend(ABC):
 
     def bind(self, allocator: Allocator) -> None:
         """Called once before the first step: a real backend allocates its KV pool here, shaped
-        by ``allocator.layout``, and later reads ``allocator.block_table(req)``."""
+        by ``allocator.layout``. Block tables come with the plans, never from the allocator."""
         self.allocator = allocator
+
+    def kv_budget(self, max_num_batched_tokens: int, max_num_seqs: int) -> KVBudget | None:
+        """The KV space next to the model on the backend's hardware (``num_blocks=auto``), or
+        None when it does not know its model and memory (the pool then holds max_batch
+        full-length sequences)."""
+        return None
 
     @abstractmethod
     def execute(self, plan: StepPlan) -> StepOutput:
-        """Do the plan's swap copies, then compute its tokens; one sampled token per request."""
+        """Do the plan's swap copies, then compute its rows; one sampled token per row. Read the
+        plan alone (``paged_bench.step``; ``backends.request_state`` keeps what a real backend
+        needs between steps): no live ``Request`` reaches a backend."""
 
     def close(self) -> None:
         """Release whatever the backend holds (device memory, threads)."""

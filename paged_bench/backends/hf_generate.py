@@ -29,9 +29,8 @@ from paged_bench.model.hf import to_transformers
 from paged_bench.model.ops_torch import pick_device, pick_dtype
 from paged_bench.model.runner import adopt_model
 from paged_bench.model.weights import make_state
-from paged_bench.request import Request
-from paged_bench.step import StepOutput, StepPlan
-from paged_bench.threads import job_threads, pin_torch_threads
+from paged_bench.step import NewRequestData, ReqId, StepOutput, StepPlan
+from paged_bench.threads import pin_torch_threads
 
 _END = object()
 
@@ -80,12 +79,13 @@ class HFGenerateBackend(Backend):
         self.device = dev
         self._saved_threads = pin_torch_threads(threads)  # restored by close()
         self._seed = seed
-        self._current: Request | None = None
+        self._known: dict[ReqId, NewRequestData] = {}  # requests the plans introduced, not yet gone
+        self._current: ReqId | None = None
         self._tokens: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
 
-    def _generate(self, req: Request) -> None:
+    def _generate(self, req: NewRequestData) -> None:
         from transformers import StoppingCriteria, StoppingCriteriaList
 
         cancel = self._cancel
@@ -94,22 +94,22 @@ class HFGenerateBackend(Backend):
             def __call__(self, input_ids, scores, **kwargs):
                 return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool, device=input_ids.device)
 
-        new = req.max_num_tokens - req.num_prompt_tokens
-        sampled = req.temperature > 0
+        sp = req.sampling
+        sampled = sp.temperature > 0
         if sampled:
-            torch.manual_seed(self._seed if req.sampling_seed is None else req.sampling_seed)
+            torch.manual_seed(self._seed if sp.seed is None else sp.seed)
         try:
             with torch.inference_mode():
                 self.model.generate(
                     torch.tensor([req.token_ids], device=self.device),
-                    attention_mask=torch.ones((1, req.num_tokens), dtype=torch.long, device=self.device),
-                    max_new_tokens=new,
+                    attention_mask=torch.ones((1, len(req.token_ids)), dtype=torch.long, device=self.device),
+                    max_new_tokens=sp.max_tokens,
                     do_sample=sampled,
-                    temperature=req.temperature if sampled else None,
-                    top_p=req.top_p if sampled else None,
+                    temperature=sp.temperature if sampled else None,
+                    top_p=sp.top_p if sampled else None,
                     top_k=None,
                     # ignore_eos: no EOS at all (min_new_tokens would ban it instead, changing tokens)
-                    eos_token_id=None if req.ignore_eos else self.eos_token_id,
+                    eos_token_id=None if sp.ignore_eos else self.eos_token_id,
                     pad_token_id=self.eos_token_id if self.eos_token_id is not None else 0,
                     streamer=_Streamer(self._tokens),
                     stopping_criteria=StoppingCriteriaList([_Cancelled()]),
@@ -117,14 +117,14 @@ class HFGenerateBackend(Backend):
         except Exception as e:  # noqa: BLE001 - handed to the engine's thread, which raises it
             self._tokens.put(e)
 
-    def _start(self, req: Request) -> None:
+    def _start(self, req: NewRequestData) -> None:
         self._stop()
-        if req.num_output_tokens:
+        if len(req.token_ids) > req.num_prompt_tokens:
             raise EngineError(
-                f"backend 'hf_generate' cannot resume request {req.request_id} after a preemption: "
+                f"backend 'hf_generate' cannot resume request {req.req_id} after a preemption: "
                 "use scheduler=static max_batch=1 and a pool that holds a sequence"
             )
-        self._current = req
+        self._current = req.req_id
         self._tokens = queue.Queue()
         self._thread = threading.Thread(target=self._generate, args=(req,), daemon=True)
         self._thread.start()
@@ -137,21 +137,24 @@ class HFGenerateBackend(Backend):
         self._thread = self._current = None
 
     def execute(self, plan: StepPlan) -> StepOutput:
-        if len(plan.reqs) != 1:
+        for rid in (*plan.finished_req_ids, *plan.preempted_req_ids):
+            self._known.pop(rid, None)
+        self._known.update((new.req_id, new) for new in plan.new_reqs)
+        if plan.num_reqs != 1:
             raise EngineError(
                 f"backend 'hf_generate' serves one request at a time (a plain generate loop) but the step "
-                f"holds {len(plan.reqs)}: use scheduler=static max_batch=1"
+                f"holds {plan.num_reqs}: use scheduler=static max_batch=1"
             )
-        req, n = plan.reqs[0], plan.num_new_tokens[0]
-        if req.num_computed_tokens + n < req.num_tokens:
+        (row,) = plan.rows()
+        if not row.samples:
             return StepOutput([0])  # a prefill chunk short of the prompt's end: generate waits for all of it
-        if req is not self._current:
-            self._start(req)
+        if row.req_id != self._current:
+            self._start(self._known[row.req_id])
         token = self._tokens.get()
         if isinstance(token, Exception):
             raise EngineError(f"transformers generate failed: {type(token).__name__}: {token}") from token
         if token is _END:
-            raise EngineError(f"generate ended request {req.request_id} before the engine did")
+            raise EngineError(f"generate ended request {row.req_id} before the engine did")
         return StepOutput([token])
 
     def close(self) -> None:

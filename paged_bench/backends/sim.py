@@ -11,7 +11,10 @@ per sequence):
 ``cost_model=roofline`` prices a step instead by its FLOPs and bytes for a model
 (``backend.model``) on a hardware preset (``backend.hardware``: cpu, a100, h100, h200), and
 ``backend.preset=FILE`` replays a roofline calibrated against a real backend
-(``python -m paged_bench.model.calibrate``); see ``paged_bench.model.roofline``.
+(``python -m paged_bench.model.calibrate``); see ``paged_bench.model.roofline``. A roofline
+knows its model and hardware, so it sizes the KV pool (``num_blocks=auto``, from
+``gpu_memory_utilization``) and splits the model over ``tensor_parallel_size`` ranks whose
+all-reduces cross ``interconnect`` (null: the hardware's own link).
 
 Runs on virtual time, so a sweep of thousands of steps takes seconds and is bit-for-bit
 reproducible; ``clock=wall`` paces it in real time instead.
@@ -20,14 +23,16 @@ reproducible; ``clock=wall`` paces it in real time instead.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from paged_bench.allocators.base import Allocator
 from paged_bench.backends.base import Backend
 from paged_bench.errors import check, check_int, check_number
 from paged_bench.model.config import DTYPE_BYTES, resolve_model
+from paged_bench.model.kv_capacity import KVBudget, check_utilization
 from paged_bench.model.roofline import RooflineCost, hardware, load_preset
+from paged_bench.model.tp_shard import KEY as TP_KEY
 from paged_bench.step import StepOutput, StepPlan
 
 
@@ -43,7 +48,7 @@ class LinearCost:
 
     def duration(self, plan: StepPlan) -> float:
         decodes, scheduled = plan.num_decode_tokens, sum(plan.num_new_tokens)
-        kv_read = scheduled + sum([r.num_computed_tokens for r in plan.reqs])
+        kv_read = scheduled + sum(plan.num_computed_tokens)
         return (
             self.step_overhead
             + self.per_prefill_token * (scheduled - decodes)
@@ -59,6 +64,7 @@ _hardware = hardware  # the option below shadows the function's name
 class SimBackend(Backend):
     name = "sim"
     clock = "virtual"
+    reads_token_ids = False  # a cost model reads counts only: plans skip copying prompts
 
     def __init__(
         self,
@@ -75,18 +81,25 @@ class SimBackend(Backend):
         model_path: str | None = None,
         dtype: str | None = None,
         preset: str | None = None,
+        tensor_parallel_size: int = 1,
+        interconnect: str | None = None,
+        gpu_memory_utilization: float = 0.9,
     ) -> None:
         super().__init__()
         self.vocab_size = check_int("backend.vocab_size", vocab_size, 2)
         check(cost_model in ("linear", "roofline"), "backend.cost_model", cost_model, "linear or roofline")
+        tp = check_int(TP_KEY, tensor_parallel_size)
+        self.gpu_memory_utilization = check_utilization(gpu_memory_utilization)
         self.roofline: RooflineCost | None = None
         if preset:
-            self.roofline = load_preset(preset)
+            self.roofline = replace(load_preset(preset), tp=tp, interconnect=interconnect)
         elif cost_model == "roofline":
             cfg = resolve_model(model, model_path)
             dt = dtype or cfg.dtype
             check(dt in DTYPE_BYTES, "backend.dtype", dt, ", ".join(DTYPE_BYTES))
-            self.roofline = RooflineCost(cfg, _hardware(hardware), dt)
+            self.roofline = RooflineCost(cfg, _hardware(hardware), dt, tp, interconnect)
+        check(self.roofline is not None or tp == 1, TP_KEY, tp, "1 with cost_model=linear (use cost_model=roofline)")
+        self.num_devices = tp
         if self.roofline is not None:
             self.vocab_size = self.roofline.model.vocab_size
             self.kv_bytes_per_token = self.roofline.model.kv_bytes_per_token(self.roofline.dtype)
@@ -99,13 +112,18 @@ class SimBackend(Backend):
             check_number("backend.per_swap_block_ms", per_swap_block_ms) / 1e3,
         )
 
+    def kv_budget(self, max_num_batched_tokens: int, max_num_seqs: int) -> KVBudget | None:
+        if self.roofline is None:
+            return None
+        return self.roofline.kv_budget(self.gpu_memory_utilization, max_num_batched_tokens, max_num_seqs)
+
     def bind(self, allocator: Allocator) -> None:
         super().bind(allocator)
         self._block_size = allocator.layout.block_size
 
     def execute(self, plan: StepPlan) -> StepOutput:
         if self.roofline is not None:
-            return StepOutput([0] * len(plan.reqs), self.roofline.duration(plan, self._block_size))
+            return StepOutput([0] * len(plan.req_ids), self.roofline.duration(plan, self._block_size))
         # token 0 for every sample: deterministic, and the prefix cache still tells requests
         # apart because a block's hash chains over the whole prompt before it
-        return StepOutput([0] * len(plan.reqs), self.cost.duration(plan))
+        return StepOutput([0] * len(plan.req_ids), self.cost.duration(plan))

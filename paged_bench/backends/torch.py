@@ -6,6 +6,13 @@ checkpoint with ``backend.model_path=DIR`` (config.json + safetensors, and its t
 when the folder has one), or random weights from the run's seed, identical to numpy's.
 ``threads`` sets torch's CPU threads while it runs (null: the job's share of the cores, see
 ``paged_bench.threads``); on cores shared with other work, 1 avoids threads waiting on each other.
+
+``tensor_parallel_size=N`` splits the model over N ranks, Megatron-style: this process is
+rank 0 and spawns ranks 1..N-1 (``paged_bench.distributed``; gloo on CPU, NCCL on CUDA with
+rank r on cuda:r); each holds its slice of the weights and of every KV slot's heads. Each
+step rank 0 broadcasts the frozen step plan, every rank does its swap copies and its slice of
+the forward from the plan alone, and rank 0 gathers the logits and samples. Each rank takes
+``threads`` CPU threads (null: an equal share of the job's cores).
 """
 
 from __future__ import annotations
@@ -16,12 +23,18 @@ from typing import Any
 import torch
 
 from paged_bench.allocators.base import Allocator
-from paged_bench.errors import check_int  # noqa: F401  (kept for the backend's own checks)
+from paged_bench.backends.base import Backend
+from paged_bench.backends.request_state import RequestState
+from paged_bench.distributed.group import TPGroup
+from paged_bench.distributed.rank import Bind, ModelSpec, Step
+from paged_bench.errors import check, check_int
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.ops_torch import DTYPES, TorchOps, pick_device, pick_dtype
 from paged_bench.model.runner import ModelBackend
+from paged_bench.model.tp_shard import KEY as TP_KEY
+from paged_bench.model.weights import Weights
 from paged_bench.step import StepOutput, StepPlan
-from paged_bench.threads import job_threads
+from paged_bench.threads import cpu_share, job_threads
 
 
 class TorchBackend(ModelBackend):
@@ -36,32 +49,68 @@ class TorchBackend(ModelBackend):
         device: str = "auto",
         dtype: str = "auto",
         threads: int | None = None,
+        tensor_parallel_size: int = 1,
     ) -> None:
         self.device = pick_device(device)
         self.compute_dtype = pick_dtype(dtype, self.device)
-        self.threads = job_threads("backend.threads", threads)  # null: this job's share of the cores
+        self.num_devices = check_int(TP_KEY, tensor_parallel_size)
+        self.threads = job_threads("backend.threads", threads)
+        if threads is None:  # the job's share of the cores, split over its ranks
+            self.threads = max(1, cpu_share() // self.num_devices)
+        if self.num_devices > 1:
+            check(
+                self.device.type == "cpu" or torch.cuda.device_count() >= self.num_devices,
+                TP_KEY, tensor_parallel_size, f"at most the {torch.cuda.device_count()} CUDA devices here",
+            )  # fmt: skip
+        self.group: TPGroup | None = None  # the tensor-parallel ranks
+        self._sampled: tuple[int, ...] | None = None  # the last forward's tokens, for the workers
         self._saved_threads: int | None = None
         super().__init__(model=model, model_path=model_path, seed=seed)
 
     def make_ops(self, cfg: ModelConfig) -> TorchOps:
         return TorchOps(cfg, self.device, DTYPES[self.compute_dtype])
 
+    def make_weights(self, cfg: ModelConfig, model_path: str | None, seed: int) -> Weights:
+        if self.num_devices == 1:
+            return super().make_weights(cfg, model_path, seed)
+        spec = ModelSpec(cfg, model_path, seed, self.device.type, self.compute_dtype, self.threads)
+        self.group = TPGroup(spec, self.num_devices)
+        self.ops = self.group.model.ops
+        return self.group.model.weights  # rank 0's slice
+
     def bind(self, allocator: Allocator) -> None:
         if self.threads is not None and self._saved_threads is None:
             self._saved_threads = torch.get_num_threads()
             torch.set_num_threads(self.threads)
-        with torch.inference_mode():
-            super().bind(allocator)  # allocates the pool and warms the kernels up
+        if self.group is None:
+            with torch.inference_mode():
+                super().bind(allocator)  # allocates the pool and warms the kernels up
+            return
+        Backend.bind(self, allocator)  # not ModelBackend's: every rank allocates its share and warms up
+        layout = allocator.layout
+        self.group.bind(Bind(layout.num_slots, layout.num_cpu_blocks * layout.block_size, layout.block_size))
+        self.pool, self.swap = self.group.model.pool, self.group.model.swap  # rank 0's share
 
     def execute(self, plan: StepPlan) -> StepOutput:
         with torch.inference_mode():
-            return super().execute(plan)
+            if self.group is None:
+                return super().execute(plan)
+            with self.group.guard():
+                # every rank sees every plan (its swaps, finished and preempted requests)
+                self.group.send(Step(plan, self._sampled))
+                out = super().execute(plan)  # rank 0's share: the same steps, on its slice
+            self._sampled = tuple(out.token_ids) if plan.req_ids else None
+            return out
 
-    def logits(self, plan: StepPlan) -> torch.Tensor:
+    def logits(self, plan: StepPlan, states: list[RequestState]) -> torch.Tensor:
         with torch.inference_mode():  # the pool is an inference tensor
-            return super().logits(plan)
+            if self.group is not None:
+                return self.group.model.forward(self.batch(plan, states))
+            return super().logits(plan, states)
 
     def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
         super().close()
         if self._saved_threads is not None:
             torch.set_num_threads(self._saved_threads)

@@ -132,7 +132,7 @@ def run(cfg: DictConfig) -> None:
         _thread_lock_for_tqdm()
     try:
         with signals.stop_on_signals(signals.WITH_CTRL_C):
-            outcome = run_job(config, job.run_dir, bar, options=dict(HydraConfig.get().runtime.choices))
+            outcome = run_job(config, job.run_dir, bar if bar.shown else None, options=dict(HydraConfig.get().runtime.choices))
     except PagedBenchError as e:  # bad config or plugin: nothing ran
         bar.close()
         if job.multirun:  # the sweep's table in MLflow shows which combination failed

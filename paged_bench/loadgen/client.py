@@ -1,11 +1,13 @@
-"""One streaming request to an OpenAI-compatible endpoint, timed as vLLM's benchmark client does.
+"""One streaming request to an OpenAI-compatible endpoint, timed as vLLM's benchmark client
+(``vllm/benchmarks/lib/endpoint_request_func.py``) times it.
 
-TTFT runs from sending the request to the first chunk that carries a choice (the role chunk
-of a chat stream comes with the first token on our server and on vLLM); ITL is measured
-between such chunks; E2EL ends with the stream. Token counts come from the ``usage`` chunk
-(we always ask for it), else from the number of chunks. Every failure (connection refused,
-HTTP error, error event, timeout, malformed stream) becomes the outcome's ``error``, never an
-exception: one bad request must not stop a run.
+Every chunk that carries a choice is stamped when it arrives (the role chunk of a chat stream
+comes with the first token on our server and on vLLM): TTFT ends at the first, ITL is measured
+between them, E2EL ends at the last; the usage chunk and ``[DONE]`` that follow carry no
+content and end nothing but the stream (``end_time``). The text is kept for its digest and
+for counting tokens when the server sends no ``usage`` (we always ask for it). Every failure
+(connection refused, HTTP error, error event, timeout, malformed stream) becomes the
+outcome's ``error``, never an exception: one bad request must not stop a run.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from paged_bench.request import Request
 @dataclass
 class Outcome:
     send_time: float
-    chunk_times: list[float] = field(default_factory=list)
-    end_time: float | None = None
+    chunk_times: list[float] = field(default_factory=list)  # chunks that carried a choice
+    text: list[str] = field(default_factory=list)  # their text, piece by piece
+    end_time: float | None = None  # when the stream closed, or the request failed
     prompt_tokens: int | None = None  # from usage
     completion_tokens: int | None = None
     finish_reason: str | None = None
@@ -88,7 +91,11 @@ async def _stream(client: httpx.AsyncClient, target: TargetConfig, body: dict, o
                 out.completion_tokens = usage.get("completion_tokens", out.completion_tokens)
             if choices := chunk.get("choices"):
                 out.chunk_times.append(t)
-                out.finish_reason = choices[0].get("finish_reason") or out.finish_reason
+                choice = choices[0]
+                piece = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
+                if piece:
+                    out.text.append(piece)
+                out.finish_reason = choice.get("finish_reason") or out.finish_reason
         if not done and out.finish_reason is None:
             out.error = "the stream ended before [DONE]"
 

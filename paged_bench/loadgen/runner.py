@@ -1,14 +1,16 @@
-"""A workload against an OpenAI-compatible endpoint -> an ``EngineResult`` like an engine run's.
+"""A workload against an OpenAI-compatible endpoint -> per-request output records, measured as
+``vllm bench serve`` measures them.
 
 Each request is sent at its arrival time (seconds from the start of the timed run) once the
-concurrency cap lets it, streams, and is recorded as a ``Request`` whose timestamps are the
-client's: arrival = when it was sent, one token time per streamed chunk, finish = end of the
-stream. Its token ids are unknown to a client, so the record holds placeholders
-(``UNKNOWN_TOKEN``) in the counts ``usage`` reports. ``metrics.summarize`` and
-``outputs.write_run`` then work unchanged; engine-only figures (KV slots, preemptions, prefix
-hits, queue time) are null, and, when the server exports Prometheus TTFT histograms (ours,
-vLLM), ``server_mean_ttft_ms`` and ``http_ttft_overhead_ms`` (client mean TTFT minus the
-server's own) say what HTTP and streaming add.
+concurrency cap lets it, streams, and is recorded as a ``RequestOutput``: sent at, one time
+per chunk carrying content, output tokens from ``usage`` (else the tokenizer's count of the
+text), a digest of the text. ``metrics.summarize`` and ``outputs.write_run`` read them as
+``RequestRecords``, as they read an engine run's; the run's duration lasts until every
+request has returned, failed ones included (vLLM's ``benchmark_duration``). Engine-only
+figures (KV slots, preemptions, prefix hits, queue time) are null, and, when the server
+exports Prometheus TTFT histograms (ours, vLLM), ``server_mean_ttft_ms`` and
+``http_ttft_overhead_ms`` (client mean TTFT minus the server's own) say what HTTP and
+streaming add.
 
 Warm-up requests go first, one at a time, and are not recorded. A failed request is
 recorded with its error and the run goes on; only a run where every request failed is
@@ -21,7 +23,7 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,41 +32,43 @@ from typing import Any
 import httpx
 
 from paged_bench.allocators.base import KVLayout
+from paged_bench.arrivals import feed
 from paged_bench.build import Bench
-from paged_bench.engine import EngineResult
+from paged_bench.engine import EngineResult, StepRecords
 from paged_bench.loadgen.client import Outcome, request_body, send
 from paged_bench.loadgen.config import TargetConfig
 from paged_bench.loadgen.prometheus import ttft_totals
 from paged_bench.loadgen.spawn import spawned_server
+from paged_bench.records import RequestOutput, RequestRecords, text_digest
 from paged_bench.request import FinishReason, Request
 
-UNKNOWN_TOKEN = -1
 ENGINE_ONLY_FIGURES = (
     "kv_live_slots_peak", "kv_reserved_slots_peak", "kv_utilization_mean", "kv_waste_pct", "kv_bytes_per_token",
     "kv_reserved_bytes_peak", "num_preemptions", "recomputed_tokens", "swapped_blocks", "prefix_cache_hit_rate",
+    "preempted_prefix_hit_tokens",
 )  # fmt: skip
 
 
 @dataclass
 class RemoteRun:
-    result: EngineResult
+    result: EngineResult  # the run's status and duration; no engine requests or steps
+    records: RequestRecords
     summary: dict[str, Any]  # figures that replace or add to metrics.summarize's
     target: TargetConfig
 
 
-def record(req: Request, out: Outcome) -> Request:
-    """The client's view of one request, as a ``Request`` the metrics understand."""
+def record(req: Request, out: Outcome, count_tokens: Callable[[str], int]) -> RequestOutput:
+    """The client's view of one request."""
+    text = "".join(out.text)
     prompt = out.prompt_tokens if out.prompt_tokens is not None else req.num_prompt_tokens
-    completion = out.completion_tokens if out.completion_tokens is not None else len(out.chunk_times)
-    rec = Request(req.request_id, out.send_time, [UNKNOWN_TOKEN] * prompt, req.max_tokens, prefix_group=req.prefix_group)
-    rec.token_ids.extend([UNKNOWN_TOKEN] * completion)
-    rec.token_times = list(out.chunk_times)
-    end = out.end_time if out.end_time is not None else out.send_time
+    completion = out.completion_tokens if out.completion_tokens is not None else count_tokens(text)
     if out.error is not None:
-        rec.finish(FinishReason.ERROR, end, out.error)
+        reason = FinishReason.ERROR
     else:
-        rec.finish(FinishReason.STOP if out.finish_reason == "stop" else FinishReason.LENGTH, end)
-    return rec
+        reason = FinishReason.STOP if out.finish_reason == "stop" else FinishReason.LENGTH
+    end = out.end_time if out.end_time is not None else out.send_time
+    return RequestOutput(req.request_id, out.send_time, req.max_tokens, prompt, completion, out.chunk_times, end,
+                         reason.value, out.error, text_digest(text))  # fmt: skip
 
 
 @dataclass
@@ -72,9 +76,12 @@ class _Run:
     target: TargetConfig
     requests: list[Request]
     decode: Callable[[list[int]], str]
-    on_step: Callable[[float, list[Request]], None] | None
-    records: dict[int, Request] = field(default_factory=dict)  # index in requests -> record
+    count_tokens: Callable[[str], int]
+    on_step: Callable[[float, list[RequestOutput]], None] | None
+    max_concurrency: int | None = None  # the workload's closed loop (arrivals)
+    records: dict[int, RequestOutput] = field(default_factory=dict)  # index in requests -> record
     t0: float = 0.0
+    duration: float | None = None  # until every timed request returned
     model: str | None = None
 
     def now(self) -> float:
@@ -99,37 +106,60 @@ class _Run:
                 print(f"warning: warm-up request {i} failed: {out.error}", file=sys.stderr)
 
     async def _timed(self, client: httpx.AsyncClient) -> None:
+        """Send each request when ``arrivals`` says it is due; wake for the next due time or a finish."""
         sem = asyncio.Semaphore(self.target.concurrency) if self.target.concurrency else nullcontext()
+        index = {id(req): i for i, req in enumerate(self.requests)}
+        arrivals = feed(self.requests, self.max_concurrency)
+        started: list[asyncio.Task] = []
+        sending: set[int] = set()  # ids of the requests sent and not yet ended
+        woken = asyncio.Event()
         self.t0 = time.perf_counter()
 
-        async def one(i: int, req: Request) -> None:
-            delay = req.arrival_time - self.now()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            async with sem:
-                out = await send(client, self.target, request_body(self.target, self.model, req, self.decode), self.now)
-            rec = self.records[i] = record(req, out)
+        async def one(req: Request) -> None:
+            try:
+                async with sem:
+                    out = await send(client, self.target, request_body(self.target, self.model, req, self.decode), self.now)
+                rec = self.records[index[id(req)]] = record(req, out, self.count_tokens)
+            finally:
+                sending.discard(id(req))
+                arrivals.finished([req], self.now())
+                woken.set()
             if self.on_step is not None:
                 self.on_step(self.now(), [rec])
 
-        await asyncio.gather(*(one(i, r) for i, r in enumerate(self.requests)))
+        while True:
+            for req in arrivals.due(self.now()):
+                sending.add(id(req))
+                started.append(asyncio.create_task(one(req)))
+            next_time = arrivals.next_time()
+            if next_time is None and not sending:
+                break
+            woken.clear()
+            try:
+                await asyncio.wait_for(woken.wait(), None if next_time is None else max(0.0, next_time - self.now()))
+            except asyncio.TimeoutError:
+                pass
+        await asyncio.gather(*started)  # raises what a request task raised
+        self.duration = self.now()
 
-    def result(self, error: str | None, interrupted: bool) -> EngineResult:
+    def outputs(self, error: str | None, interrupted: bool) -> list[RequestOutput]:
+        """Every request's output; those never sent or cut off when the run stopped are failed."""
         now = self.now() if self.t0 else 0.0
-        reqs = []
-        for i, req in enumerate(self.requests):
-            rec = self.records.get(i)
-            if rec is None:  # never sent or cut off: the run stopped
-                rec = Request(req.request_id, req.arrival_time, list(req.token_ids), req.max_tokens)
-                rec.finish(FinishReason.ABORT if interrupted else FinishReason.ERROR, now, f"not completed: {error}")
-            reqs.append(rec)
-        done = [r for r in reqs if r.finish_reason.succeeded]
-        if error is None and reqs and not done:
-            error = f"all {len(reqs)} requests failed, e.g.: {reqs[0].error}"
+        reason = FinishReason.ABORT if interrupted else FinishReason.ERROR
+        return [
+            self.records.get(i)
+            or RequestOutput(req.request_id, req.arrival_time, req.max_tokens, req.num_prompt_tokens, finish_time=now,
+                             finish_reason=reason.value, error=f"not completed: {error}")
+            for i, req in enumerate(self.requests)
+        ]  # fmt: skip
+
+    def result(self, outputs: list[RequestOutput], error: str | None, interrupted: bool) -> EngineResult:
+        if error is None and outputs and not any(o.succeeded for o in outputs):
+            error = f"all {len(outputs)} requests failed, e.g.: {outputs[0].error}"
         return EngineResult(
-            requests=reqs,
-            steps=[],
-            duration=max((r.finish_time for r in done), default=0.0),
+            requests=[],
+            steps=StepRecords(),
+            duration=self.duration if self.duration is not None else (self.now() if self.t0 else 0.0),
             layout=KVLayout(0, 0, 0),
             kv_bytes_per_token=None,
             num_preemptions=0,
@@ -154,13 +184,14 @@ async def _first_model(client: httpx.AsyncClient, target: TargetConfig) -> str |
         return None
 
 
-def _overhead(before: tuple[float, float] | None, after: tuple[float, float] | None, records) -> dict[str, Any]:
+def _overhead(before: tuple[float, float] | None, after: tuple[float, float] | None,
+              records: Iterable[RequestOutput]) -> dict[str, Any]:  # fmt: skip
     """Server-side mean TTFT over the timed run, and what the client saw on top of it."""
     out: dict[str, Any] = {"server_mean_ttft_ms": None, "http_ttft_overhead_ms": None}
     if before is None or after is None or after[1] <= before[1]:
         return out
     server = (after[0] - before[0]) / (after[1] - before[1]) * 1e3
-    client = [(r.token_times[0] - r.arrival_time) * 1e3 for r in records if r.finish_reason.succeeded and r.token_times]
+    client = [(r.chunk_times[0] - r.send_time) * 1e3 for r in records if r.succeeded and r.chunk_times]
     out["server_mean_ttft_ms"] = server
     if client:
         out["http_ttft_overhead_ms"] = sum(client) / len(client) - server
@@ -168,17 +199,22 @@ def _overhead(before: tuple[float, float] | None, after: tuple[float, float] | N
 
 
 def run_target(cfg: Mapping[str, Any], bench: Bench, run_dir: Path,
-               on_step: Callable[[float, list[Request]], None] | None = None) -> RemoteRun:
+               on_step: Callable[[float, list[RequestOutput]], None] | None = None) -> RemoteRun:
     """Run ``bench.requests`` against ``cfg['target']`` (raises ConfigError before anything runs)."""
     target = TargetConfig.from_mapping(cfg["target"])
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request
-    decode = bench.backend.tokenizer.decode
+    tokenizer = bench.backend.tokenizer
+
+    def count_tokens(text: str) -> int:  # when the server reports no usage, as vLLM's client counts
+        return len(tokenizer.encode(text))
+
     error, interrupted, extra = None, False, {}
     with spawned_server(cfg, target, run_dir) if target.spawns else nullcontext(target) as live:
-        run = _Run(live, bench.requests, decode, on_step)
+        run = _Run(live, bench.requests, tokenizer.decode, count_tokens, on_step, bench.max_concurrency)
         try:
             extra = asyncio.run(run.main())
         except KeyboardInterrupt:
             error, interrupted = "interrupted", True
+    outputs = run.outputs(error, interrupted)
     summary = dict.fromkeys(ENGINE_ONLY_FIGURES) | extra
-    return RemoteRun(run.result(error, interrupted), summary, live)
+    return RemoteRun(run.result(outputs, error, interrupted), RequestRecords.from_outputs(outputs), summary, live)

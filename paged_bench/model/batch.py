@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from paged_bench.allocators.base import Allocator
+from paged_bench.backends.request_state import RequestState
 from paged_bench.step import StepPlan
 
 
@@ -71,16 +71,16 @@ class _GroupSpec:
         return AttnGroup(rows, valid, q_pos, ctx)
 
 
-def build_batch(plan: StepPlan, allocator: Allocator) -> StepBatch:
-    bs = allocator.layout.block_size
+def build_batch(plan: StepPlan, states: list[RequestState], block_size: int) -> StepBatch:
+    """The batch of ``plan``, whose rows' tokens and tables are ``states`` (in row order)."""
+    bs = block_size
     ids, positions, slots, sample_rows = [], [], [], []
     decodes, prefills = _GroupSpec(), _GroupSpec()
     offset = 0
-    for req, n in zip(plan.reqs, plan.num_new_tokens):
-        start = req.num_computed_tokens
-        table = allocator.block_table(req)
+    for state, start, n in zip(states, plan.num_computed_tokens, plan.num_new_tokens):
+        table = state.block_ids
         pos = np.arange(start, start + n)
-        ids.append(req.token_ids[start : start + n])
+        ids.append(state.token_ids[start : start + n])
         positions.append(pos)
         slots.append(np.asarray(table, np.int64)[pos // bs] * bs + pos % bs)
         group = decodes if n == 1 else prefills

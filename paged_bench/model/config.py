@@ -161,6 +161,10 @@ PRESETS: dict[str, ModelConfig] = {
         num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=14336,
         vocab_size=128256, rope_theta=500000.0, dtype="bfloat16",
     ),
+    "llama-3-70b": ModelConfig(
+        num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8, head_dim=128, intermediate_size=28672,
+        vocab_size=128256, rope_theta=500000.0, dtype="bfloat16",
+    ),
     "llama-2-7b": ModelConfig(
         num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32, head_dim=128, intermediate_size=11008,
         vocab_size=32000, dtype="float16",

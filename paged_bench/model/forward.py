@@ -4,6 +4,10 @@ Per layer: RMSNorm -> fused QKV matmul -> rotary positions on Q and K -> write t
 into their pool slots -> attention over keys gathered through the block tables -> output
 projection -> residual; RMSNorm -> fused gate/up matmul -> SiLU(gate) * up -> down -> residual.
 Only the rows that sample a token go through the final norm and the LM head.
+
+Under tensor parallelism (``comm``) the same code runs one rank's slice (``tp_shard``): the
+output projection and down are row-parallel, so their partial sums are all-reduced, and the
+LM head's vocabulary slices are gathered onto the rank that samples.
 """
 
 from __future__ import annotations
@@ -31,8 +35,27 @@ class Ops(Protocol):
     def take(self, x: Any, st: Any) -> Any: ...
 
 
-def forward(ops: Ops, w: Weights, cfg: ModelConfig, pool: Any, batch: StepBatch) -> Any:
-    """Logits ``[B, vocab]`` at each request's last new token; K/V written into ``pool``."""
+class Comm(Protocol):
+    """What the ranks exchange in a tensor-parallel forward."""
+
+    def all_reduce(self, x: Any) -> Any: ...
+    def gather_logits(self, x: Any) -> Any: ...
+
+
+class _Alone:
+    """One rank holding the whole model: nothing to exchange."""
+
+    def all_reduce(self, x: Any) -> Any:
+        return x
+
+    def gather_logits(self, x: Any) -> Any:
+        return x
+
+
+def forward(ops: Ops, w: Weights, cfg: ModelConfig, pool: Any, batch: StepBatch, comm: Comm | None = None) -> Any:
+    """Logits ``[B, vocab]`` at each request's last new token; K/V written into ``pool``. With
+    ``comm``, ``w`` and ``cfg`` are one rank's, and only the gathering rank gets logits."""
+    comm = comm or _Alone()
     st = ops.prepare(batch)
     eps, q_end, k_end = cfg.rms_norm_eps, cfg.q_size, cfg.q_size + cfg.kv_size
     scale = cfg.head_dim**-0.5
@@ -42,10 +65,10 @@ def forward(ops: Ops, w: Weights, cfg: ModelConfig, pool: Any, batch: StepBatch)
         q = ops.rope(qkv[:, :q_end], st, cfg.num_heads)
         k = ops.rope(qkv[:, q_end:k_end], st, cfg.num_kv_heads)
         ops.write_kv(pool, layer, st, k, qkv[:, k_end:])
-        h = h + ops.linear(ops.attention(q, pool, layer, st, scale), lw.o)
+        h = h + comm.all_reduce(ops.linear(ops.attention(q, pool, layer, st, scale), lw.o))
         gate_up = ops.linear(ops.rms_norm(h, lw.mlp_norm, eps), lw.gate_up)
-        h = h + ops.linear(ops.silu_mul(gate_up), lw.down)
-    return ops.linear(ops.rms_norm(ops.take(h, st), w.norm, eps), w.lm_head)
+        h = h + comm.all_reduce(ops.linear(ops.silu_mul(gate_up), lw.down))
+    return comm.gather_logits(ops.linear(ops.rms_norm(ops.take(h, st), w.norm, eps), w.lm_head))
 
 
 def rope_table(cfg: ModelConfig, num_positions: int) -> tuple[np.ndarray, np.ndarray]:

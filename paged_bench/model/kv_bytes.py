@@ -2,9 +2,11 @@
 
     python -m paged_bench.model.kv_bytes --model llama-3-8b --seq-len 2048
     python -m paged_bench.model.kv_bytes --model-path DIR --seq-len 4096 --batch 16
+    python -m paged_bench.model.kv_bytes --model llama-3-8b --hardware h100 [--tp 2]
 
 The same figure a run reports as ``kv_bytes_per_token`` (and, times its reserved slots,
-``kv_reserved_bytes_peak``).
+``kv_reserved_bytes_peak``). With ``--hardware`` it also prints how many tokens of KV fit next
+to the model on that device, term by term: what ``num_blocks=auto`` gives a roofline run.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 from paged_bench.errors import PagedBenchError, check, check_int
 from paged_bench.model.config import DTYPE_BYTES, PRESETS, ModelConfig, resolve_model
+from paged_bench.model.roofline import RooflineCost, hardware
 
 
 @dataclass(frozen=True)
@@ -68,14 +71,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence")
     parser.add_argument("--dtype", help="bytes per value: float32, bfloat16, float16 (default: the model's)")
     parser.add_argument("--batch", type=int, default=1, help="sequences held at once")
+    parser.add_argument("--hardware", help="also size the KV pool on this device preset (a100, h100, h200)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (with --hardware)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192, help="the profile forward's tokens")
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="rows of the profile forward's logits")
+    parser.add_argument("--block-size", type=int, default=16)
     args = parser.parse_args(argv)
     try:
         model = resolve_model(args.model, args.model_path, key="--model")
         est = estimate(model, args.seq_len, args.dtype, args.batch)
+        budget = None
+        if args.hardware:
+            cost = RooflineCost(model, hardware(args.hardware, "--hardware"), est.dtype, args.tp)
+            budget = cost.kv_budget(args.gpu_memory_utilization, args.max_num_batched_tokens, args.max_num_seqs)
+            check(budget is not None, "--hardware", args.hardware, "a preset with a memory figure (a100, h100, h200)")
     except PagedBenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     print(est.describe(args.model_path or args.model))
+    if budget is not None:
+        print(budget.describe(check_int("--block-size", args.block_size)))
     return 0
 
 

@@ -6,6 +6,7 @@ A step runs two kinds of kernels one after the other, each bounded by its own ro
              + max(matmul FLOPs / (peak_flops * compute_eff), weight bytes / (mem_bandwidth * memory_eff))
              + max(attention FLOPs / (peak_flops * attn_eff), K/V bytes / (mem_bandwidth * kv_eff))
              + swap bytes / host_link
+             + 2 x layers x all-reduce seconds (tensor parallel, over the ranks' link)
 
 Matmul FLOPs: 2 x matmul weights per new token plus 2 x hidden x vocab per sampled row;
 weight bytes: every matmul weight once per step (what makes decode memory-bound). Attention
@@ -13,6 +14,11 @@ FLOPs: 4 x heads x head_dim per (query, key) pair; K/V bytes: what every query r
 what the step writes. ``overhead``, ``per_seq`` and the four efficiencies are what
 ``calibrate`` fits to a real backend; the shipped presets carry datasheet peaks and typical
 values for them.
+
+With ``tp`` ranks every figure is one rank's (``TPShard``: its slice of the weights, heads and
+KV heads), the ranks run in parallel, and each layer adds two all-reduces of the step's
+``tokens x hidden`` activations on the hardware's link (``tp_link``). ``memory_bytes`` is what
+``num_blocks=auto`` sizes the KV pool from (``kv_capacity``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ import numpy as np
 
 from paged_bench.errors import ConfigError, check
 from paged_bench.model.config import DTYPE_BYTES, ModelConfig
+from paged_bench.model.kv_capacity import KVBudget, kv_budget
+from paged_bench.model.tp_link import Link, link_preset
+from paged_bench.model.tp_shard import TPShard, tp_shard
 from paged_bench.step import StepPlan
 
 
@@ -42,6 +51,8 @@ class Hardware:
     memory_eff: float = 1.0  # ... of mem_bandwidth streaming the weights
     attn_eff: float = 1.0  # ... of peak_flops in attention
     kv_eff: float = 1.0  # ... of mem_bandwidth gathering K/V through block tables
+    memory_bytes: float | None = None  # device memory (what torch.cuda.mem_get_info calls total)
+    link: str = "shm"  # how its tensor-parallel ranks talk (a tp_link preset)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,8 +60,13 @@ class Hardware:
 
 # Datasheet peaks (dense bf16 tensor cores, HBM, PCIe host link); overhead and efficiencies
 # are typical for a well-tuned engine, to be replaced by a calibrated preset where one exists.
-# ``cpu`` is this project's 2-core CI machine, measured (fp32 GEMM, copy bandwidth).
+# ``cpu`` is this project's 2-core CI machine, measured (fp32 GEMM, copy bandwidth); it has
+# no memory figure, so num_blocks=auto keeps max_batch full sequences there. GPU memory is the
+# total the driver reports for the 80 GB (81,559 MiB on H100, 81,920 MiB on A100), 141 GB
+# (143,771 MiB, H200) and 192 GB (183,359 MiB, B200) parts; links are the SXM boards' NVLink
+# (``backend.interconnect=pcie5`` etc. for PCIe cards).
 _GPU = {"per_seq": 2e-5, "compute_eff": 0.6, "memory_eff": 0.8, "attn_eff": 0.3, "kv_eff": 0.7}
+_MIB = 1 << 20
 HARDWARE: dict[str, Hardware] = {
     "cpu": Hardware(
         "cpu",
@@ -64,9 +80,10 @@ HARDWARE: dict[str, Hardware] = {
         attn_eff=0.2,
         kv_eff=0.3,
     ),
-    "a100": Hardware("a100", 312e12, 2.04e12, 25e9, overhead=4e-3, **_GPU),
-    "h100": Hardware("h100", 989e12, 3.35e12, 50e9, overhead=3e-3, **_GPU),
-    "h200": Hardware("h200", 989e12, 4.8e12, 50e9, overhead=3e-3, **_GPU),
+    "a100": Hardware("a100", 312e12, 2.04e12, 25e9, overhead=4e-3, **_GPU, memory_bytes=81920 * _MIB, link="nvlink3"),
+    "h100": Hardware("h100", 989e12, 3.35e12, 50e9, overhead=3e-3, **_GPU, memory_bytes=81559 * _MIB, link="nvlink4"),
+    "h200": Hardware("h200", 989e12, 4.8e12, 50e9, overhead=3e-3, **_GPU, memory_bytes=143771 * _MIB, link="nvlink4"),
+    "b200": Hardware("b200", 2.25e15, 8e12, 50e9, overhead=3e-3, **_GPU, memory_bytes=183359 * _MIB, link="nvlink5"),
 }
 
 
@@ -109,24 +126,33 @@ class StepWork:
     attn_flops: float
     kv_bytes: float
     swap_bytes: float = 0.0
+    num_allreduces: int = 0  # tensor parallel: two per layer
+    allreduce_bytes: float = 0.0  # each one's activations
 
 
-def step_work(plan: StepPlan, model: ModelConfig, dtype: str, block_size: int) -> StepWork:
-    kv_token = model.kv_bytes_per_token(dtype)
+def step_work(
+    plan: StepPlan, model: ModelConfig, dtype: str, block_size: int, shard: TPShard | None = None
+) -> StepWork:
+    """One rank's work (the whole model's when ``shard`` is None or of size 1)."""
+    shard = shard or TPShard(model)
+    kv_token = shard.kv_bytes_per_token(dtype)
     new = pairs = kv_read = 0
-    for req, n in zip(plan.reqs, plan.num_new_tokens):
-        start = req.num_computed_tokens
+    for start, n in zip(plan.num_computed_tokens, plan.num_new_tokens):
         new += n
         pairs += n * start + n * (n + 1) // 2  # the query at position p sees keys 0..p
         kv_read += start + n
-    sampled = len(plan.reqs)
+    sampled = len(plan.req_ids)
     matmul = (
-        2.0 * new * model.num_layers * model.layer_matmul_params + 2.0 * sampled * model.hidden_size * model.vocab_size
+        2.0 * new * model.num_layers * shard.layer_matmul_params + 2.0 * sampled * model.hidden_size * shard.vocab_size
     )
-    weights = float(model.matmul_params * DTYPE_BYTES[dtype]) if plan.reqs else 0.0
-    attn = 4.0 * model.num_layers * model.num_heads * model.head_dim * pairs
+    weights = float(shard.matmul_params * DTYPE_BYTES[dtype]) if plan.req_ids else 0.0
+    attn = 4.0 * model.num_layers * shard.num_heads * model.head_dim * pairs
     swap = float((len(plan.swap_in) + len(plan.swap_out)) * block_size * kv_token)
-    return StepWork(len(plan.reqs), matmul, weights, attn, float((kv_read + new) * kv_token), swap)
+    allreduces = 2 * model.num_layers if shard.size > 1 and new else 0
+    return StepWork(
+        len(plan.req_ids), matmul, weights, attn, float((kv_read + new) * kv_token), swap,
+        allreduces, float(new * model.hidden_size * DTYPE_BYTES[dtype]),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -134,6 +160,27 @@ class RooflineCost:
     model: ModelConfig
     hardware: Hardware
     dtype: str
+    tp: int = 1  # tensor-parallel ranks
+    interconnect: str | None = None  # a tp_link preset; None = the hardware's
+
+    def __post_init__(self) -> None:
+        tp_shard(self.model, self.tp)  # a one-line error when the model does not split
+        link_preset(self.interconnect or self.hardware.link)
+
+    @property
+    def shard(self) -> TPShard:
+        return TPShard(self.model, self.tp)
+
+    @property
+    def link(self) -> Link:
+        return link_preset(self.interconnect or self.hardware.link)
+
+    def kv_budget(self, gpu_memory_utilization: float, max_num_batched_tokens: int, max_num_seqs: int) -> KVBudget:
+        """How much KV one rank holds, as vLLM sizes its pool (``kv_capacity``)."""
+        return kv_budget(
+            self.shard, self.dtype, self.hardware.memory_bytes, self.hardware.name,
+            gpu_memory_utilization, max_num_batched_tokens, max_num_seqs,
+        )  # fmt: skip
 
     def seconds(self, w: StepWork) -> float:
         hw = self.hardware
@@ -141,10 +188,11 @@ class RooflineCost:
             w.matmul_flops / (hw.peak_flops * hw.compute_eff), w.weight_bytes / (hw.mem_bandwidth * hw.memory_eff)
         )
         attention = max(w.attn_flops / (hw.peak_flops * hw.attn_eff), w.kv_bytes / (hw.mem_bandwidth * hw.kv_eff))
-        return hw.overhead + hw.per_seq * w.num_seqs + matmuls + attention + w.swap_bytes / hw.host_link
+        comm = w.num_allreduces * self.link.allreduce_seconds(w.allreduce_bytes, self.tp) if w.num_allreduces else 0.0
+        return hw.overhead + hw.per_seq * w.num_seqs + matmuls + attention + w.swap_bytes / hw.host_link + comm
 
     def duration(self, plan: StepPlan, block_size: int) -> float:
-        return self.seconds(step_work(plan, self.model, self.dtype, block_size))
+        return self.seconds(step_work(plan, self.model, self.dtype, block_size, self.shard))
 
     def with_fit(self, **coefficients: float) -> RooflineCost:
         return replace(self, hardware=replace(self.hardware, **coefficients))

@@ -16,13 +16,15 @@ import numpy as np
 
 from paged_bench.allocators.base import Allocator
 from paged_bench.backends.base import Backend
+from paged_bench.backends.request_state import RequestState, RequestStates
 from paged_bench.errors import EngineError, check_int
-from paged_bench.model.batch import build_batch, warmup_batch
+from paged_bench.model.batch import StepBatch, build_batch, warmup_batch
 from paged_bench.model.config import ModelConfig, resolve_model
 from paged_bench.model.forward import forward
-from paged_bench.model.sampling import is_greedy, request_rng, sample
+from paged_bench.model.logprobs import LogprobSinks, PromptRows
+from paged_bench.model.sampling import is_greedy, sample_batch
 from paged_bench.model.tokenizers import load_tokenizer
-from paged_bench.model.weights import fuse, make_state
+from paged_bench.model.weights import Weights, fuse, make_state
 from paged_bench.step import StepOutput, StepPlan
 
 
@@ -48,13 +50,20 @@ class ModelBackend(Backend):
         cfg = resolve_model(model, model_path)
         adopt_model(self, cfg, model_path, self.compute_dtype)
         self.ops = self.make_ops(cfg)
-        self.weights = fuse(make_state(cfg, model_path, seed), cfg, self.ops.asarray, self.ops.asmatrix)
+        self.weights = self.make_weights(cfg, model_path, seed)
         self._rng = np.random.default_rng(seed)
         self.pool: Any = None
         self.swap: Any = None
+        self.states = RequestStates()
+        self.sampling_failures: list | None = None  # the server's: isolate a request's sampling error
+        self.logprob_sinks = LogprobSinks()  # the server's: requests that want log-probabilities
+        self._prompt_rows: PromptRows | None = None
 
     def make_ops(self, cfg: ModelConfig) -> Any:
         raise NotImplementedError
+
+    def make_weights(self, cfg: ModelConfig, model_path: str | None, seed: int) -> Weights:
+        return fuse(make_state(cfg, model_path, seed), cfg, self.ops.asarray, self.ops.asmatrix)
 
     def bind(self, allocator: Allocator) -> None:
         super().bind(allocator)
@@ -65,39 +74,67 @@ class ModelBackend(Backend):
             forward(self.ops, self.weights, self.model_config, self.pool, warmup_batch(min(16, layout.num_slots)))
         )
 
-    def _slots(self, blocks: list[int]) -> np.ndarray:
-        bs = self.allocator.layout.block_size
-        return (np.asarray(blocks, np.int64)[:, None] * bs + np.arange(bs)).ravel()
-
     def swap_copies(self, plan: StepPlan) -> None:
-        if plan.swap_out:
-            gpu, cpu = zip(*plan.swap_out)
-            self.ops.copy_slots(self.pool, self.swap, self._slots(gpu), self._slots(cpu))
-        if plan.swap_in:
-            cpu, gpu = zip(*plan.swap_in)
-            self.ops.copy_slots(self.swap, self.pool, self._slots(cpu), self._slots(gpu))
+        swap_copies(self.ops, self.pool, self.swap, plan, self.allocator.layout.block_size)
 
-    def logits(self, plan: StepPlan) -> Any:
-        """The forward over the plan's tokens: ops-native logits ``[len(plan.reqs), vocab]``."""
-        batch = build_batch(plan, self.allocator)
+    def batch(self, plan: StepPlan, states: list[RequestState]) -> StepBatch:
+        """The plan's tokens packed, their K/V slots looked up (token ids checked), then the
+        prompt positions whose log-probabilities a request asked for, if any."""
+        batch = build_batch(plan, states, self.allocator.layout.block_size)
+        self._prompt_rows = self.logprob_sinks.extend_batch(batch, plan, states)
         if batch.input_ids.min() < 0 or batch.input_ids.max() >= self.vocab_size:
-            bad = next(r for r in plan.reqs if not all(0 <= t < self.vocab_size for t in r.token_ids))
-            raise EngineError(
-                f"request {bad.request_id} has token ids outside the model's vocabulary (0 to {self.vocab_size - 1})"
+            bad = next(
+                rid for rid, s in zip(plan.req_ids, states) if not all(0 <= t < self.vocab_size for t in s.token_ids)
             )
-        return forward(self.ops, self.weights, self.model_config, self.pool, batch)
+            raise EngineError(
+                f"request {bad} has token ids outside the model's vocabulary (0 to {self.vocab_size - 1})"
+            )
+        return batch
+
+    def logits(self, plan: StepPlan, states: list[RequestState]) -> Any:
+        """The forward over the plan's tokens: ops-native logits ``[plan.num_reqs, vocab]`` (then
+        the prompt rows ``batch`` added)."""
+        return forward(self.ops, self.weights, self.model_config, self.pool, self.batch(plan, states))
 
     def execute(self, plan: StepPlan) -> StepOutput:
+        states = self.states.apply(plan)
         self.swap_copies(plan)
-        if not plan.reqs:
+        if not states:
             return StepOutput([], 0.0)
-        logits = self.logits(plan)
-        if all(is_greedy(r) for r in plan.reqs):
-            return StepOutput(self.ops.argmax(logits), 0.0)
+        tokens = self.sample(plan, states, self.logits(plan, states))
+        self.states.record_samples(plan, states, tokens)
+        return StepOutput(tokens, 0.0)
+
+    def sample(self, plan: StepPlan, states: list[RequestState], logits: Any) -> list[int]:
+        """One token per row: argmax when every row is greedy and no prompt log-probabilities are
+        wanted, else per-request sampling (a failure ends only that request, see
+        ``sampling_failures``), recording the log-probabilities asked for."""
+        prompt_rows = self._prompt_rows
+        if prompt_rows is None and all(is_greedy(s.sampling) for s in states):
+            return self.ops.argmax(logits)
         rows = self.ops.to_numpy(logits)
-        return StepOutput(
-            [sample(row, r.temperature, r.top_p, request_rng(r, self._rng)) for row, r in zip(rows, plan.reqs)], 0.0
-        )
+        samplings, lengths = [s.sampling for s in states], [len(s.token_ids) for s in states]
+        tokens = sample_batch(rows, plan.req_ids, samplings, lengths, self._rng, self.sampling_failures)
+        if prompt_rows is not None:
+            self.logprob_sinks.record(plan, rows, tokens, prompt_rows)
+        return tokens
 
     def close(self) -> None:
         self.pool = self.swap = None
+        self.states.clear()
+
+
+def block_slots(blocks: tuple[int, ...] | list[int], block_size: int) -> np.ndarray:
+    """Every slot of ``blocks``, in order."""
+    return (np.asarray(blocks, np.int64)[:, None] * block_size + np.arange(block_size)).ravel()
+
+
+def swap_copies(ops: Any, pool: Any, swap: Any, plan: StepPlan, block_size: int) -> None:
+    """The plan's swap copies: out to host memory first, then in (a block freed by a swap-out
+    may be refilled in the same step)."""
+    if plan.swap_out:
+        gpu, cpu = zip(*plan.swap_out)
+        ops.copy_slots(pool, swap, block_slots(gpu, block_size), block_slots(cpu, block_size))
+    if plan.swap_in:
+        cpu, gpu = zip(*plan.swap_in)
+        ops.copy_slots(swap, pool, block_slots(cpu, block_size), block_slots(gpu, block_size))

@@ -1,5 +1,6 @@
 """The tokenizer a checkpoint ships with (through ``transformers``, from the local folder
-only), behind the same ``encode``/``decode`` interface as the built-in byte tokenizer."""
+only), behind the same ``encode``/``decode`` interface as the built-in byte tokenizer; and
+which tokenizer the server speaks (``server.tokenizer``)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,31 @@ def load_tokenizer(model_path: str | None) -> HFTokenizer | ByteTokenizer:
             "backend.model_path", model_path, "a checkpoint whose tokenizer can be read: pip install transformers"
         ) from e
     return HFTokenizer(AutoTokenizer.from_pretrained(model_path, local_files_only=True))
+
+
+TOKENIZER_CHOICES = ("auto", "bpe", "byte")
+
+
+def serving_tokenizer(choice: str, backend_tokenizer: Any, vocab_size: int) -> Any:
+    """The tokenizer the server speaks for a backend whose model has ``vocab_size`` tokens.
+
+    ``auto``: the checkpoint's own when the backend has one, else the built-in BPE when the
+    model's vocabulary holds it (the simulator's does), else the byte tokenizer (the small
+    random-weight models' 258-token vocabulary). ``bpe`` / ``byte`` ask for one by name; its
+    ids must fit the model's vocabulary."""
+    from paged_bench.tokenizer import BPE_MERGED_VOCAB, bpe_tokenizer
+
+    if choice not in TOKENIZER_CHOICES:
+        raise ConfigError("server.tokenizer", choice, ", ".join(TOKENIZER_CHOICES))
+    if choice == "auto":
+        if not isinstance(backend_tokenizer, ByteTokenizer):
+            return backend_tokenizer
+        choice = "bpe" if vocab_size >= BPE_MERGED_VOCAB + 2 else "byte"
+    tok = bpe_tokenizer() if choice == "bpe" else ByteTokenizer()
+    if tok.vocab_size > vocab_size:
+        raise ConfigError(
+            "server.tokenizer", choice,
+            f"a tokenizer whose {tok.vocab_size} ids fit the model's vocabulary of {vocab_size} "
+            f"(set backend.model.vocab_size={tok.vocab_size}, or server.tokenizer=byte)",
+        )
+    return tok

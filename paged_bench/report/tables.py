@@ -27,12 +27,14 @@ _METRICS = [
     Metric("request_throughput", "request throughput (req/s)", "higher", "{:.2f}"),
     Metric("output_throughput", "output throughput (tok/s)", "higher"),
     Metric("total_token_throughput", "total throughput (tok/s)", "higher"),
+    Metric("output_throughput_per_gpu", "output throughput per GPU (tok/s)", "higher"),
     Metric("goodput", "goodput (req/s)", "higher", "{:.2f}"),
     *(
         Metric(f"{stat}_{name}_ms", f"{label} {stat.replace('median', 'p50')} (ms)", "lower")
         for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"), ("queue", "queue"))
         for stat in ("mean", "median", "p90", "p95", "p99")
     ),
+    Metric("kv_capacity_tokens", "KV capacity (tokens)", "higher"),
     Metric("kv_live_slots_peak", "KV live peak (slots)", None),
     Metric("kv_reserved_slots_peak", "KV reserved peak (slots)", "lower"),
     Metric("kv_reserved_bytes_peak", "KV reserved peak (bytes)", "lower"),

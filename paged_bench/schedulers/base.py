@@ -2,14 +2,15 @@
 
 Each step, ``schedule`` first gives every running request its next tokens (a decode, or the
 next chunk of an unfinished prefill) under a per-step token budget, then admits waiting
-requests while ``max_batch`` and the budget allow. A policy is a few hooks on top:
+requests while ``max_batch`` and the budget allow, and returns a frozen ``StepPlan`` for the
+backend (see ``paged_bench.step``). A policy is a few hooks on top:
 
 - ``may_admit``: may this step admit anyone (static batching: only when the batch is empty);
 - ``pick_waiting``: which waiting request goes next (FCFS by default);
 - ``choose_victim``: what to do when a running request cannot get a block (by default the run
   stops with ``PoolExhaustedError``; a preemptive policy names a victim instead);
 - ``preemption_mode`` and ``admission_reserve_blocks``: how a victim is preempted, and how
-  many blocks admission leaves free.
+  many blocks admission (and swap-in) leaves free.
 
 The scheduler asks the allocator for room and never touches blocks itself.
 """
@@ -22,16 +23,79 @@ from typing import ClassVar, Literal
 from paged_bench.allocators.base import Allocator
 from paged_bench.errors import PoolExhaustedError, check, check_int
 from paged_bench.request import FinishReason, Request, RequestStatus
-from paged_bench.step import StepOutput, StepPlan
+from paged_bench.step import NewRequestData, ReqId, StepOutput, StepPlan
 
 RUNNING = RequestStatus.RUNNING
 LENGTH = FinishReason.LENGTH
+_NO_ROWS: frozenset[int] = frozenset()
+_new_tuple = tuple.__new__  # builds a named tuple from its fields in order, in C
+
+
+class PlanDraft:
+    """The step being planned; the policy hooks see it, the backend sees its frozen plan.
+    (A plain slotted class: one is built every step.)"""
+
+    __slots__ = (
+        "budget",
+        "new_reqs",
+        "num_new_tokens",
+        "num_prefill_rows_of_one_token",
+        "partial_rows",
+        "preempted",
+        "req_ids",
+        "reqs",
+        "starts",
+        "swap_in",
+        "swap_out",
+    )  # fmt: skip
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget  # tokens the step may still take
+        self.reqs: list[Request] = []  # scheduled, in batch order; the plan's columns beside them
+        self.req_ids: list[ReqId] = []
+        self.starts: list[int] = []  # num_computed_tokens before the step
+        self.num_new_tokens: list[int] = []
+        self.new_reqs: list[NewRequestData] = []
+        self.partial_rows: list[int] = []
+        self.num_prefill_rows_of_one_token = 0  # one-token rows that are not decodes
+        self.swap_out: list[tuple[int, int]] = []
+        self.swap_in: list[tuple[int, int]] = []
+        self.preempted: list[Request] = []
+
+    @property
+    def num_preempted(self) -> int:
+        return len(self.preempted)
+
+    def add(self, req: Request, n: int) -> None:
+        """Schedule ``n`` new tokens of ``req``, from its ``num_computed_tokens`` on."""
+        if n == 1 and req.num_computed_tokens < req.num_prompt_tokens:
+            self.num_prefill_rows_of_one_token += 1
+        if req.num_computed_tokens + n < len(req.token_ids):
+            self.partial_rows.append(len(self.reqs))
+        self.reqs.append(req)
+        self.req_ids.append(req.request_id)
+        self.starts.append(req.num_computed_tokens)
+        self.num_new_tokens.append(n)
+        self.budget -= n
+
+    def unschedule(self, req: Request) -> None:
+        """Take ``req`` back out of this step (it was preempted after being scheduled)."""
+        for i, r in enumerate(self.reqs):
+            if r is req:
+                n = self.num_new_tokens.pop(i)
+                del self.reqs[i], self.req_ids[i], self.starts[i]
+                self.budget += n
+                if n == 1 and req.num_computed_tokens < req.num_prompt_tokens:
+                    self.num_prefill_rows_of_one_token -= 1
+                self.partial_rows = [j - (j > i) for j in self.partial_rows if j != i]
+                return
 
 
 class Scheduler:
     name: ClassVar[str] = ""
     preemption_mode: Literal["recompute", "swap"] = "recompute"
     admission_reserve_blocks: int = 0
+    plan_token_ids: bool = True  # new requests carry their tokens (the engine sets the backend's choice)
 
     def __init__(
         self,
@@ -47,6 +111,13 @@ class Scheduler:
         self.max_model_len = check_int("max_model_len", max_model_len)
         self.max_batch = check_int("max_batch", max_batch)
         self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens)
+        # as vLLM's SchedulerConfig: a budget below max_batch would silently cap concurrency
+        check(
+            max_num_batched_tokens >= max_batch,
+            "max_num_batched_tokens",
+            max_num_batched_tokens,
+            f">= max_batch={max_batch} (each running sequence needs a token a step)",
+        )
         check(isinstance(chunked_prefill, bool), "scheduler.chunked_prefill", chunked_prefill, "true or false")
         check(
             chunked_prefill or max_num_batched_tokens >= max_model_len,
@@ -57,15 +128,19 @@ class Scheduler:
         self.chunked_prefill = chunked_prefill
         self.eos_token_id = eos_token_id
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.running: list[Request] = []  # in admission order: the tail is the last admitted
         self.num_preemptions = 0
         self.recomputed_tokens = 0
         self.swapped_blocks = 0  # blocks copied between GPU and CPU, either way
         self._lost: dict[Request, int] = {}  # recompute-preempted request -> tokens it had computed
+        self._scheduled: list[Request] = []  # the last plan's rows, for update()
+        self._finished_ids: list[ReqId] = []  # ended since the last plan was handed out
+        self._preempted_ids: list[ReqId] = []  # preempted in a step that planned nothing to run
+        self._handed_over: list[NewRequestData] = []  # admitted by add_prefilled since the last plan
 
     # -- policy hooks ---------------------------------------------------------------------
 
-    def may_admit(self, plan: StepPlan) -> bool:
+    def may_admit(self, plan: PlanDraft) -> bool:
         """No admissions in a step that preempted (the pool is short)."""
         return plan.num_preempted == 0
 
@@ -98,17 +173,20 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self, now: float) -> StepPlan:
-        plan = StepPlan(budget=self.max_num_batched_tokens)
-        self._schedule_running(plan)
-        if self.may_admit(plan):
-            self._admit_waiting(plan, now)
-        return plan
+        draft = PlanDraft(budget=self.max_num_batched_tokens)
+        if self._handed_over:
+            draft.new_reqs += self._handed_over
+            self._handed_over = []
+        self._schedule_running(draft)
+        if self.may_admit(draft):
+            self._admit_waiting(draft, now)
+        return self._freeze(draft)
 
     def update(self, plan: StepPlan, output: StepOutput, now: float) -> list[Request]:
         """Advance the scheduled requests by the step's output; returns those that finished."""
         finished = []
         eos = self.eos_token_id
-        for req, n, token in zip(plan.reqs, plan.num_new_tokens, output.token_ids):
+        for req, n, token in zip(self._scheduled, plan.num_new_tokens, output.token_ids):
             computed = req.num_computed_tokens + n
             req.num_computed_tokens = computed
             tokens = req.token_ids
@@ -127,7 +205,26 @@ class Scheduler:
             self.running = [r for r in self.running if r.status is RUNNING]
             for req in finished:
                 self.allocator.free(req)
+                self._finished_ids.append(req.request_id)
         return finished
+
+    def add_prefilled(self, req: Request) -> bool:
+        """Admit a request whose prompt K/V was computed on another replica and moved here
+        (disaggregated prefill): it takes blocks for its prompt, counts the prompt as computed
+        and runs from its next token. False, changing nothing, if ``max_batch`` or the pool
+        (less the admission reserve) has no room for it now."""
+        reserve = self.admission_reserve_blocks if self.running else 0
+        prompt = req.num_prompt_tokens
+        if len(self.running) >= self.max_batch:
+            return False
+        if not self.allocator.allocate_slots(req, prompt, min_free_blocks=reserve):
+            return False
+        req.num_computed_tokens = prompt
+        req.max_num_tokens = min(prompt + req.max_tokens, self.max_model_len)
+        req.status = RUNNING
+        self.running.append(req)
+        self._handed_over.append(NewRequestData.from_request(req, self.allocator.block_table(req)))
+        return True
 
     def finish_request(self, req: Request, reason: FinishReason, now: float, error: str | None = None) -> None:
         """End a request from outside the step loop (client abort, stop string, run error)."""
@@ -139,6 +236,7 @@ class Scheduler:
             self.waiting.remove(req)
         self.allocator.free(req)
         self._lost.pop(req, None)
+        self._finished_ids.append(req.request_id)
         req.finish(reason, now, error)
 
     def abort_all(self, reason: FinishReason, now: float, error: str | None = None) -> list[Request]:
@@ -156,61 +254,68 @@ class Scheduler:
             return num_tokens
         return budget if self.chunked_prefill else 0
 
-    def _schedule_running(self, plan: StepPlan, start: int = 0) -> None:
-        # the hot path: one pass over the running requests per step, kept lean on purpose
-        running, allocate, chunked = self.running, self.allocator.allocate_slots, self.chunked_prefill
-        add_req, add_num_new, budget = plan.reqs.append, plan.num_new_tokens.append, plan.budget
-        for req in running[start:] if start else running:
-            if budget <= 0:
+    def _schedule_running(self, draft: PlanDraft) -> None:
+        """Give every running request its next tokens. The hot path, kept lean on purpose:
+        plain rows (a whole decode or the rest of a prompt, within the budget) are gathered
+        and allocated in one call, up to the first row that needs care; the careful pass
+        takes the rest of the list from there."""
+        running, reqs, nums, budget = self.running, draft.reqs, draft.num_new_tokens, draft.budget
+        add_req, add_id, add_start, add_num = reqs.append, draft.req_ids.append, draft.starts.append, nums.append
+        for req in running:
+            computed = req.num_computed_tokens
+            n = len(req.token_ids) - computed
+            if n > budget or (n == 1 and computed < req.num_prompt_tokens):
                 break
-            n = len(req.token_ids) - req.num_computed_tokens
-            if n > budget:
-                if not chunked:
-                    continue
-                n = budget
-            if not allocate(req, n):
-                # rare: preempt, then go on with the (changed) running list after req
-                plan.budget = budget
-                next_index = self._make_room(req, n, running.index(req), plan)
-                return self._schedule_running(plan, next_index)
             add_req(req)
-            add_num_new(n)
+            add_id(req.request_id)
+            add_start(computed)
+            add_num(n)
             budget -= n
-        plan.budget = budget
+        num_plain = len(reqs)
+        allocated = self.allocator.allocate_rows(reqs, nums) if num_plain else 0
+        if allocated < num_plain:  # no room for reqs[allocated]: hand it to the careful pass
+            budget += sum(nums[allocated:])
+            del reqs[allocated:], nums[allocated:], draft.req_ids[allocated:], draft.starts[allocated:]
+        draft.budget = budget
+        if allocated < len(running):
+            self._schedule_running_from(draft, allocated)
 
-    def _make_room(self, req: Request, n: int, i: int, plan: StepPlan) -> int:
-        """Preempt until ``req`` (at ``running[i]``) gets its ``n`` slots, or is itself the
-        victim; returns the index of the next running request to schedule."""
-        while True:
-            victim = self.choose_victim(req)
-            victim_index = self.running.index(victim)
-            self._preempt(victim, plan)
-            if victim is req:
-                return i
-            if victim_index < i:
-                i -= 1
-            if self.allocator.allocate_slots(req, n):
-                plan.reqs.append(req)
-                plan.num_new_tokens.append(n)
-                plan.budget -= n
-                return i + 1
+    def _schedule_running_from(self, draft: PlanDraft, i: int) -> None:
+        """The careful pass, in place over the running list as vLLM v1's: chunks a prompt to
+        the budget, and when a request cannot get its slots preempts victims (the list
+        shifts under the index) until it fits or is itself the victim."""
+        running, allocate = self.running, self.allocator.allocate_slots
+        while i < len(running) and draft.budget > 0:
+            req = running[i]
+            n = self._chunk(len(req.token_ids) - req.num_computed_tokens, draft.budget)
+            if n:
+                while not allocate(req, n):
+                    victim = self.choose_victim(req)
+                    if running.index(victim) <= i:
+                        i -= 1  # the victim sat at or before req: the rest shifts left
+                    self._preempt(victim, draft)
+                    if victim is req:
+                        break
+                else:
+                    draft.add(req, n)
+            i += 1
 
-    def _admit_waiting(self, plan: StepPlan, now: float) -> None:
+    def _admit_waiting(self, draft: PlanDraft, now: float) -> None:
         allocator, waiting = self.allocator, self.waiting
-        while waiting and len(self.running) < self.max_batch and plan.budget > 0:
+        while waiting and len(self.running) < self.max_batch and draft.budget > 0:
             req = self.pick_waiting()
+            # an empty engine admits regardless of the reserve, or nothing could ever run
+            reserve = self.admission_reserve_blocks if self.running else 0
             if req.status is RequestStatus.SWAPPED:
-                n = self._chunk(len(req.token_ids) - req.num_computed_tokens, plan.budget)
-                pairs = allocator.swap_in(req, n) if n else None
+                n = self._chunk(len(req.token_ids) - req.num_computed_tokens, draft.budget)
+                pairs = allocator.swap_in(req, n, reserve) if n else None
                 if pairs is None:
                     break
-                plan.swap_in += pairs
+                draft.swap_in += pairs
                 self.swapped_blocks += len(pairs)
             else:
                 hit = allocator.lookup_prefix(req)
-                n = self._chunk(len(req.token_ids) - hit.num_tokens, plan.budget)
-                # an empty engine admits regardless of the reserve, or nothing could ever run
-                reserve = self.admission_reserve_blocks if self.running else 0
+                n = self._chunk(len(req.token_ids) - hit.num_tokens, draft.budget)
                 if n == 0 or not allocator.allocate_slots(req, n, hit, reserve):
                     break
                 req.num_computed_tokens = hit.num_tokens
@@ -227,21 +332,20 @@ class Scheduler:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
             self.running.append(req)
-            plan.reqs.append(req)
-            plan.num_new_tokens.append(n)
-            plan.budget -= n
+            draft.new_reqs.append(NewRequestData.from_request(req, allocator.block_table(req), self.plan_token_ids))
+            draft.add(req, n)
 
-    def _preempt(self, victim: Request, plan: StepPlan) -> None:
+    def _preempt(self, victim: Request, draft: PlanDraft) -> None:
         """Take ``victim`` off the GPU and put it at the front of the waiting queue."""
         self.running.remove(victim)
-        plan.unschedule(victim)
-        plan.num_preempted += 1
+        draft.unschedule(victim)
+        draft.preempted.append(victim)
         self.num_preemptions += 1
         victim.num_preemptions += 1
         pairs = self.allocator.swap_out(victim) if self.preemption_mode == "swap" else None
         if pairs is not None:
             victim.status = RequestStatus.SWAPPED
-            plan.swap_out += pairs
+            draft.swap_out += pairs
             self.swapped_blocks += len(pairs)
         else:  # recompute (also when swap space is full): keep the tokens, drop the K/V
             self._lost[victim] = victim.num_computed_tokens
@@ -249,3 +353,30 @@ class Scheduler:
             victim.num_computed_tokens = 0
             victim.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(victim)
+
+    def _freeze(self, draft: PlanDraft) -> StepPlan:
+        reqs, nums = draft.reqs, draft.num_new_tokens
+        self._scheduled = reqs
+        if draft.preempted:
+            self._preempted_ids += [r.request_id for r in draft.preempted]
+        # positional, in StepPlan's field order: built every step, so built the cheap way
+        swaps = draft.swap_out or draft.swap_in
+        plan = _new_tuple(StepPlan, (
+            tuple(draft.req_ids),
+            tuple(draft.starts),
+            tuple(nums),
+            tuple(draft.new_reqs) if draft.new_reqs else (),
+            self.allocator.take_new_blocks(),
+            frozenset(draft.partial_rows) if draft.partial_rows else _NO_ROWS,
+            nums.count(1) - draft.num_prefill_rows_of_one_token,
+            tuple(draft.swap_out) if swaps else (),
+            tuple(draft.swap_in) if swaps else (),
+            tuple(self._preempted_ids) if self._preempted_ids else (),
+            tuple(self._finished_ids) if self._finished_ids else (),
+        ))  # fmt: skip
+        if reqs or swaps:  # an empty plan is not executed: its news wait for the next one
+            if self._preempted_ids:
+                self._preempted_ids = []
+            if self._finished_ids:
+                self._finished_ids = []
+        return plan

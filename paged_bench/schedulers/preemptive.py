@@ -1,12 +1,14 @@
 """Continuous batching that survives a dry KV pool by preempting, as vLLM does.
 
-When a running request cannot get a block, the latest-arriving running request is
-preempted, repeatedly if need be, and no one is admitted in that step. ``mode=recompute``
+When a running request cannot get a block, a victim is preempted, repeatedly if need be,
+and no one is admitted in that step. ``victim=last_admitted`` (the default, vLLM v1's: the
+running list's tail) takes the request admitted most recently; ``victim=latest_arrival``
+takes the one that arrived last (among equal arrivals, the later admitted). ``mode=recompute``
 frees the victim's blocks and keeps its generated tokens; it is re-prefilled later, and the
-prefix cache may revive its own blocks. ``mode=swap`` copies its blocks to bounded CPU
-swap space and back before it runs again (falling back to recompute when swap space is
-full). ``watermark`` keeps that fraction of the pool free at admission, so that running
-requests can grow without preempting each other.
+prefix cache may revive its own blocks. ``mode=swap`` copies its blocks to bounded CPU swap
+space and back before it runs again (falling back to recompute when swap space is full).
+``watermark`` keeps that fraction of the pool free at admission and at swap-in, so that
+running requests can grow without preempting each other.
 """
 
 from __future__ import annotations
@@ -18,18 +20,32 @@ from paged_bench.errors import check, check_number
 from paged_bench.request import Request
 from paged_bench.schedulers.base import Scheduler
 
+VICTIMS = ("last_admitted", "latest_arrival")
+
 
 class PreemptiveScheduler(Scheduler):
     name = "preemptive"
 
-    def __init__(self, allocator: Allocator, *, mode: str = "recompute", watermark: float = 0.0, **kwargs) -> None:
+    def __init__(
+        self,
+        allocator: Allocator,
+        *,
+        mode: str = "recompute",
+        watermark: float = 0.0,
+        victim: str = "last_admitted",
+        **kwargs,
+    ) -> None:
         super().__init__(allocator, **kwargs)
         check(mode in ("recompute", "swap"), "scheduler.mode", mode, "recompute or swap")
         check_number("scheduler.watermark", watermark)
         check(watermark < 1, "scheduler.watermark", watermark, "a fraction of the pool in [0, 1)")
+        check(victim in VICTIMS, "scheduler.victim", victim, " or ".join(VICTIMS))
         self.preemption_mode = mode
+        self.victim = victim
         self.admission_reserve_blocks = math.ceil(watermark * allocator.layout.num_blocks)
 
     def choose_victim(self, req: Request) -> Request:
+        if self.victim == "last_admitted":
+            return self.running[-1]
         # reversed: among equal arrival times, the most recently admitted one goes
         return max(reversed(self.running), key=lambda r: r.arrival_time)

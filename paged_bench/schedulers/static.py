@@ -7,12 +7,11 @@ one and newcomers wait for all of them. Like ``continuous`` it never preempts.
 
 from __future__ import annotations
 
-from paged_bench.schedulers.base import Scheduler
-from paged_bench.step import StepPlan
+from paged_bench.schedulers.base import PlanDraft, Scheduler
 
 
 class StaticScheduler(Scheduler):
     name = "static"
 
-    def may_admit(self, plan: StepPlan) -> bool:
+    def may_admit(self, plan: PlanDraft) -> bool:
         return not self.running

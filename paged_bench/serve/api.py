@@ -1,35 +1,40 @@
 """The FastAPI app: OpenAI-compatible routes over an ``EngineLoop``.
 
 ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
-(streaming as server-sent events, or one JSON response), ``GET /metrics``. Bad requests get
-HTTP 400 with an OpenAI-style error body; more requests waiting to be scheduled than
-``max_waiting`` get 429 with ``Retry-After``; a client that goes away mid-request has its
-request aborted (its KV blocks are freed at the engine's next step boundary); an engine error
-ends the affected streams with an error event and the server goes on.
+(streaming as server-sent events, or one JSON response), ``GET /metrics``. A request with
+``n`` choices per prompt, or a list of prompts, fans out into one engine request per choice
+(vLLM v1's parallel sampling); identical prompts share their full KV blocks through the
+prefix cache. Every error is an OpenAI-shaped body (``errors``); more requests waiting than
+``max_waiting`` get 429 with ``Retry-After``; a client that goes away has its requests aborted
+(their KV blocks are freed at the engine's next step boundary); an engine error ends the
+affected streams with an error event, and the server goes on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from paged_bench.model.logprobs import LogprobSink, LogprobsRequest, TokenLogprob
 from paged_bench.request import FinishReason, Request
-from paged_bench.serve import protocol
+from paged_bench.serve import errors, schemas
 from paged_bench.serve.engine_loop import EngineLoop, Stream
 from paged_bench.serve.prom import CONTENT_TYPE, ServerMetrics
-from paged_bench.serve.protocol import GenerationParams, RequestError, ResponseFormat, ServingContext
+from paged_bench.serve.protocol import GenerationParams, RequestError, ServingContext
+from paged_bench.serve.responses import ChoiceResult, Kind, LogprobFormatter, ResponseFormat, models_list, usage
 from paged_bench.serve.text import TextStream
 
-Kind = Literal["completions", "chat"]
+PARSE_IN_THREAD_BYTES = 64 * 1024  # tokenizing a bigger body would hold up every stream
 
 
 class GenerationFailed(Exception):
@@ -38,12 +43,39 @@ class GenerationFailed(Exception):
 
 @dataclass
 class Token:
+    choice: int
     text: str
-    finish_reason: str | None  # set on a request's last token
+    finish_reason: str | None  # set on a choice's last token
+    logprob: TokenLogprob | None = None
 
 
-def _error(e: RequestError, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(protocol.error_body(e.message, e.type, e.param, e.status), e.status, headers=headers)
+@dataclass
+class Choice:
+    """One engine request behind one choice of a response."""
+
+    index: int
+    stream: Stream
+    prompt_ids: list[int]
+    echo_text: str = ""  # sent before the generated text (completions with echo)
+    generate: bool = True  # False: echo with max_tokens=0, the one generated token is dropped
+
+
+def _engine_request(params: GenerationParams, i: int) -> Request:
+    """The engine request behind choice ``i`` (a ``LogprobsRequest`` when logprobs are asked)."""
+    max_tokens = params.max_tokens_of(i)
+    fields = {
+        "request_id": f"req-{id(params):x}-{time.perf_counter_ns()}-{i}",
+        "arrival_time": 0.0,  # set by submit, on the engine's clock
+        "token_ids": list(params.prompt_of(i)),
+        "max_tokens": max(1, max_tokens),  # echo without generation still runs a step (vLLM: max_tokens 1)
+        "ignore_eos": params.ignore_eos or max_tokens == 0,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "sampling_seed": params.seed_of(i),
+    }
+    if params.logprobs is None:
+        return Request(**fields)
+    return LogprobsRequest(**fields, sink=LogprobSink(params.logprobs, params.echo), want_prompt_logprobs=params.echo)
 
 
 def _sse(obj: Any) -> str:
@@ -88,100 +120,195 @@ async def _until_disconnect(request: HTTPRequest, work: Callable[[], Awaitable[R
 
 class OpenAIServer:
     def __init__(self, loop: EngineLoop, ctx: ServingContext, decode: Callable[[list[int]], str],
-                 metrics: ServerMetrics, max_waiting: int) -> None:
+                 metrics: ServerMetrics, max_waiting: int) -> None:  # fmt: skip
         self.loop, self.ctx, self.decode, self.metrics, self.max_waiting = loop, ctx, decode, metrics, max_waiting
         self.created = int(time.time())
 
-    async def tokens(self, stream: Stream, params: GenerationParams) -> AsyncIterator[Token]:
-        """The request's tokens as text deltas; raises GenerationFailed if it cannot finish."""
-        text = TextStream(self.decode, params.stop)
+    # -- one choice ---------------------------------------------------------------------------
+
+    async def tokens(self, choice: Choice, params: GenerationParams) -> AsyncIterator[Token]:
+        """One choice's tokens as text deltas; raises GenerationFailed if it cannot finish."""
+        text, req = TextStream(self.decode, params.stop), choice.stream.req
+        n_out = 0
         while True:
-            update = await stream.queue.get()
+            update = await choice.stream.queue.get()
             last = len(update.token_ids) - 1
             for i, token_id in enumerate(update.token_ids):
+                logprob = req.logprobs[n_out] if isinstance(req, LogprobsRequest) and n_out < len(req.logprobs) else None
+                n_out += 1
+                if not choice.generate:
+                    break
                 delta = text.add(token_id)
                 if text.stopped:
-                    self.loop.finish(stream, FinishReason.STOP)
-                    yield Token(delta, "stop")
+                    self.loop.finish(choice.stream, FinishReason.STOP)
+                    yield Token(choice.index, delta, "stop", logprob)
                     return
                 reason = update.finish_reason
                 if i == last and reason is not None and reason.succeeded:
-                    yield Token(delta + text.flush(), reason.value)
+                    yield Token(choice.index, delta + text.flush(), reason.value, logprob)
                     return
-                yield Token(delta, None)
+                yield Token(choice.index, delta, None, logprob)
             if update.finish_reason is not None:
+                if update.finish_reason.succeeded:  # echo without generation
+                    yield Token(choice.index, "", update.finish_reason.value)
+                    return
                 raise GenerationFailed(update.error or f"the request ended: {update.finish_reason.value}")
 
-    def submit(self, params: GenerationParams) -> Stream:
+    def submit(self, params: GenerationParams, echo_text: Callable[[list[int]], str]) -> list[Choice]:
         if not self.loop.alive:
             raise RequestError("the engine is not running", status=503)
-        if self.loop.num_waiting() >= self.max_waiting:
-            raise RequestError(f"too many requests waiting ({self.max_waiting}); retry later", status=429,
-                               type_="rate_limit_error")
-        req = Request(
-            request_id=f"req-{id(params):x}-{time.perf_counter_ns()}",
-            arrival_time=0.0,  # set by submit, on the engine's clock
-            token_ids=list(params.prompt_ids),
-            max_tokens=params.max_tokens,
-            ignore_eos=params.ignore_eos,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            sampling_seed=params.seed,
-        )
-        return self.loop.submit(req)
+        if self.loop.num_waiting() + params.num_choices > self.max_waiting:
+            raise RequestError(f"too many requests waiting ({self.max_waiting}); retry later", status=429)
+        choices = []
+        for i in range(params.num_choices):
+            prompt, max_tokens = params.prompt_of(i), params.max_tokens_of(i)
+            text = echo_text(prompt) if params.echo else ""
+            choices.append(Choice(i, self.loop.submit(_engine_request(params, i)), prompt, text, max_tokens > 0))
+        return choices
 
-    async def generate(self, request: HTTPRequest, kind: Kind) -> Response:
+    # -- a request ----------------------------------------------------------------------------
+
+    async def generate(self, request: HTTPRequest, body: Any, kind: Kind) -> Response:
+        parse = errors.parse_chat if kind == "chat" else errors.parse_completion
+        size = request.headers.get("content-length", "")
+        if size.isdigit() and int(size) > PARSE_IN_THREAD_BYTES:
+            params = await anyio.to_thread.run_sync(parse, body, self.ctx)
+        else:
+            params = parse(body, self.ctx)
+        if isinstance(params, Response):
+            return params
         try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return _error(RequestError(f"the request body is not valid JSON: {e}"))
-        try:
-            params = (protocol.parse_chat if kind == "chat" else protocol.parse_completion)(body, self.ctx)
-            stream = self.submit(params)
+            choices = self.submit(params, self.decode)
         except RequestError as e:
-            return _error(e, {"Retry-After": "1"} if e.status in (429, 503) else None)
+            return errors.response(e, {"Retry-After": "1"} if e.status in (429, 503) else None)
         fmt = ResponseFormat(kind, self.ctx.model_name)
+        logprobs = LogprobFormatter(kind, self.decode, params.tokens_as_ids)
         if params.stream:
-            return _DisconnectAwareStreamingResponse(self.sse(stream, params, fmt), media_type="text/event-stream")
-        response = await _until_disconnect(request, lambda: self.collect(stream, params, fmt))
+            body_iter = self.sse(choices, params, fmt, logprobs)
+            return _DisconnectAwareStreamingResponse(body_iter, media_type="text/event-stream")
+        response = await _until_disconnect(request, lambda: self.collect(choices, params, fmt, logprobs))
         if response is None:
-            self.loop.finish(stream)
+            for c in choices:
+                self.loop.finish(c.stream)
         return response or Response(status_code=499)
 
-    async def collect(self, stream: Stream, params: GenerationParams, fmt: ResponseFormat) -> Response:
-        parts, n, reason = [], 0, "length"
-        try:
-            async for token in self.tokens(stream, params):
-                parts.append(token.text)
-                n += 1
-                reason = token.finish_reason or reason
-        except GenerationFailed as e:
-            return _error(RequestError(str(e), status=500))
-        usage = protocol.usage(len(params.prompt_ids), n)
-        return JSONResponse(fmt.response("".join(parts), reason, usage))
+    async def collect_one(self, choice: Choice, params: GenerationParams,
+                          logprobs: LogprobFormatter) -> tuple[ChoiceResult, int]:  # fmt: skip
+        parts, entries, reason = [], [], "length"
+        async for token in self.tokens(choice, params):
+            parts.append(token.text)
+            if token.logprob is not None:
+                entries.append(token.logprob)
+            reason = token.finish_reason or reason
+        n = len(parts) if choice.generate else 0
+        lp = None
+        if params.logprobs is not None:
+            lp = self.choice_logprobs(choice, entries, logprobs) if params.echo else logprobs.of(entries)
+        return ChoiceResult(choice.index, choice.echo_text + "".join(parts), reason, lp), n
 
-    async def sse(self, stream: Stream, params: GenerationParams, fmt: ResponseFormat) -> AsyncIterator[str]:
-        n, prompt_tokens, finished = 0, len(params.prompt_ids), False
+    @staticmethod
+    def choice_logprobs(choice: Choice, entries: list[TokenLogprob], fmt: LogprobFormatter) -> dict:
+        """Echo: the prompt's tokens (the first has no log-probability) then the generated ones."""
+        req = choice.stream.req
+        if len(req.prompt_logprobs) != len(choice.prompt_ids) - 1:  # never a misaligned answer
+            raise GenerationFailed(f"only {len(req.prompt_logprobs)} of the prompt's {len(choice.prompt_ids) - 1} "
+                                   "log-probabilities were computed")  # fmt: skip
+        prompt_entries: list[TokenLogprob | None] = [None, *req.prompt_logprobs]
+        return fmt.completion(prompt_entries + list(entries), choice.prompt_ids + [e.token_id for e in entries])
+
+    async def collect(self, choices: list[Choice], params: GenerationParams, fmt: ResponseFormat,
+                      logprobs: LogprobFormatter) -> Response:  # fmt: skip
+        tasks = [asyncio.create_task(self.collect_one(c, params, logprobs)) for c in choices]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            failed = next((t.exception() for t in tasks if t.done() and t.exception() is not None), None)
+            if failed is not None:  # one choice cannot finish: the response cannot either
+                for c in choices:
+                    self.loop.finish(c.stream)
+                if isinstance(failed, GenerationFailed):
+                    return errors.response(RequestError(str(failed), status=500))
+                raise failed
+            results = [t.result() for t in tasks]
+        finally:
+            for t in tasks:
+                t.cancel()
+        prompt_tokens = sum(len(p) for p in params.prompts)
+        usage_ = usage(prompt_tokens, sum(n for _, n in results))
+        return JSONResponse(fmt.response([r for r, _ in results], usage_))
+
+    async def merged(self, choices: list[Choice], params: GenerationParams) -> AsyncIterator[Token]:
+        """The tokens of every choice, as they come."""
+        if len(choices) == 1:
+            async for token in self.tokens(choices[0], params):
+                yield token
+            return
+        queue: asyncio.Queue[Token | BaseException | None] = asyncio.Queue()
+
+        async def pump(choice: Choice) -> None:
+            try:
+                async for token in self.tokens(choice, params):
+                    await queue.put(token)
+                await queue.put(None)
+            except GenerationFailed as e:
+                await queue.put(e)
+
+        tasks = [asyncio.create_task(pump(c)) for c in choices]
+        try:
+            remaining = len(choices)
+            while remaining:
+                item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def sse(self, choices: list[Choice], params: GenerationParams, fmt: ResponseFormat,
+                  logprobs: LogprobFormatter) -> AsyncIterator[str]:  # fmt: skip
+        n, prompt_tokens, finished = 0, sum(len(p) for p in params.prompts), False
+        started: set[int] = set()
         try:
             try:
-                async for token in self.tokens(stream, params):
-                    n += 1
-                    usage = protocol.usage(prompt_tokens, n) if params.continuous_usage else None
-                    yield _sse(fmt.chunk(token.text, token.finish_reason, n == 1, usage))
+                async for token in self.merged(choices, params):
+                    choice = choices[token.choice]
+                    n += choice.generate
+                    text = token.text
+                    if token.choice not in started:
+                        started.add(token.choice)
+                        text = choice.echo_text + text
+                    lp = None
+                    if params.logprobs is not None and token.logprob is not None:
+                        lp = logprobs.of([token.logprob])
+                    usage_ = usage(prompt_tokens, n) if params.continuous_usage else None
+                    yield _sse(fmt.chunk(token.choice, text, token.finish_reason, lp, usage_))
                 if params.include_usage:
-                    yield _sse(fmt.usage_chunk(protocol.usage(prompt_tokens, n)))
+                    yield _sse(fmt.usage_chunk(usage(prompt_tokens, n)))
             except GenerationFailed as e:
-                yield _sse(protocol.error_body(str(e), "server_error", None, 500))
+                yield _sse(errors.body(RequestError(str(e), status=500)))
             finished = True
             yield "data: [DONE]\n\n"
         finally:
             if not finished:  # the client went away (or the stream was cancelled)
-                self.loop.finish(stream)
+                for c in choices:
+                    self.loop.finish(c.stream)
 
     def health(self) -> Response:
         if not self.loop.alive:
-            return _error(RequestError("the engine is not running", status=503))
+            return errors.response(RequestError("the engine is not running", status=503))
         return Response(status_code=200)
+
+
+_GENERATE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": schemas.ErrorResponse, "description": "a bad request"},
+    401: {"model": schemas.ErrorResponse, "description": "missing or wrong API key"},
+    404: {"model": schemas.ErrorResponse, "description": "unknown model"},
+    413: {"model": schemas.ErrorResponse, "description": "request body too large"},
+    429: {"model": schemas.ErrorResponse, "description": "too many requests waiting"},
+}
 
 
 def create_app(server: OpenAIServer) -> FastAPI:
@@ -193,26 +320,32 @@ def create_app(server: OpenAIServer) -> FastAPI:
         finally:
             server.loop.stop()
 
-    app = FastAPI(title="paged_bench", lifespan=lifespan)
+    app = FastAPI(title="paged_bench", summary="OpenAI-compatible server over the paged_bench engine",
+                  lifespan=lifespan)  # fmt: skip
     app.state.server = server
+    errors.install(app)
 
-    @app.get("/health")
+    @app.get("/health", responses={503: {"model": schemas.ErrorResponse}})
     async def health() -> Response:
         return server.health()
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=schemas.ModelList)
     async def models() -> JSONResponse:
-        return JSONResponse(protocol.models_list(server.ctx.model_name, server.ctx.max_model_len, server.created))
+        return JSONResponse(models_list(server.ctx.model_name, server.ctx.max_model_len, server.created))
 
-    @app.post("/v1/completions")
-    async def completions(request: HTTPRequest) -> Response:
-        return await server.generate(request, "completions")
+    sse = {"text/event-stream": {"schema": {"type": "string"}}}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: HTTPRequest) -> Response:
-        return await server.generate(request, "chat")
+    @app.post("/v1/completions", response_model=schemas.Completion,
+              responses={200: {"content": sse}, **_GENERATE_RESPONSES})  # fmt: skip
+    async def completions(body: schemas.CompletionRequest, request: HTTPRequest) -> Response:
+        return await server.generate(request, body, "completions")
 
-    @app.get("/metrics")
+    @app.post("/v1/chat/completions", response_model=schemas.ChatCompletion,
+              responses={200: {"content": sse}, **_GENERATE_RESPONSES})  # fmt: skip
+    async def chat_completions(body: schemas.ChatRequest, request: HTTPRequest) -> Response:
+        return await server.generate(request, body, "chat")
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
     async def metrics() -> Response:
         return Response(server.metrics.render(), media_type=CONTENT_TYPE)
 

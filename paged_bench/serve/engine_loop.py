@@ -7,8 +7,11 @@ steps, which is continuous batching. After each step the thread hands every requ
 tokens, and its end, to the event loop in one batch (``call_soon_threadsafe``), where each
 request's ``Stream`` queue receives them.
 
-If a step raises, every unfinished request ends with ``FinishReason.ERROR`` (its stream gets
-the error), its blocks are freed, and the loop goes on serving new requests.
+A request whose own sampling fails (the backend notes it in ``sampling_failures`` instead of
+raising) ends alone with ``FinishReason.ERROR``; the placeholder token sampled for it is never
+sent. If a whole step raises, every unfinished request ends with ``FinishReason.ERROR`` (its
+stream gets a generic error; the details go to the log), its blocks are freed, and the loop
+goes on serving new requests.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import threading
 from dataclasses import dataclass, field
 
 from paged_bench.engine import Engine
+from paged_bench.model.logprobs import LogprobsRequest
 from paged_bench.request import FinishReason, Request
 
 log = logging.getLogger("paged_bench.serve")
@@ -77,10 +81,13 @@ class EngineLoop:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = False
-        self._live: dict[Request, tuple[Stream, int]] = {}  # engine side: stream, tokens pushed
+        self._live: dict[Request, tuple] = {}  # engine side: stream, tokens pushed[, tokens to send]
         self._errors = 0
         self._aio: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        if hasattr(engine.backend, "sampling_failures"):  # real backends: isolate per request
+            engine.backend.sampling_failures = []
+        self._sinks = getattr(engine.backend, "logprob_sinks", None)  # real backends compute logprobs
 
     # -- event-loop side ----------------------------------------------------------------------
 
@@ -140,10 +147,12 @@ class EngineLoop:
                     continue
                 try:
                     engine.step()
-                except Exception as e:  # the server must outlive a failed step
+                except Exception:  # the server must outlive a failed step
                     log.exception("engine step failed; ending the affected requests")
                     self._errors += 1
-                    engine.scheduler.abort_all(FinishReason.ERROR, engine.clock.now(), f"engine error: {type(e).__name__}: {e}")
+                    engine.scheduler.abort_all(FinishReason.ERROR, engine.clock.now(),
+                                               "the engine failed a step; the server logged the details")  # fmt: skip
+                self._end_failed_requests()
                 if self.observer is not None:
                     self.observer.step(engine)
                 self._publish()
@@ -152,6 +161,25 @@ class EngineLoop:
             self._drain()  # requests submitted meanwhile end too
             self._publish()
             engine.backend.close()
+
+    def _end_failed_requests(self) -> None:
+        """End the requests whose sampling failed in the last step, and only them."""
+        failures = getattr(self.engine.backend, "sampling_failures", None)
+        if not failures:
+            return
+        now, by_id = self.engine.clock.now(), {req.request_id: req for req in self._live}
+        for rid, message in failures:
+            log.error("request %s: %s", rid, message)
+            self._errors += 1
+            req = by_id.get(rid)
+            if req is None:
+                continue
+            if not req.is_finished:
+                self.engine.scheduler.finish_request(req, FinishReason.ERROR, now, message)
+            req.finish(FinishReason.ERROR, now, message)  # also when the placeholder ended it
+            stream, pushed, *_ = self._live[req]
+            self._live[req] = (stream, pushed, req.num_tokens - 1)  # the placeholder is never sent
+        failures.clear()
 
     def _drain(self) -> None:
         engine, now = self.engine, self.engine.clock.now()
@@ -164,6 +192,8 @@ class EngineLoop:
             req = stream.req
             if command[0] == "add":
                 self._live[req] = (stream, req.num_tokens)
+                if isinstance(req, LogprobsRequest) and self._sinks is not None:
+                    self._sinks.by_id[req.request_id] = req.sink
                 if self._stopping:
                     req.finish(FinishReason.ABORT, now, "the server is shutting down")
                 else:
@@ -174,12 +204,14 @@ class EngineLoop:
     def _publish(self) -> None:
         """Hand new tokens and ends to the event loop, and refresh the snapshot."""
         updates = []
-        for req, (stream, pushed) in list(self._live.items()):
-            n = req.num_tokens
+        for req, (stream, pushed, *limit) in list(self._live.items()):
+            n = min(req.num_tokens, *limit) if limit else req.num_tokens
             if n > pushed or req.is_finished:
                 new = req.token_ids[pushed:n]
                 if req.is_finished:
                     del self._live[req]
+                    if self._sinks is not None:
+                        self._sinks.by_id.pop(req.request_id, None)
                     updates.append((stream, Update(new, req.finish_reason, req.error)))
                     if self.observer is not None:
                         self.observer.finished(req)

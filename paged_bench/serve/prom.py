@@ -2,7 +2,8 @@
 
 Gauges and counters of the engine's state are read from the engine loop's latest snapshot at
 scrape time (running and waiting requests, KV blocks used/free, preemptions, prefix-cache
-tokens queried/hit, steps, engine errors). Latency histograms (TTFT, ITL, E2E, in seconds, as
+tokens queried/hit, steps, engine errors); blocks shared by several requests are counted at
+scrape time. Latency histograms (TTFT, ITL, E2E, in seconds, as
 vLLM names them) and per-step batch sizes are observed on the engine thread as requests finish
 and steps end, from the same per-request timestamps the offline metrics use. Each server has
 its own registry, so several can live in one process (tests, notebooks).
@@ -13,7 +14,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from paged_bench.engine import STEP_COLUMNS, Engine
+from paged_bench.engine import Engine
 from paged_bench.metrics import request_latency
 from paged_bench.request import Request
 from paged_bench.serve.engine_loop import EngineLoop
@@ -21,7 +22,13 @@ from paged_bench.serve.engine_loop import EngineLoop
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "paged_bench_"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
-_BATCH_COL = STEP_COLUMNS.index("batch_size")
+
+
+def shared_blocks(allocator) -> int:
+    """Blocks whose reference count is above one, read at scrape time (a paged pool only)."""
+    pool = getattr(allocator, "pool", None)
+    ref_cnt = getattr(pool, "ref_cnt", None)
+    return 0 if ref_cnt is None else sum(1 for c in list(ref_cnt) if c > 1)
 
 
 class _SnapshotCollector:
@@ -36,6 +43,8 @@ class _SnapshotCollector:
             "kv_blocks_used": ("KV-cache blocks held by requests", s.num_blocks - s.free_blocks),
             "kv_blocks_free": ("KV-cache blocks free (incl. cached blocks nobody holds)", s.free_blocks),
             "kv_blocks_total": ("KV-cache blocks in the pool", s.num_blocks),
+            "kv_blocks_shared": ("KV-cache blocks held by more than one request (prefix sharing, n > 1)",
+                                 shared_blocks(self.loop.engine.allocator)),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(PREFIX + name, doc, value=value)
@@ -71,8 +80,9 @@ class ServerMetrics:
     # -- EngineLoop observer (engine thread) --------------------------------------------------
 
     def step(self, engine: Engine) -> None:
-        if engine.steps:
-            self.batch.observe(engine.steps[-1][_BATCH_COL])
+        last = engine.steps.last()
+        if last is not None:
+            self.batch.observe(last.batch_size)
 
     def finished(self, req: Request) -> None:
         reason = req.finish_reason.value if req.finish_reason else "unknown"

@@ -1,25 +1,32 @@
-"""The OpenAI wire format: request parsing and validation, and the response/chunk shapes.
+"""From a validated request body to what the engine needs (``GenerationParams``), or a
+``RequestError`` that the API turns into an OpenAI-shaped error.
 
-Requests are validated into ``GenerationParams`` (what the engine needs) or rejected with a
-``RequestError`` that the API turns into HTTP 400 and an OpenAI-style ``{"error": {...}}``
-body. Unknown fields are ignored, as OpenAI-compatible servers do, so that benchmark clients
-that send extra knobs still work.
+Behaviours follow vLLM's OpenAI server (``vllm/entrypoints/openai/protocol.py``,
+``serving_engine.py``, ``serving_completion.py``), cited in docs/serving.md:
 
-Streaming follows what benchmark clients rely on (see ECOSYSTEM.md): one chunk per generated
-token, the chat role sent only together with the first token, ``finish_reason`` on the last
-token's chunk, and the ``choices: []`` usage chunk only when ``stream_options.include_usage``
-asks for it.
+- an unknown model is 404 ``NotFoundError``;
+- ``max_tokens`` (or ``max_completion_tokens``) beyond the room the prompt leaves is 400, naming
+  the context length (vLLM: "'max_tokens' or 'max_completion_tokens' is too large ...");
+- ``seed`` is any 64-bit integer (a negative one too); ``temperature`` below 1e-5 is greedy;
+- ``n`` choices per prompt and a list of prompts fan out into one engine request each, choice
+  ``i * n + j`` for prompt ``i``, sample ``j``; sample ``j`` of a seeded request uses
+  ``seed + j`` (vLLM v1's parallel sampling);
+- ``top_logprobs`` needs ``logprobs: true`` (chat); ``logprobs``/``top_logprobs`` at most
+  ``max_logprobs`` (vLLM's default 20);
+- what the server does not implement (``tools``, ``response_format``, penalties, ...) is 400
+  naming the parameter, never silently ignored.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
+
+from paged_bench.model.sampling import GREEDY_BELOW
+from paged_bench.serve.schemas import ChatMessage, ChatRequest, CompletionRequest, StreamOptions
 
 
 class RequestError(Exception):
@@ -28,58 +35,26 @@ class RequestError(Exception):
     def __init__(self, message: str, param: str | None = None, status: int = 400, type_: str | None = None) -> None:
         super().__init__(message)
         self.message, self.param, self.status = message, param, status
-        self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
+        self.type = type_ or _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
+_ERROR_TYPES = {401: "authentication_error", 404: "NotFoundError", 413: "invalid_request_error",
+                429: "rate_limit_error", 503: "server_error"}  # fmt: skip
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None, code: int = 400) -> dict:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-# -- request schemas (extra fields ignored) ------------------------------------------------
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for (``server.*`` keys of the same names)."""
 
-
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class StreamOptions(_Lenient):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
-
-
-class _SamplingRequest(_Lenient):
-    model: str | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    ignore_eos: bool = False
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    n: int = 1
-
-
-class CompletionRequest(_SamplingRequest):
-    prompt: str | list[int] | list[str] | list[list[int]]
-
-
-class ContentPart(_Lenient):
-    type: str
-    text: str | None = None
-
-
-class ChatMessage(_Lenient):
-    role: str
-    content: str | list[ContentPart] | None = None
-
-
-class ChatRequest(_SamplingRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
-
-
-# -- validation -> what the engine needs ---------------------------------------------------
+    max_stop: int = 16  # stop strings
+    max_stop_chars: int = 256  # characters per stop string
+    max_prompts: int = 64  # prompts in one completions request
+    max_choices: int = 128  # prompts x n
+    max_logprobs: int = 20  # logprobs / top_logprobs (vLLM's default max_logprobs)
 
 
 @dataclass(frozen=True)
@@ -91,12 +66,15 @@ class ServingContext:
     vocab_size: int
     encode: Callable[[str], list[int]]
     render_chat: Callable[[list[dict[str, str]]], list[int]]  # messages -> prompt token ids
+    limits: Limits = Limits()
+    computes_logprobs: bool = True  # the backend computes logits (the simulator does not)
 
 
 @dataclass(frozen=True)
 class GenerationParams:
-    prompt_ids: list[int]
-    max_tokens: int
+    prompts: list[list[int]]  # token ids of each prompt
+    n: int  # choices per prompt
+    max_tokens: int | None  # None: whatever room each prompt leaves
     temperature: float
     top_p: float
     seed: int | None
@@ -105,31 +83,110 @@ class GenerationParams:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    logprobs: int | None = None  # top entries per generated token; None: no logprobs
+    echo: bool = False  # completions: the prompt text (and its logprobs) before each choice
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.n
+
+    def prompt_of(self, choice: int) -> list[int]:
+        return self.prompts[choice // self.n]
+
+    def max_tokens_of(self, choice: int) -> int:
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return self._max_model_len - len(self.prompt_of(choice))
+
+    def seed_of(self, choice: int) -> int | None:
+        return None if self.seed is None else self.seed + choice % self.n
+
+    _max_model_len: int = 0
+
+
+# -- what is refused by name --------------------------------------------------------------
+
+
+def _set(value: Any) -> bool:
+    return value not in (None, False, 0, 0.0, "", [], {})
+
+
+UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
+    "tools": _set,
+    "functions": _set,
+    "tool_choice": lambda v: v not in (None, "none"),
+    "function_call": lambda v: v not in (None, "none"),
+    "parallel_tool_calls": lambda v: v is True,
+    "response_format": lambda v: v is not None and v.get("type") != "text",
+    "logit_bias": _set,
+    "presence_penalty": _set,
+    "frequency_penalty": _set,
+    "repetition_penalty": lambda v: v not in (None, 1.0),
+    "suffix": _set,
+    "best_of": lambda v: v not in (None, 1),
+    "top_k": lambda v: v not in (None, 0, -1),
+    "min_p": _set,
+}
+
+
+def _refuse_unsupported(req: BaseModel) -> None:
+    for name, is_asked in UNSUPPORTED.items():
+        value = getattr(req, name, None)
+        if is_asked(value):
+            raise RequestError(f"{name} is not supported by this server (got {value!r})", name)
+
+
+# -- parsing -------------------------------------------------------------------------------
 
 
 def _validate(schema: type[BaseModel], body: Any) -> Any:
+    if isinstance(body, schema):  # already validated (by FastAPI, from the declared body)
+        return body
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     try:
         return schema.model_validate(body)
     except ValidationError as e:
-        err = e.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
-        what = "is required" if err["type"] == "missing" else f"is invalid: {err['msg']}"
-        raise RequestError(f"{param} {what}", param) from None
+        raise validation_error(e.errors()) from None
 
 
-def _prompt_ids(prompt: Any, ctx: ServingContext) -> list[int]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        return ctx.encode(prompt)
-    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-        bad = next((t for t in prompt if not 0 <= t < ctx.vocab_size), None)
+def validation_error(errors: list[dict]) -> RequestError:
+    err = errors[0]
+    if err.get("type") in ("model_attributes_type", "dict_type") and len(err.get("loc", ())) <= 1:
+        return RequestError("the request body must be a JSON object")
+    if err.get("type") == "json_invalid":
+        return RequestError(f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}")
+    # pydantic's locations name union members and validators too ("function-after[...]"): skip them
+    loc = [str(p) for p in err.get("loc", ()) if p != "body" and not any(c in str(p) for c in "[(")]
+    param = ".".join(loc) or None
+    what = "is required" if err.get("type") == "missing" else f"is invalid: {err.get('msg')}"
+    return RequestError(f"{param or 'the request body'} {what}", param)
+
+
+def _is_ids(prompt: Any) -> bool:
+    return isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+
+
+def _prompts(prompt: Any, ctx: ServingContext) -> list[list[int]]:
+    if isinstance(prompt, str) or _is_ids(prompt):
+        prompts = [prompt]
+    else:
+        prompts = list(prompt)
+    if not prompts:
+        raise RequestError("the prompt list is empty", "prompt")
+    if len(prompts) > ctx.limits.max_prompts:
+        raise RequestError(f"{len(prompts)} prompts in one request; at most {ctx.limits.max_prompts}", "prompt")
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            out.append(ctx.encode(p))
+            continue
+        bad = next((t for t in p if not 0 <= t < ctx.vocab_size), None)
         if bad is not None:
             raise RequestError(f"prompt token id {bad} is out of range: 0 to {ctx.vocab_size - 1}", "prompt")
-        return list(prompt)
-    raise RequestError("prompt must be a string, a list of token ids, or a list of one of those", "prompt")
+        out.append(list(p))
+    return out
 
 
 def _content_text(msg: ChatMessage, i: int) -> str:
@@ -143,103 +200,89 @@ def _content_text(msg: ChatMessage, i: int) -> str:
     return "".join(parts)
 
 
-def _params(req: _SamplingRequest, prompt_ids: list[int], ctx: ServingContext) -> GenerationParams:
+def _check_model(req: BaseModel, ctx: ServingContext) -> None:
     if req.model is not None and req.model != ctx.model_name:
-        raise RequestError(f"model {req.model!r} does not exist; this server serves {ctx.model_name!r}", "model")
-    if req.n != 1:
-        raise RequestError(f"n={req.n} is not supported: only n=1", "n")
-    n = len(prompt_ids)
-    if n == 0:
+        raise RequestError(f"The model `{req.model}` does not exist; this server serves {ctx.model_name!r}",
+                           "model", status=404)  # fmt: skip
+
+
+def _check_lengths(prompts: list[list[int]], key: str, max_tokens: int | None, ctx: ServingContext) -> None:
+    longest = max(len(p) for p in prompts)
+    if min(len(p) for p in prompts) == 0:
         raise RequestError("the prompt is empty", "prompt")
-    if n >= ctx.max_model_len:
+    if longest >= ctx.max_model_len:
         raise RequestError(
-            f"the prompt has {n} tokens; this model's maximum context length is {ctx.max_model_len} tokens, "
-            f"so prompts may have at most {ctx.max_model_len - 1}",
-            "prompt",
-        )
-    key = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    max_tokens = getattr(req, key)
-    if max_tokens is None:
-        max_tokens = ctx.max_model_len - n  # OpenAI-compatible default: whatever room is left
-    elif max_tokens <= 0:
-        raise RequestError(f"{key} must be at least 1, got {max_tokens}", key)
-    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+            f"the prompt has {longest} tokens; this model's maximum context length is {ctx.max_model_len} tokens, "
+            f"so prompts may have at most {ctx.max_model_len - 1}", "prompt",
+        )  # fmt: skip
+    if max_tokens is not None and longest + max_tokens > ctx.max_model_len:
+        raise RequestError(
+            f"'{key}' is too large: {max_tokens}. This model's maximum context length is {ctx.max_model_len} tokens "
+            f"and your request has {longest} input tokens ({max_tokens} > {ctx.max_model_len} - {longest})", key,
+        )  # fmt: skip
+
+
+def _stops(stop: Any, limits: Limits) -> tuple[str, ...]:
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if len(stops) > limits.max_stop:
+        raise RequestError(f"{len(stops)} stop strings; at most {limits.max_stop}", "stop")
+    longest = max((len(s) for s in stops), default=0)
+    if longest > limits.max_stop_chars:
+        raise RequestError(f"a stop string of {longest} characters; at most {limits.max_stop_chars}", "stop")
+    return tuple(s for s in stops if s)
+
+
+def _params(req: Any, prompts: list[list[int]], ctx: ServingContext, key: str, max_tokens: int | None,
+            logprobs: int | None, echo: bool = False) -> GenerationParams:  # fmt: skip
+    _refuse_unsupported(req)
+    n = req.n or 1
+    if len(prompts) * n > ctx.limits.max_choices:
+        raise RequestError(f"{len(prompts)} prompts x n={n} choices; at most {ctx.limits.max_choices}", "n")
+    if max_tokens is not None and max_tokens < (0 if echo else 1):
+        raise RequestError(f"{key} must be at least {0 if echo else 1}, got {max_tokens}", key)
+    _check_lengths(prompts, key, max_tokens, ctx)
+    if logprobs is not None and not ctx.computes_logprobs:
+        raise RequestError("this backend computes no logits, so no log-probabilities (serve a real model: "
+                           "backend=numpy or torch)", "logprobs")  # fmt: skip
+    if logprobs is not None and logprobs > ctx.limits.max_logprobs:
+        raise RequestError(f"logprobs={logprobs}; at most {ctx.limits.max_logprobs}",
+                           "top_logprobs" if key == "max_completion_tokens" else "logprobs")  # fmt: skip
+    temperature = 1.0 if req.temperature is None else req.temperature
+    stream = bool(req.stream)
     opts = req.stream_options or StreamOptions()
+    if echo and stream and logprobs is not None:
+        raise RequestError("echo with logprobs is not available when streaming", "echo")
     return GenerationParams(
-        prompt_ids=prompt_ids,
+        prompts=prompts,
+        n=n,
         max_tokens=max_tokens,
-        temperature=req.temperature,
-        top_p=req.top_p,
+        temperature=0.0 if temperature < GREEDY_BELOW else temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
         seed=req.seed,
-        stop=tuple(s for s in stop if s),
-        ignore_eos=req.ignore_eos,
-        stream=req.stream,
-        include_usage=req.stream and opts.include_usage,
-        continuous_usage=req.stream and opts.continuous_usage_stats,
+        stop=_stops(req.stop, ctx.limits),
+        ignore_eos=bool(req.ignore_eos),
+        stream=stream,
+        include_usage=stream and bool(opts.include_usage),
+        continuous_usage=stream and bool(opts.continuous_usage_stats),
+        logprobs=logprobs,
+        echo=echo,
+        tokens_as_ids=bool(req.return_tokens_as_token_ids),
+        _max_model_len=ctx.max_model_len,
     )
 
 
 def parse_completion(body: Any, ctx: ServingContext) -> GenerationParams:
     req = _validate(CompletionRequest, body)
-    return _params(req, _prompt_ids(req.prompt, ctx), ctx)
+    _check_model(req, ctx)
+    return _params(req, _prompts(req.prompt, ctx), ctx, "max_tokens", req.max_tokens, req.logprobs, bool(req.echo))
 
 
 def parse_chat(body: Any, ctx: ServingContext) -> GenerationParams:
     req = _validate(ChatRequest, body)
+    _check_model(req, ctx)
+    if req.top_logprobs and not req.logprobs:
+        raise RequestError("when using `top_logprobs`, `logprobs` must be set to true", "top_logprobs")
     messages = [{"role": m.role, "content": _content_text(m, i)} for i, m in enumerate(req.messages)]
-    return _params(req, ctx.render_chat(messages), ctx)
-
-
-# -- responses ------------------------------------------------------------------------------
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-@dataclass
-class ResponseFormat:
-    """Builds one endpoint's response objects (``completions`` or ``chat``) for one request."""
-
-    kind: Literal["completions", "chat"]
-    model: str
-    id: str = ""
-    created: int = 0
-
-    def __post_init__(self) -> None:
-        self.id = self.id or f"{'chatcmpl' if self.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        self.created = self.created or int(time.time())
-
-    def _envelope(self, obj: str, choices: list[dict], usage_: dict | None) -> dict:
-        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
-        if usage_ is not None:
-            out["usage"] = usage_
-        return out
-
-    def chunk(self, text: str, finish_reason: str | None, first: bool, usage_: dict | None = None) -> dict:
-        if self.kind == "chat":
-            delta = {"role": "assistant", "content": text} if first else {"content": text}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            return self._envelope("chat.completion.chunk", [choice], usage_)
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return self._envelope("text_completion", [choice], usage_)
-
-    def usage_chunk(self, usage_: dict) -> dict:
-        return self._envelope("chat.completion.chunk" if self.kind == "chat" else "text_completion", [], usage_)
-
-    def response(self, text: str, finish_reason: str, usage_: dict) -> dict:
-        if self.kind == "chat":
-            message = {"role": "assistant", "content": text}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
-            return self._envelope("chat.completion", [choice], usage_)
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return self._envelope("text_completion", [choice], usage_)
-
-
-def models_list(model: str, max_model_len: int, created: int) -> dict:
-    card = {"id": model, "object": "model", "created": created, "owned_by": "paged_bench", "max_model_len": max_model_len}
-    return {"object": "list", "data": [card]}
+    key = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return _params(req, [ctx.render_chat(messages)], ctx, key, getattr(req, key), logprobs)

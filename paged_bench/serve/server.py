@@ -3,10 +3,16 @@
 The config is the benchmark command's (same groups and knobs, built by ``build.build``) plus a
 ``server`` section; the engine runs on the wall clock. ``start_in_thread`` (or ``serve_in_thread``, from
 overrides) serves on a socket bound here (port 0 = any free port), for notebooks and tests.
+Ctrl-C and SIGTERM both drain (``graceful_shutdown_s``) and exit 0. Binding beyond loopback
+without an API key logs a warning.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import logging
+import os
+import signal
 import socket
 import sys
 import threading
@@ -23,11 +29,16 @@ from paged_bench.build import build
 from paged_bench.config import compose_config
 from paged_bench.engine import Engine
 from paged_bench.errors import check, check_int, check_number
+from paged_bench.model.tokenizers import TOKENIZER_CHOICES, serving_tokenizer
 from paged_bench.serve.api import OpenAIServer, create_app
 from paged_bench.serve.engine_loop import EngineLoop
+from paged_bench.serve.limits import Guard, GuardConfig, header_timeout_protocol
 from paged_bench.serve.prom import ServerMetrics
-from paged_bench.serve.protocol import ServingContext
+from paged_bench.serve.protocol import Limits, ServingContext
 from paged_bench.serve.text import chat_renderer
+
+log = logging.getLogger("paged_bench.serve")
+API_KEY_ENV = "PAGED_BENCH_API_KEY"
 
 # The engine thread drops the GIL in numpy/torch kernels and must get it back soon, not after
 # the default 5 ms slice of the HTTP thread. Measured (backend=numpy, 16 req/s, 2 cores, 3 runs
@@ -45,6 +56,16 @@ class ServerConfig:
     max_waiting: int = 256
     graceful_shutdown_s: float = 5.0
     log_level: str = "info"
+    tokenizer: str = "auto"
+    api_key: str | None = None
+    max_body_bytes: int = 2 * 1024 * 1024
+    body_timeout_s: float = 30.0
+    header_timeout_s: float = 10.0
+    max_stop: int = Limits.max_stop
+    max_stop_chars: int = Limits.max_stop_chars
+    max_prompts: int = Limits.max_prompts
+    max_choices: int = Limits.max_choices
+    max_logprobs: int = Limits.max_logprobs
 
     @classmethod
     def from_mapping(cls, section: Mapping[str, Any] | None) -> ServerConfig:
@@ -60,7 +81,32 @@ class ServerConfig:
         check_int("server.max_waiting", cfg.max_waiting)
         check_number("server.graceful_shutdown_s", cfg.graceful_shutdown_s)
         check(cfg.log_level in LOG_LEVELS, "server.log_level", cfg.log_level, ", ".join(LOG_LEVELS))
+        check(cfg.tokenizer in TOKENIZER_CHOICES, "server.tokenizer", cfg.tokenizer, ", ".join(TOKENIZER_CHOICES))
+        check(cfg.api_key is None or (isinstance(cfg.api_key, str) and bool(cfg.api_key)), "server.api_key",
+              "<hidden>", "a non-empty string, or null")  # fmt: skip
+        for key in ("max_body_bytes", "max_stop", "max_stop_chars", "max_prompts", "max_choices"):
+            check_int(f"server.{key}", getattr(cfg, key))
+        check_int("server.max_logprobs", cfg.max_logprobs, 0)
+        for key in ("body_timeout_s", "header_timeout_s"):
+            check_number(f"server.{key}", getattr(cfg, key), 0, strict=True)
         return cfg
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_stop, self.max_stop_chars, self.max_prompts, self.max_choices, self.max_logprobs)
+
+    def resolved_api_key(self) -> str | None:
+        """``server.api_key``, else ``$PAGED_BENCH_API_KEY`` (as vLLM: --api-key, else VLLM_API_KEY)."""
+        return self.api_key or os.environ.get(API_KEY_ENV) or None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def default_model_name(cfg: Mapping[str, Any]) -> str:
@@ -76,19 +122,28 @@ def build_app(cfg: Mapping[str, Any]) -> tuple[FastAPI, ServerConfig]:
     check(cfg.get("clock", "wall") in ("wall", "auto"), "clock", cfg.get("clock"), "wall (a server runs in real time)")
     bench = build({**cfg, "clock": "wall"})
     engine = Engine(bench.engine.scheduler, bench.backend, bench.engine.clock, max_step_records=MAX_STEP_RECORDS)
-    backend, tokenizer = bench.backend, bench.backend.tokenizer
+    backend = bench.backend
+    tokenizer = serving_tokenizer(server_cfg.tokenizer, backend.tokenizer, backend.vocab_size)
     ctx = ServingContext(
         model_name=server_cfg.model_name or default_model_name(cfg),
         max_model_len=cfg["max_model_len"],
         vocab_size=backend.vocab_size,
         encode=tokenizer.encode,
         render_chat=chat_renderer(tokenizer),
+        limits=server_cfg.limits,
+        computes_logprobs=hasattr(backend, "logprob_sinks"),
     )
     metrics = ServerMetrics()
     loop = EngineLoop(engine)
     metrics.attach(loop)
     server = OpenAIServer(loop, ctx, tokenizer.decode, metrics, server_cfg.max_waiting)
-    return create_app(server), server_cfg
+    app = create_app(server)
+    api_key = server_cfg.resolved_api_key()
+    app.add_middleware(Guard, config=GuardConfig(api_key, server_cfg.max_body_bytes, server_cfg.body_timeout_s))
+    if not api_key and not is_loopback(server_cfg.host):
+        log.warning("serving on %s without an API key: anyone who can reach it can use it "
+                    "(set server.api_key or $%s)", server_cfg.host, API_KEY_ENV)  # fmt: skip
+    return app, server_cfg
 
 
 class _Server(uvicorn.Server):
@@ -98,7 +153,8 @@ class _Server(uvicorn.Server):
 
     def __init__(self, app: FastAPI, cfg: ServerConfig) -> None:
         super().__init__(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, lifespan="on",
-                                        timeout_graceful_shutdown=cfg.graceful_shutdown_s + 5.0))
+                                        timeout_graceful_shutdown=cfg.graceful_shutdown_s + 5.0,
+                                        http=header_timeout_protocol(cfg.header_timeout_s)))  # fmt: skip
         self.grace = cfg.graceful_shutdown_s
 
     def handle_exit(self, sig, frame) -> None:
@@ -107,6 +163,9 @@ class _Server(uvicorn.Server):
             timer.daemon = True
             timer.start()
         super().handle_exit(sig, frame)
+        # uvicorn re-raises the signals it caught once it has stopped; SIGTERM's default action
+        # would then kill the process (exit 143) after a clean drain: it has been handled
+        self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
 
 
 def serve(app: FastAPI, cfg: ServerConfig) -> None:

@@ -40,33 +40,54 @@ def chat_renderer(tokenizer: Any) -> Callable[[list[dict[str, str]]], list[int]]
 
 
 class TextStream:
-    """A request's output tokens -> text deltas, one per token."""
+    """A request's output tokens -> text deltas, one per token, at a bounded cost per token.
+
+    Decoding is incremental, as vLLM's ``detokenize_incrementally``: each token decodes only
+    the few tokens since the last emitted text (``prefix``..end), never the whole output, and
+    stop strings are searched only in the text's tail that a new token can complete. With
+    the server's limits on stop strings the work per token is bounded, whatever the output
+    length (docs/serving.md, "Limits")."""
 
     def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...] = ()) -> None:
         self._decode = decode
         self._stop = stop
         self._max_stop = max((len(s) for s in stop), default=0)
         self.token_ids: list[int] = []
+        self._prefix = 0  # token_ids[_prefix:_read] decode to the tail of ``_text``
+        self._read = 0
+        self._text = ""  # decoded so far (what is sent, plus what is held back)
         self.text = ""  # what has been sent so far
         self.stopped = False  # a stop string matched
 
     def add(self, token_id: int) -> str:
         """The delta for one more token; sets ``stopped`` when a stop string completes."""
         self.token_ids.append(token_id)
-        full = self._decode(self.token_ids)
+        before = len(self._text)
+        self._text += self._new_text()
         if self._stop:
-            start = max(0, len(self.text) - self._max_stop)
-            hits = [i for s in self._stop if (i := full.find(s, start)) >= 0]
+            start = max(0, before - self._max_stop + 1)
+            hits = [i for s in self._stop if (i := self._text.find(s, start)) >= 0]
             if hits:
                 self.stopped = True
-                return self._emit(full[: min(hits)])
-        end = len(full.rstrip(REPLACEMENT))
-        end -= self._stop_prefix_len(full[:end])
-        return self._emit(full[:end])
+                return self._emit(self._text[: min(hits)])
+        return self._emit(self._text[: len(self._text) - self._stop_prefix_len(self._text)])
 
     def flush(self) -> str:
         """Everything held back, at the end of a request that did not stop on a string."""
-        return "" if self.stopped else self._emit(self._decode(self.token_ids))
+        if self.stopped:
+            return ""
+        tail = self._decode(self.token_ids[self._prefix :])  # an incomplete character as U+FFFD
+        prefix_text = self._decode(self.token_ids[self._prefix : self._read])
+        return self._emit(self._text + tail[len(prefix_text) :])
+
+    def _new_text(self) -> str:
+        ids = self.token_ids
+        prefix_text = self._decode(ids[self._prefix : self._read])
+        new_text = self._decode(ids[self._prefix :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT):
+            self._prefix, self._read = self._read, len(ids)
+            return new_text[len(prefix_text) :]
+        return ""  # an incomplete UTF-8 sequence: wait for its next byte
 
     def _stop_prefix_len(self, text: str) -> int:
         for k in range(min(self._max_stop - 1, len(text)), 0, -1):
@@ -76,8 +97,6 @@ class TextStream:
         return 0
 
     def _emit(self, upto: str) -> str:
-        # decoding can rewrite earlier text (a held-back byte turns U+FFFD into a character);
-        # what was sent stays sent, so only the part past it goes out
         if len(upto) <= len(self.text):
             return ""
         delta = upto[len(self.text) :]

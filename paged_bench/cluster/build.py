@@ -1,0 +1,77 @@
+"""From a resolved config with a ``cluster`` section to a cluster ready to run.
+
+Every replica is built by the single-engine build path from the same config (its own
+scheduler, pool and backend); the workload is built once. The router is the ``router``
+config group's option (``round_robin`` when none is chosen); a disaggregated cluster has
+one router object for arrivals (over the prefill replicas) and one for hand-overs (over the
+decode replicas).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from paged_bench import registry
+from paged_bench.build import PLUGIN_KINDS, build_engine, build_requests, check_top_level, plugin_section
+from paged_bench.cluster.loop import Cluster
+from paged_bench.cluster.replica import Replica
+from paged_bench.cluster.spec import ClusterSpec
+from paged_bench.engine import Engine
+from paged_bench.errors import ConfigError, check
+from paged_bench.model.config import resolve_model
+from paged_bench.request import Request
+from paged_bench.routers.base import Router
+
+DEFAULT_ROUTER = "round_robin"
+
+
+@dataclass
+class ClusterBench:
+    cluster: Cluster
+    requests: list[Request]
+    spec: ClusterSpec
+    choices: dict[str, str]  # plugin kind -> option name, the router's included
+
+
+def _router(cfg: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    return plugin_section(cfg, "router") if cfg.get("router") is not None else (DEFAULT_ROUTER, {})
+
+
+def _kv_bytes_per_token(cfg: Mapping[str, Any], engine: Engine) -> int:
+    """What one token's K/V weighs on the link: the backend's model, else the sim's ``model``."""
+    if engine.backend.kv_bytes_per_token is not None:
+        return engine.backend.kv_bytes_per_token
+    backend = cfg["backend"]
+    model = resolve_model(backend.get("model"), backend.get("model_path"))
+    return model.kv_bytes_per_token(backend.get("dtype"))
+
+
+def build_cluster(cfg: Mapping[str, Any], spec: ClusterSpec) -> ClusterBench:
+    check_top_level(cfg)
+    choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
+    router_name, router_options = _router(cfg)
+    choices["router"] = router_name
+    engines = [build_engine(cfg) for _ in range(spec.num_replicas)]
+    check(engines[0].clock.kind == "virtual", "cluster", f"{spec.num_replicas} replicas",
+          "a virtual clock: backend=sim (or clock=virtual); replicas share one simulated timeline")  # fmt: skip
+    if spec.disaggregated:
+        roles = ["prefill"] * spec.num_prefill + ["decode"] * spec.num_decode
+    else:
+        roles = ["colocated"] * spec.num_decode
+    replicas = [Replica(i, role, engine) for i, (role, engine) in enumerate(zip(roles, engines))]
+
+    def router() -> Router:
+        return registry.create("router", router_name, **router_options)
+
+    if spec.disaggregated:
+        try:
+            kv_bytes = _kv_bytes_per_token(cfg, engines[0])
+        except ConfigError as e:
+            allowed = f"a model whose K/V size prices the transfer ({e.allowed})"
+            raise ConfigError("backend.model", e.value, allowed) from e
+        cluster = Cluster(replicas, router(), router(), spec.link, kv_bytes)
+    else:
+        cluster = Cluster(replicas, router())
+    return ClusterBench(cluster, build_requests(cfg, engines[0].backend), spec, choices)

@@ -1,0 +1,48 @@
+"""One cluster job, start to finish: config -> replicas behind a router -> run -> files.
+
+``app.run_job`` hands a config here when its ``cluster`` section asks for more than one
+replica; the outcome has the shape of a single engine's (``JobOutcome``), so the command
+line, sweeps and MLflow treat a cluster run like any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from paged_bench.cluster.build import build_cluster
+from paged_bench.cluster.outputs import write_cluster_run
+from paged_bench.cluster.spec import ClusterSpec
+from paged_bench.cluster.summary import cluster_summary, merged_result
+from paged_bench.errors import check
+
+if TYPE_CHECKING:
+    from paged_bench.app import JobOutcome, ProgressCallback
+
+
+def run_cluster_job(
+    cfg: Mapping[str, Any], run_dir: Path, spec: ClusterSpec, on_progress: ProgressCallback | None = None
+) -> JobOutcome:
+    from paged_bench.app import JobOutcome, run_info, step_callback  # app imports this module lazily
+
+    check((cfg.get("target") or {}).get("name", "engine") == "engine", "target", cfg.get("target"),
+          "target=engine for a cluster (cluster.replicas > 1 simulates the replicas in-process)")  # fmt: skip
+    bench = build_cluster(cfg, spec)
+    try:
+        run = bench.cluster.run(bench.requests, step_callback(on_progress, len(bench.requests)))
+    finally:
+        for replica in bench.cluster.replicas:
+            replica.engine.backend.close()
+    merged = merged_result(run)
+    summary, replicas = cluster_summary(run, merged, cfg.get("slo"))
+    outcome = JobOutcome(run_dir, summary, merged, bench.choices, [])
+    info = run_info(outcome, "engine")
+    info["cluster"] = {
+        "replicas": spec.num_replicas,
+        "prefill_replicas": spec.num_prefill,
+        "decode_replicas": spec.num_decode if spec.disaggregated else 0,
+        "link": vars(spec.link) if spec.disaggregated else None,
+    }
+    outcome.files = write_cluster_run(run_dir, run, merged, summary, replicas, info)
+    return outcome

@@ -1,0 +1,59 @@
+"""The link a disaggregated cluster moves K/V over, and what a transfer costs on it.
+
+A transfer of ``b`` bytes takes ``latency + b / bandwidth``. Each prefill replica sends over
+its own link one transfer at a time (first come, first served), so a burst of prefills
+queues for the wire; the latency overlaps with the next transfer's bytes. Presets are
+datasheet figures per direction: NVLink 4 (H100 SXM, 450 GB/s), PCIe Gen5 x16 (~64 GB/s
+nominal, 50 effective), InfiniBand NDR (400 Gb/s = 50 GB/s, Splitwise's setting), and
+100 Gb Ethernet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paged_bench.errors import check, check_number
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    bandwidth: float  # bytes/s
+    latency: float  # seconds
+
+    def seconds(self, num_bytes: float) -> float:
+        """How long the wire is busy with ``num_bytes`` (the latency is not counted here)."""
+        return num_bytes / self.bandwidth
+
+
+LINKS = {
+    "nvlink": Link("nvlink", 450e9, 3e-6),
+    "pcie": Link("pcie", 50e9, 10e-6),
+    "infiniband": Link("infiniband", 50e9, 5e-6),
+    "ethernet": Link("ethernet", 12.5e9, 20e-6),
+}
+
+
+def make_link(name: str, bandwidth_gbs: float | None = None, latency_us: float | None = None) -> Link:
+    """A preset, with its bandwidth (GB/s) or latency (microseconds) optionally overridden."""
+    check(name in LINKS, "cluster.link", name, ", ".join(LINKS))
+    link = LINKS[name]
+    if bandwidth_gbs is not None:
+        link = Link(name, check_number("cluster.link_bandwidth_gbs", bandwidth_gbs, 0, strict=True) * 1e9, link.latency)
+    if latency_us is not None:
+        link = Link(name, link.bandwidth, check_number("cluster.link_latency_us", latency_us) * 1e-6)
+    return link
+
+
+class LinkQueue:
+    """One sender's link: transfers go out one after the other."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.free_at = 0.0
+
+    def send(self, ready: float, num_bytes: float) -> float:
+        """Queue a transfer that is ready at ``ready``; returns when it has fully arrived."""
+        start = max(ready, self.free_at)
+        self.free_at = start + self.link.seconds(num_bytes)
+        return self.free_at + self.link.latency

@@ -1,0 +1,193 @@
+"""The cluster's discrete-event loop: every replica on one virtual timeline.
+
+Three kinds of event, taken in time order (on a tie: arrivals, then hand-overs, then steps):
+
+- an arrival: the router picks a replica from their state at that moment, and the request
+  waits at that replica's door until its next step boundary;
+- a hand-over (disaggregated only): a prefill finished (pick a decode replica, put the K/V
+  on the link), or a transfer arrived (the decode replica may admit it);
+- a step: the replica that is free earliest and has work runs one engine step, which moves
+  its own clock (its position on the timeline) to the step's end.
+
+Each replica is an ordinary ``Engine`` driven through ``add_request`` / ``step`` /
+``has_unfinished``; so one replica behind the loop runs exactly as ``Engine.run``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from paged_bench.cluster.handoff import Transfer, prefill_copy, take_prefill
+from paged_bench.cluster.link import Link, LinkQueue
+from paged_bench.cluster.replica import Replica, View
+from paged_bench.engine import EngineResult
+from paged_bench.errors import EngineError
+from paged_bench.request import FinishReason, Request
+from paged_bench.routers.base import Router
+
+INF = float("inf")
+
+
+@dataclass
+class ClusterRun:
+    """What a cluster run leaves: per replica its engine's result, and the transfers."""
+
+    requests: list[Request]  # the workload's requests, as the client sees them
+    replicas: list[Replica]
+    results: list[EngineResult]  # one per replica, over the requests it ran
+    placement: dict[Request, int]  # request -> the replica that produced its last token
+    prefill_placement: dict[Request, int] = field(default_factory=dict)  # disaggregated: where it prefilled
+    transfers: list[Transfer] = field(default_factory=list)
+    error: str | None = None
+    interrupted: bool = False
+
+
+class Cluster:
+    def __init__(
+        self,
+        replicas: Sequence[Replica],
+        router: Router,
+        decode_router: Router | None = None,
+        link: Link | None = None,
+        kv_bytes_per_token: int = 0,
+    ) -> None:
+        self.replicas = list(replicas)
+        self.now = 0.0
+        self.entry = [r for r in self.replicas if r.role != "decode"]  # arrivals go here
+        self.decode = [r for r in self.replicas if r.role == "decode"]
+        clock: Callable[[], float] = lambda: self.now
+        self.entry_views = [View(i, r, clock) for i, r in enumerate(self.entry)]
+        self.decode_views = [View(i, r, clock) for i, r in enumerate(self.decode)]
+        self.router, self.decode_router = router, decode_router
+        self.links = {r.index: LinkQueue(link) for r in self.entry} if link is not None else {}
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._origin: dict[Request, Request] = {}  # prefill copy -> the request it stands for
+        self._ran: list[list[Request]] = [[] for _ in self.replicas]  # requests each replica ran
+        self._on_step: Callable[[float, list[Request]], None] | None = None
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(
+        self, requests: list[Request], on_step: Callable[[float, list[Request]], None] | None = None
+    ) -> ClusterRun:
+        """Replay ``requests`` at their arrival times until every one has finished.
+
+        ``on_step(now, finished)`` is called after every replica step with the workload's
+        requests it finished."""
+        reqs = sorted(requests, key=lambda r: r.arrival_time)
+        self._on_step = on_step
+        self._out = ClusterRun(reqs, self.replicas, [], {})
+        for replica in self.replicas:
+            replica.engine.clock.start()
+        error, interrupted, next_arrival = None, False, 0
+        try:
+            while True:
+                t_arrival = reqs[next_arrival].arrival_time if next_arrival < len(reqs) else INF
+                t_event = self._events[0][0] if self._events else INF
+                replica, t_step = self._next_step()
+                if t_arrival <= t_event and t_arrival <= t_step:
+                    if t_arrival == INF:
+                        break
+                    self.now = t_arrival
+                    self._route(reqs[next_arrival])
+                    next_arrival += 1
+                elif t_event <= t_step:
+                    self.now, _, action = heapq.heappop(self._events)
+                    action()
+                else:
+                    self.now = t_step
+                    self._step(replica)
+        except EngineError as e:
+            error = str(e)
+        except KeyboardInterrupt:
+            error, interrupted = "interrupted", True
+        if error is not None:
+            self._stop(reqs, error, interrupted)
+        out = self._out
+        out.error, out.interrupted = error, interrupted
+        out.results = [r.engine._result(ran, error, interrupted) for r, ran in zip(self.replicas, self._ran)]
+        return out
+
+    def _next_step(self) -> tuple[Replica | None, float]:
+        """The replica with work that is free earliest, and when it steps."""
+        best, best_t, now = None, INF, self.now
+        for replica in self.replicas:
+            if replica.has_work():
+                t = replica.free_at if replica.free_at > now else now
+                if t < best_t:
+                    best, best_t = replica, t
+        return best, best_t
+
+    def _at(self, t: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), action))
+
+    def _route(self, req: Request) -> None:
+        replica = self.entry[self.router.route(req, self.entry_views)]
+        if replica.role == "prefill":
+            copy = prefill_copy(req)
+            self._origin[copy] = req
+            self._out.prefill_placement[req] = replica.index
+            replica.inbox.append(copy)
+            self._ran[replica.index].append(copy)
+        else:
+            self._out.placement[req] = replica.index
+            replica.inbox.append(req)
+            self._ran[replica.index].append(req)
+
+    def _step(self, replica: Replica) -> None:
+        engine = replica.engine
+        engine.clock.wait_until(self.now)
+        done = replica.pick_up()
+        finished = engine.step() if engine.has_unfinished() else []
+        replica.num_finishing = len(finished)
+        if replica.role == "prefill":
+            for copy in done + finished:
+                self._at(copy.finish_time, lambda c=copy, r=replica: self._prefilled(c, r))
+        elif self._on_step is not None:
+            self._on_step(engine.clock.now(), finished)
+
+    # -- disaggregation ------------------------------------------------------------------
+
+    def _prefilled(self, copy: Request, source: Replica) -> None:
+        req = self._origin.pop(copy)
+        sched = source.engine.scheduler
+        if not take_prefill(req, copy, sched.max_model_len, sched.eos_token_id):
+            self._out.placement[req] = source.index
+            if self._on_step is not None:
+                self._on_step(self.now, [req])
+            return
+        target = self.decode[self.decode_router.route(req, self.decode_views)]
+        target.num_incoming += 1
+        num_bytes = self.kv_bytes_per_token * req.num_prompt_tokens
+        done = self.links[source.index].send(self.now, num_bytes)
+        transfer = Transfer(req, source.index, target.index, num_bytes, self.now, done)
+        self._out.transfers.append(transfer)
+        self._out.placement[req] = target.index
+        self._at(done, lambda: self._arrived(transfer))
+
+    def _arrived(self, transfer: Transfer) -> None:
+        target = self.replicas[transfer.target]
+        target.num_incoming -= 1
+        target.handoffs.append(transfer.request)
+        self._ran[target.index].append(transfer.request)
+
+    # -- stopping early ------------------------------------------------------------------
+
+    def _stop(self, reqs: list[Request], error: str, interrupted: bool) -> None:
+        """End everything unfinished and free every block, as ``Engine.run`` does."""
+        reason = FinishReason.ABORT if interrupted else FinishReason.ERROR
+        now = max([self.now] + [r.free_at for r in self.replicas])
+        for replica in self.replicas:
+            replica.engine.scheduler.abort_all(reason, now, error)
+            for req in replica.inbox:
+                req.finish(reason, now, f"not submitted: {error}")
+        out = self._out
+        for req in reqs:
+            if not req.is_finished:
+                placed = req in out.placement or req in out.prefill_placement
+                req.finish(reason, now, error if placed else f"not submitted: {error}")

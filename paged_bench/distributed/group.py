@@ -1,0 +1,185 @@
+"""Starting, driving and stopping the tensor-parallel worker processes.
+
+Rank 0 is the engine's own process (as vLLM's driver worker): it builds its slice, spawns
+ranks 1..N-1, waits until each has built its slice (failing fast, with the worker's error,
+if one dies first), then joins them in a process group on a free localhost port: gloo on
+CPU, NCCL on CUDA (with a gloo group beside it for the step messages). Each step it
+broadcasts the plan, then does its own share (the torch backend's step, on its slice).
+
+Stopping: ``close`` broadcasts ``Stop``, waits a few seconds, then terminates and kills what
+is left. Workers ignore Ctrl-C (rank 0 stops them), exit when their parent process is gone,
+and exit on any failed collective, so none outlives the run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from paged_bench.distributed.comm import TPComm
+from paged_bench.distributed.rank import Bind, Follower, Message, ModelSpec, RankModel, Step, Stop, rank_device
+from paged_bench.errors import EngineError
+
+START_TIMEOUT_S = 120.0  # a worker builds its weights in this long, or the start fails
+COLLECTIVE_TIMEOUT = timedelta(seconds=60)  # a step's collectives; a dead peer fails sooner
+STOP_GRACE_S = 5.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init_group(spec: ModelSpec, rank: int, world_size: int, port: int) -> Any:
+    """Join the process group; the group the step messages travel on (gloo even beside NCCL)."""
+    backend = "nccl" if spec.device_type == "cuda" else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(rank_device(spec, rank))
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT
+    )
+    return dist.new_group(backend="gloo") if backend == "nccl" else None
+
+
+def _set_threads(spec: ModelSpec, world_size: int) -> None:
+    # the ranks share the host's cores: default to an equal share each
+    torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // world_size))
+
+
+def worker_main(rank: int, world_size: int, port: int, spec: ModelSpec, ready: Any) -> None:
+    """A worker process: build the slice, report, join the group, serve messages until Stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches rank 0, which stops us
+    _exit_with_parent(os.getppid())
+    _set_threads(spec, world_size)
+    try:
+        model = RankModel(spec, rank, world_size)
+    except BaseException as e:
+        ready.put((rank, f"{type(e).__name__}: {e}"))
+        raise
+    ready.put((rank, None))
+    group = _init_group(spec, rank, world_size, port)
+    model.comm = TPComm(rank, world_size, spec.model.vocab_size)
+    follower = Follower(model)
+    try:
+        while True:
+            box: list[Any] = [None]
+            dist.broadcast_object_list(box, src=0, group=group)
+            msg = box[0]
+            if isinstance(msg, Stop):
+                break
+            if isinstance(msg, Bind):
+                model.bind(msg)
+            elif isinstance(msg, Step):
+                follower.step(msg)
+    finally:
+        dist.destroy_process_group()
+
+
+def _exit_with_parent(parent: int) -> None:
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="tp-parent-watch").start()
+
+
+class TPGroup:
+    """Rank 0's handle on the group: ``send`` broadcasts a message to the workers; rank 0's own
+    share runs inside ``guard`` so that a failed collective fails the run, not hangs it."""
+
+    def __init__(self, spec: ModelSpec, world_size: int) -> None:
+        self.world_size = world_size
+        self.model = RankModel(spec, 0, world_size)  # a bad checkpoint fails here, before any spawn
+        ctx = mp.get_context("spawn")
+        port, ready = free_port(), ctx.Queue()
+        self.workers = [
+            ctx.Process(target=worker_main, args=(r, world_size, port, spec, ready), daemon=True, name=f"tp-rank-{r}")
+            for r in range(1, world_size)
+        ]
+        self._group: Any = None
+        self._joined = False
+        self._broken = False  # True once a step failed midway
+        try:
+            for w in self.workers:
+                w.start()
+            self._wait_ready(ready)
+            self._group = _init_group(spec, 0, world_size, port)
+            self._joined = True
+        except BaseException:
+            self.close()
+            raise
+        self.model.comm = TPComm(0, world_size, spec.model.vocab_size)
+
+    def _wait_ready(self, ready: Any) -> None:
+        pending, deadline = set(range(1, self.world_size)), time.monotonic() + START_TIMEOUT_S
+        while pending:
+            try:
+                rank, error = ready.get(timeout=0.2)
+            except queue.Empty:  # look at the workers, then wait on
+                dead = [w for w in self.workers if not w.is_alive()]
+                if dead:
+                    raise EngineError(f"tensor-parallel worker {dead[0].name} exited with code {dead[0].exitcode}")
+                if time.monotonic() > deadline:
+                    raise EngineError(f"tensor-parallel workers {sorted(pending)} not ready in {START_TIMEOUT_S:.0f} s")
+                continue
+            if error is not None:
+                raise EngineError(f"tensor-parallel rank {rank} failed to build its slice: {error}")
+            pending.discard(rank)
+
+    def send(self, msg: Message) -> None:
+        dist.broadcast_object_list([msg], src=0, group=self._group)
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException as e:
+            # the ranks may now wait in different collectives: no Stop message can reach them
+            self._broken = True
+            if isinstance(e, RuntimeError):  # gloo/NCCL: a peer died or timed out
+                raise EngineError(f"tensor-parallel step failed: {str(e).splitlines()[0]}") from e
+            raise
+
+    def bind(self, msg: Bind) -> None:
+        with self.guard():
+            self.send(msg)
+            self.model.bind(msg)
+
+    def close(self) -> None:
+        """Stop every worker; idempotent, and safe after a failure at any point (a worker that
+        does not stop on the message within a few seconds is terminated, then killed)."""
+        if self._joined and not self._broken:
+            try:
+                dist.broadcast_object_list([Stop()], src=0, group=self._group)
+            except Exception:  # noqa: BLE001  (a broken group: the workers exit on their own, or are killed)
+                traceback.print_exc(limit=0)
+        self._joined = False
+        grace = STOP_GRACE_S if not self._broken else 0.0
+        deadline = time.monotonic() + grace
+        for w in self.workers:
+            if w.pid is not None:
+                w.join(max(0.0, deadline - time.monotonic()))
+        for w in self.workers:
+            if w.is_alive():
+                w.terminate()
+                w.join(2.0)
+            if w.is_alive():
+                w.kill()
+                w.join(2.0)
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,1 @@
+"""Routers: which replica of a simulated cluster takes a request (see ``base``)."""

@@ -1,0 +1,176 @@
+"""What one client may cost the server, enforced before a request reaches a route.
+
+``Guard`` is a pure ASGI middleware (streams pass through it untouched):
+
+- the API key (``server.api_key`` or ``$PAGED_BENCH_API_KEY``): ``/v1/*`` needs
+  ``Authorization: Bearer <key>``, else 401 (as vLLM's ``AuthenticationMiddleware``: only
+  ``/v1`` paths, ``OPTIONS`` exempt, constant-time comparison);
+- ``Content-Type`` of a POST must be JSON (or absent), else 400;
+- the body is at most ``server.max_body_bytes`` (413, from ``Content-Length`` before reading,
+  or as soon as a chunked body passes the bound) and must arrive within
+  ``server.body_timeout_s`` (408);
+- any exception a route lets through becomes an OpenAI-shaped 500 (``errors.internal``),
+  answered rather than re-raised, so the keep-alive connection survives.
+
+``HeaderTimeoutProtocol`` is uvicorn's HTTP protocol with a deadline on the request line and
+headers (``server.header_timeout_s``): a client that sends them slowly, or connects and sends
+nothing, is disconnected instead of holding a connection open forever.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from paged_bench.serve import errors
+from paged_bench.serve.errors import Refused
+from paged_bench.serve.protocol import RequestError
+
+JSON_TYPES = ("application/json",)
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    api_key: str | None
+    max_body_bytes: int
+    body_timeout_s: float
+
+
+def _header(scope: dict, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _is_json(content_type: str | None) -> bool:
+    if content_type is None:
+        return True
+    mime = content_type.split(";")[0].strip().lower()
+    return mime in JSON_TYPES or (mime.startswith("application/") and mime.endswith("+json"))
+
+
+class Guard:
+    def __init__(self, app: Callable, config: GuardConfig) -> None:
+        self.app, self.cfg = app, config
+
+    def _check_headers(self, scope: dict) -> None:
+        cfg = self.cfg
+        if cfg.api_key and scope["path"].startswith("/v1") and scope["method"] != "OPTIONS":
+            given = _header(scope, b"authorization") or ""
+            if not hmac.compare_digest(given.encode(), f"Bearer {cfg.api_key}".encode()):
+                raise Refused(RequestError("missing or wrong API key: send 'Authorization: Bearer <key>'",
+                                            status=401))  # fmt: skip
+        if scope["method"] == "POST":
+            content_type = _header(scope, b"content-type")
+            if not _is_json(content_type):
+                raise Refused(RequestError(f"Content-Type must be application/json, got {content_type!r}"))
+        length = _header(scope, b"content-length")
+        if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
+            raise Refused(self._too_large(int(length)))
+
+    def _too_large(self, size: int) -> RequestError:
+        return RequestError(f"the request body has {size} bytes or more; at most {self.cfg.max_body_bytes}",
+                            status=413)  # fmt: skip
+
+    def _bounded(self, receive: Callable) -> Callable:
+        """``receive`` that enforces the body's size and arrival deadline."""
+        cfg, state = self.cfg, {"size": 0, "done": False}
+        deadline = anyio.current_time() + cfg.body_timeout_s
+
+        async def bounded_receive() -> dict:
+            if state["done"]:
+                return await receive()
+            try:
+                with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+                    message = await receive()
+            except TimeoutError:
+                raise Refused(RequestError(f"the request body did not arrive within {cfg.body_timeout_s} s",
+                                            status=408)) from None  # fmt: skip
+            if message["type"] == "http.request":
+                state["size"] += len(message.get("body", b""))
+                if state["size"] > cfg.max_body_bytes:
+                    raise Refused(self._too_large(state["size"]))
+                state["done"] = not message.get("more_body", False)
+            return message
+
+        return bounded_receive
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            self._check_headers(scope)
+            await self.app(scope, self._bounded(receive), tracking_send)
+        except Refused as e:
+            if not started:
+                await _send_error(send, e.error)
+        except Exception as e:  # noqa: BLE001 -- answered (and logged), not re-raised: the connection survives
+            error = errors.internal(f"{scope['method']} {scope['path']}", e)
+            if not started:
+                await _send_error(send, error)
+
+
+async def _send_error(send: Callable, error: RequestError) -> None:
+    payload = json.dumps(errors.body(error)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in errors.refusal_headers(error).items()]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+class HeaderTimeoutProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, closing connections whose request line and headers do
+    not arrive within ``header_timeout`` seconds of the connection or the request's first byte."""
+
+    header_timeout: float = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timer: Any = None
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout, self._header_deadline)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_deadline(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+
+def header_timeout_protocol(seconds: float) -> type[HeaderTimeoutProtocol]:
+    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout": seconds})

@@ -1,0 +1,183 @@
+"""The OpenAI wire format as pydantic models: what ``/openapi.json`` declares and what request
+bodies are validated against.
+
+Fields follow the OpenAI API reference and vLLM's ``vllm/entrypoints/openai/protocol.py``:
+every optional knob accepts an explicit ``null`` (= its default), ``seed`` is any 64-bit
+integer, numbers must be finite, and text must be valid Unicode (no lone surrogates). Unknown
+fields are ignored, as OpenAI-compatible servers do, so benchmark clients that send extra
+knobs still work; known fields this server does not implement (``tools``, ``response_format``,
+penalties, ...) are declared so that ``protocol`` can refuse them by name.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _valid_unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"text is not valid Unicode ({e.reason} at character {e.start})") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class _SamplingRequest(_Lenient):
+    model: Text | None = None
+    max_tokens: int | None = Field(None, description="default: whatever room max_model_len leaves")
+    temperature: Finite | None = Field(None, ge=0.0, description="default 1.0; below 1e-5 is greedy (as vLLM)")
+    top_p: Finite | None = Field(None, gt=0.0, le=1.0, description="default 1.0")
+    n: int | None = Field(None, ge=1, description="choices per prompt; default 1")
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX, description="any 64-bit integer; null = random")
+    stop: Text | list[Text] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool | None = False
+    user: Text | None = None
+    return_tokens_as_token_ids: bool | None = Field(False, description="vLLM's: logprobs name tokens 'token_id:<id>'")
+    # declared so that they are refused by name (see protocol.UNSUPPORTED), not silently ignored
+    presence_penalty: Finite | None = None
+    frequency_penalty: Finite | None = None
+    logit_bias: dict[str, Finite] | None = None
+    response_format: dict[str, Any] | None = None
+    best_of: int | None = None
+    top_k: int | None = None
+    min_p: Finite | None = None
+    repetition_penalty: Finite | None = None
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: Text | list[int] | list[Text] | list[list[int]]
+    echo: bool | None = Field(False, description="prepend the prompt (and, with logprobs, its token logprobs)")
+    logprobs: int | None = Field(None, ge=0, description="top entries per token (0: only the chosen token)")
+    suffix: Text | None = None
+
+
+class ContentPart(_Lenient):
+    type: Text
+    text: Text | None = None
+
+
+class ChatMessage(_Lenient):
+    role: Text
+    content: Text | list[ContentPart] | None = None
+
+
+class ChatRequest(_SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, description="wins over max_tokens")
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: Any = None
+
+
+# -- responses (documented in /openapi.json; the routes build plain dicts) ----------------
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessageOut
+    logprobs: ChatLogprobs | None = None
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]

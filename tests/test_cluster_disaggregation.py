@@ -1,0 +1,98 @@
+"""Disaggregated prefill/decode: prompts are computed once, on the prefill replicas; the K/V
+crosses the link at its modelled cost; decode replicas start from the prompt's K/V and
+compute one token per step; the client's figures come out beside a colocated cluster's."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from paged_bench.app import run_job
+from paged_bench.cluster.link import LINKS
+from paged_bench.model.config import PRESETS
+
+SPLIT = ("cluster.prefill_replicas=1", "cluster.decode_replicas=2", "workload.num_requests=120",
+         "tracking.enabled=false")  # fmt: skip
+KV_BYTES = PRESETS["llama-3-8b"].kv_bytes_per_token("bfloat16")  # the sim's default model
+
+
+def _rows(path):
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture
+def split_run(config, tmp_path):
+    outcome = run_job(config(*SPLIT), tmp_path)
+    assert outcome.status == "finished" and not outcome.result.leaks, outcome.error
+    return outcome, _rows(tmp_path / "requests.csv"), _rows(tmp_path / "steps.csv")
+
+
+def test_prompts_are_computed_once_on_the_prefill_replica_and_decode_starts_from_their_kv(split_run):
+    outcome, requests, steps = split_run
+    s = outcome.summary
+    assert s["completed"] == 120 and s["num_prefill_replicas"] == 1 and s["num_decode_replicas"] == 2
+    assert all(int(r["output_tokens"]) == int(r["max_tokens"]) for r in requests)
+    decode = [row for row in steps if row["replica"] != "0"]
+    prefill = [row for row in steps if row["replica"] == "0"]
+    # the decode replicas never compute a prompt token: one token per request per step
+    assert sum(int(row["prefill_tokens"]) for row in decode) == 0
+    assert sum(int(row["decode_tokens"]) for row in decode) == sum(int(r["output_tokens"]) - 1 for r in requests)
+    assert sum(int(row["prefill_tokens"]) for row in prefill) == sum(int(r["prompt_tokens"]) for r in requests)
+    assert {r["prefill_replica"] for r in requests} == {"0"} and {r["replica"] for r in requests} == {"1", "2"}
+
+
+def test_the_kv_transfer_is_priced_from_the_model_and_the_link(split_run):
+    outcome, requests, _ = split_run
+    s = outcome.summary
+    moved = [r for r in requests if int(r["max_tokens"]) > 1]
+    assert s["num_kv_transfers"] == len(moved)
+    assert s["kv_transfer_bytes"] == KV_BYTES * sum(int(r["prompt_tokens"]) for r in moved)
+    nvlink = LINKS["nvlink"]
+    for r in moved:  # never faster than the wire; more only when queued behind another transfer
+        wire_ms = (nvlink.latency + KV_BYTES * int(r["prompt_tokens"]) / nvlink.bandwidth) * 1e3
+        assert float(r["kv_transfer_ms"]) >= wire_ms - 1e-9
+
+
+def test_a_slower_link_delays_the_second_token_not_the_first(config, tmp_path):
+    fast = run_job(config(*SPLIT), tmp_path / "fast").summary
+    slow = run_job(config(*SPLIT, "cluster.link=ethernet", "cluster.link_bandwidth_gbs=1"), tmp_path / "slow").summary
+    assert slow["median_ttft_ms"] == fast["median_ttft_ms"]  # the prefill side does not see the link
+    assert slow["mean_kv_transfer_ms"] > 50 * fast["mean_kv_transfer_ms"]
+    assert slow["p99_itl_ms"] > fast["p99_itl_ms"] + slow["mean_kv_transfer_ms"] / 2
+    assert slow["kv_transfer_bytes"] == fast["kv_transfer_bytes"]
+
+
+def test_split_and_colocated_clusters_of_equal_size_serve_the_same_tokens(config, tmp_path):
+    split = run_job(config(*SPLIT), tmp_path / "split").summary
+    colocated = run_job(config("cluster.replicas=3", *SPLIT[2:]), tmp_path / "colocated").summary
+    assert split["num_replicas"] == colocated["num_replicas"] == 3
+    assert split["total_output_tokens"] == colocated["total_output_tokens"]
+    assert "kv_transfer_bytes" not in colocated
+    # decode batches hold no prefill chunks, so tokens after the first come at an even pace
+    assert split["p99_itl_ms"] < colocated["p99_itl_ms"]
+
+
+def test_a_one_token_request_ends_on_its_prefill_replica_without_a_transfer(config, tmp_path):
+    outcome = run_job(config(*SPLIT, "workload.output_len=1"), tmp_path)
+    assert outcome.summary["completed"] == 120 and outcome.summary["num_kv_transfers"] == 0
+    assert {r["replica"] for r in _rows(tmp_path / "requests.csv")} == {"0"}
+
+
+def test_a_handed_over_request_enters_the_plan_once_with_its_prompt_computed(config):
+    from paged_bench.build import build_engine
+    from paged_bench.request import Request
+
+    engine = build_engine(config("max_batch=2"))
+    sched = engine.scheduler
+    reqs = [Request(i, 0.0, list(range(40)), 5) for i in range(3)]
+    for r in reqs:
+        r.token_ids.append(7)  # the first token, sampled on the prefill replica
+    assert sched.add_prefilled(reqs[0]) and sched.add_prefilled(reqs[1])
+    assert not sched.add_prefilled(reqs[2])  # max_batch
+    plan = sched.schedule(0.0)
+    assert [new.req_id for new in plan.new_reqs] == [0, 1]
+    assert all(new.num_computed_tokens == 40 for new in plan.new_reqs)
+    assert plan.num_new_tokens == (1, 1) and plan.num_computed_tokens == (40, 40)
+    assert sched.schedule(0.0).new_reqs == ()  # sent once

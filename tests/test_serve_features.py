@@ -1,0 +1,194 @@
+"""The API features real tools use (issue 9, item 4 and 8), through the official ``openai``
+client: ``logprobs``/``top_logprobs``, ``echo`` with prompt log-probabilities (how
+lm-eval-harness scores log-likelihoods), ``n > 1`` and prompt lists (the choices share the
+prompt's KV blocks), and the default subword tokenizer and context. Loopback only."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import httpx
+import openai
+import pytest
+
+from paged_bench.serve import serve_in_thread
+from tests.test_serve_api import FAST, MetricSampler, all_free, metric, wait_for
+
+QUIET = ("server.port=0", "server.log_level=warning")
+NUMPY = "paged-bench-numpy"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    handle = serve_in_thread(*QUIET, "backend=numpy", "backend.model=tiny", "max_batch=16")
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+def client(tiny):
+    return openai.OpenAI(base_url=tiny.url + "/v1", api_key="x", max_retries=0)
+
+
+def test_completion_logprobs_with_two_top_entries(client):
+    r = client.completions.create(model=NUMPY, prompt="The cat", max_tokens=6, logprobs=2, temperature=0,
+                                  extra_body={"ignore_eos": True})  # fmt: skip
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    assert all(len(top) >= 1 and len(top) <= 2 for top in lp.top_logprobs)  # 2 entries (fewer if equal text)
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert chosen <= 0 and math.isclose(chosen, max(top.values()), abs_tol=1e-9)  # greedy: the best one
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+
+
+def test_chat_logprobs_and_top_logprobs(client):
+    r = client.chat.completions.create(model=NUMPY, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                       logprobs=True, top_logprobs=2, temperature=0)  # fmt: skip
+    content = r.choices[0].logprobs.content
+    assert len(content) == 4
+    for entry in content:
+        assert len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+        assert math.isclose(entry.logprob, entry.top_logprobs[0].logprob, abs_tol=1e-9)
+    with pytest.raises(openai.BadRequestError, match="`logprobs` must be set to true"):
+        client.chat.completions.create(model=NUMPY, messages=[{"role": "user", "content": "hi"}], top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="at most 20"):
+        client.completions.create(model=NUMPY, prompt="x", logprobs=21)
+
+
+def test_streamed_logprobs_one_entry_per_chunk(client):
+    chunks = list(client.completions.create(model=NUMPY, prompt="ab", max_tokens=5, logprobs=1, stream=True,
+                                            extra_body={"ignore_eos": True}))  # fmt: skip
+    assert len(chunks) == 5
+    assert all(len(c.choices[0].logprobs.token_logprobs) == 1 for c in chunks)
+
+
+def test_echo_scores_the_prompt_like_generation_does(client):
+    """lm-eval-harness's log-likelihood request: echo=True, max_tokens=0, logprobs=1. The
+    prompt's token logprobs must be the model's: scoring a prompt that ends with greedily
+    generated tokens gives back those tokens' generation logprobs."""
+    gen = client.completions.create(model=NUMPY, prompt="Once upon", max_tokens=4, logprobs=0, temperature=0,
+                                    extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})  # fmt: skip
+    generated = gen.choices[0].logprobs
+    prompt_ids = list(b"Once upon")
+    gen_ids = [int(t.removeprefix("token_id:")) for t in generated.tokens]
+    scored = client.completions.create(model=NUMPY, prompt=prompt_ids + gen_ids, max_tokens=0, echo=True,
+                                       logprobs=1)  # fmt: skip
+    choice = scored.choices[0]
+    assert choice.text == "Once upon" + gen.choices[0].text  # the prompt itself, nothing generated
+    assert scored.usage.completion_tokens == 0
+    lp = choice.logprobs
+    assert len(lp.token_logprobs) == len(prompt_ids) + 4 and lp.token_logprobs[0] is None
+    for echoed, generated_lp in zip(lp.token_logprobs[-4:], generated.token_logprobs):
+        assert math.isclose(echoed, generated_lp, rel_tol=1e-4, abs_tol=1e-4)
+    assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
+
+
+def test_echo_without_logprobs_prepends_the_prompt(client):
+    r = client.completions.create(model=NUMPY, prompt="abc", max_tokens=3, echo=True, extra_body={"ignore_eos": True})
+    assert r.choices[0].text.startswith("abc") and r.usage.completion_tokens == 3
+
+
+def test_n_and_prompt_lists_fan_out(client, tiny):
+    r = client.completions.create(model=NUMPY, prompt="The same prompt", max_tokens=8, n=3, temperature=1.0,
+                                  seed=11, extra_body={"ignore_eos": True})  # fmt: skip
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert len({c.text for c in r.choices}) > 1  # seed + j per sample: different samples
+    assert r.usage.completion_tokens == 24 and r.usage.prompt_tokens == len("The same prompt")
+    again = client.completions.create(model=NUMPY, prompt="The same prompt", max_tokens=8, n=3, temperature=1.0,
+                                      seed=11, extra_body={"ignore_eos": True})  # fmt: skip
+    assert [c.text for c in again.choices] == [c.text for c in r.choices]
+    stream = client.completions.create(model=NUMPY, prompt=["one", "two"], max_tokens=4, n=2, stream=True,
+                                       extra_body={"ignore_eos": True})  # fmt: skip
+    per_choice: dict[int, int] = {}
+    for chunk in stream:
+        per_choice[chunk.choices[0].index] = per_choice.get(chunk.choices[0].index, 0) + 1
+    assert per_choice == {0: 4, 1: 4, 2: 4, 3: 4}
+    chat = client.chat.completions.create(model=NUMPY, messages=[{"role": "user", "content": "x"}], n=2,
+                                          max_tokens=3)  # fmt: skip
+    assert len(chat.choices) == 2
+    wait_for(lambda: all_free(tiny))
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_n_choices_share_the_prompts_kv_blocks(n):
+    """n choices over a 64-token prompt (4 full blocks of 16), admitted in one step: the extra
+    choices get the prompt's full blocks from the prefix cache (blocks are cacheable at
+    allocation) instead of computing them: vLLM v1's parallel sampling, PagedAttention's sharing."""
+    handle = serve_in_thread(*QUIET, *FAST, "backend.step_overhead_ms=5.0", "server.tokenizer=byte",
+                             "block_size=16", "max_model_len=512")  # fmt: skip
+    try:
+        client = openai.OpenAI(base_url=handle.url + "/v1", api_key="x", max_retries=0)
+        hits0 = metric(handle.url, "paged_bench_prefix_cache_hits_total")
+        with MetricSampler(handle.url, "paged_bench_kv_blocks_shared", 0.005) as shared:
+            r = client.completions.create(model="paged-bench-sim", prompt=list(range(1, 65)), max_tokens=40, n=n,
+                                          extra_body={"ignore_eos": True})  # fmt: skip
+        assert len(r.choices) == n
+        hits = metric(handle.url, "paged_bench_prefix_cache_hits_total") - hits0
+        assert hits >= (n - 1) * 48  # each extra choice reuses at least the first 3 full blocks
+        assert max(shared.values) >= 3
+        wait_for(lambda: all_free(handle))
+    finally:
+        handle.stop()
+
+
+# -- the default tokenizer and context ----------------------------------------------------
+
+
+def test_default_server_speaks_subword_bpe_with_2k_context():
+    handle = serve_in_thread(*QUIET, *FAST)  # the defaults: backend=sim, server.tokenizer=auto
+    try:
+        client = openai.OpenAI(base_url=handle.url + "/v1", api_key="x", max_retries=0)
+        model = client.models.list().data[0]
+        assert model.model_extra["max_model_len"] == 2048
+        text = "The quick brown fox jumps over the lazy dog, and the server answers every request."
+        r = client.completions.create(model=model.id, prompt=text, max_tokens=1)
+        assert r.usage.prompt_tokens < len(text.encode()) / 3  # subwords, not bytes
+        long_prompt = "word " * 1500  # ~1500 tokens: refused at 512 bytes-as-tokens, served now
+        assert client.completions.create(model=model.id, prompt=long_prompt, max_tokens=1).usage.prompt_tokens > 512
+    finally:
+        handle.stop()
+
+
+def test_bpe_is_deterministic_and_cached(tmp_path):
+    from paged_bench.tokenizer import bpe_tokenizer
+
+    a, b = bpe_tokenizer(tmp_path / "a"), bpe_tokenizer(tmp_path / "b")
+    assert a.tok.to_str() == b.tok.to_str()  # trained twice from scratch: the same tokenizer
+    cached = list((tmp_path / "a").glob("bpe-*.json"))
+    assert len(cached) == 1
+    t0 = time.perf_counter()
+    c = bpe_tokenizer(tmp_path / "a")
+    assert time.perf_counter() - t0 < 1.0 and c.encode("héllo wörld") == a.encode("héllo wörld")
+    assert c.decode(c.encode("héllo wörld ✓")) == "héllo wörld ✓"
+
+
+def test_bpe_that_does_not_fit_the_model_is_a_config_error():
+    from paged_bench.config import compose_config
+    from paged_bench.errors import ConfigError
+    from paged_bench.serve.server import build_app
+
+    with pytest.raises(ConfigError, match="fit the model's vocabulary of 258"):
+        build_app(compose_config("backend=numpy", "backend.model=tiny", "server.tokenizer=bpe", config_name="serve"))
+
+
+def test_openapi_declares_bodies_and_responses(tiny):
+    spec = httpx.get(tiny.url + "/openapi.json").json()
+    for path, schema in (("/v1/completions", "CompletionRequest"), ("/v1/chat/completions", "ChatRequest")):
+        post = spec["paths"][path]["post"]
+        assert post["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(schema)
+        assert {"200", "400", "401", "404", "413", "429"} <= set(post["responses"])
+    props = spec["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert {"prompt", "max_tokens", "logprobs", "echo", "n", "seed", "stop"} <= set(props)
+
+
+def test_prompt_scoring_is_complete_even_when_the_prompt_is_cached(client):
+    """A prompt already in the prefix cache must still be scored at every position: a
+    request wanting prompt log-probabilities skips the cache (as vLLM v1's does)."""
+    prompt = [(7 * i) % 250 + 1 for i in range(40)]  # 2 full blocks of 16: cacheable
+    first, second = (client.completions.create(model=NUMPY, prompt=prompt, max_tokens=0, echo=True, logprobs=0)
+                     for _ in range(2))  # fmt: skip
+    a, b = first.choices[0].logprobs.token_logprobs, second.choices[0].logprobs.token_logprobs
+    assert len(a) == len(b) == 40 and a[0] is None and None not in a[1:]
+    assert a == b

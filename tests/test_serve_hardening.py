@@ -1,0 +1,302 @@
+"""The server under a hostile or careless client (issue 9): bad sampling values, huge or slow
+bodies, thousands of stop strings, malformed input, a missing API key. Each must cost only the
+request that brought it: an OpenAI-shaped error, the other requests complete, ``/health``
+answers within a second, and the keep-alive connection serves the next request. Real uvicorn
+on loopback, the official ``openai`` client and raw sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import logging
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from paged_bench.serve import serve_in_thread
+from tests.test_serve_api import FAST, all_free, metric, wait_for
+
+QUIET = ("server.port=0", "server.log_level=warning")
+SIM = (*QUIET, *FAST, "server.tokenizer=byte", "max_model_len=512")
+MODEL = "paged-bench-sim"
+
+
+@pytest.fixture(scope="module")
+def sim():
+    handle = serve_in_thread(*SIM, "server.body_timeout_s=1.0", "server.header_timeout_s=1.0")
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    handle = serve_in_thread(*QUIET, "backend=numpy", "backend.model=tiny", "max_batch=16")
+    yield handle
+    handle.stop()
+
+
+class HealthWatch:
+    """Polls /health in a thread; ``worst`` is the slowest answer seen (seconds)."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.worst, self.failures = url, 0.0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=5) as client:
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                try:
+                    ok = client.get(self.url + "/health").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                self.worst = max(self.worst, time.perf_counter() - t0)
+                self.failures += not ok
+                time.sleep(0.02)
+
+    def __enter__(self) -> HealthWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# -- 1. one bad request must not abort everyone's ------------------------------------------
+
+
+def _streams(url: str, bad_bodies: list[dict], n_good: int = 8, max_tokens: int = 24) -> tuple[list, list]:
+    async def good(client: openai.AsyncOpenAI, i: int) -> int:
+        stream = await client.completions.create(model="paged-bench-numpy", prompt=f"request {i}",
+                                                 max_tokens=max_tokens, stream=True, temperature=1.0,
+                                                 extra_body={"ignore_eos": True})  # fmt: skip
+        return sum([1 async for _ in stream])
+
+    async def bad(http: httpx.AsyncClient, body: dict) -> httpx.Response:
+        await asyncio.sleep(0.05)  # while the good ones run
+        return await http.post("/v1/completions", json=body)
+
+    async def main():
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60) as client, \
+                httpx.AsyncClient(base_url=url, timeout=60) as http:  # fmt: skip
+            goods = [good(client, i) for i in range(n_good)]
+            bads = [bad(http, b) for b in bad_bodies]
+            results = await asyncio.gather(*goods, *bads, return_exceptions=True)
+        return results[:n_good], results[n_good:]
+
+    return asyncio.run(main())
+
+
+def test_negative_seed_and_tiny_temperature_leave_all_8_streams_complete(tiny):
+    bad = [{"prompt": "x", "seed": -1, "temperature": 1.0, "max_tokens": 8, "ignore_eos": True},
+           {"prompt": "y", "temperature": 1e-310, "max_tokens": 8, "ignore_eos": True}]  # fmt: skip
+    goods, bads = _streams(tiny.url, bad)
+    assert goods == [24] * 8  # every stream got every token
+    # as vLLM: a negative seed is a seed, a temperature below 1e-5 is greedy
+    assert [r.status_code for r in bads] == [200, 200]
+    assert [r.json()["usage"]["completion_tokens"] for r in bads] == [8, 8]
+    greedy = httpx.post(tiny.url + "/v1/completions", json={"prompt": "y", "temperature": 0, "max_tokens": 8,
+                                                            "ignore_eos": True}).json()  # fmt: skip
+    assert bads[1].json()["choices"][0]["text"] == greedy["choices"][0]["text"]
+    again = httpx.post(tiny.url + "/v1/completions", json=bad[0]).json()
+    assert again["choices"][0]["text"] == bads[0].json()["choices"][0]["text"]  # seed -1 is reproducible
+    wait_for(lambda: all_free(tiny))
+
+
+def test_a_failure_inside_one_requests_sampling_ends_only_that_request(tiny, monkeypatch):
+    from paged_bench.model import sampling
+
+    real = sampling.sample
+
+    def flaky(logits, temperature, top_p, rng):
+        if temperature == 0.77:  # this request's sampling blows up
+            raise FloatingPointError("boom")
+        return real(logits, temperature, top_p, rng)
+
+    monkeypatch.setattr(sampling, "sample", flaky)
+    errors_before = metric(tiny.url, "paged_bench_engine_errors_total")
+    bad = [{"prompt": "z", "temperature": 0.77, "max_tokens": 8, "ignore_eos": True}]
+    goods, bads = _streams(tiny.url, bad)
+    assert goods == [24] * 8
+    assert bads[0].status_code == 500
+    error = bads[0].json()["error"]
+    assert "sampling failed" in error["message"] and "boom" not in error["message"]
+    assert metric(tiny.url, "paged_bench_engine_errors_total") == errors_before + 1
+    wait_for(lambda: all_free(tiny))
+
+
+# -- 2. what one request may cost ---------------------------------------------------------
+
+
+def test_a_20mb_body_is_413_and_health_stays_fast(sim):
+    body = json.dumps({"prompt": "x" * 20_000_000, "max_tokens": 1}).encode()
+    with HealthWatch(sim.url) as watch:
+        resp = httpx.post(sim.url + "/v1/completions", content=body, headers={"content-type": "application/json"},
+                          timeout=30)  # fmt: skip
+
+        def chunks():  # no Content-Length: refused once the bound is passed
+            for _ in range(20):
+                yield b"x" * 1_000_000
+
+        chunked = httpx.post(sim.url + "/v1/completions", content=chunks(),
+                             headers={"content-type": "application/json"}, timeout=30)  # fmt: skip
+    for r in (resp, chunked):
+        assert r.status_code == 413
+        assert "at most 2097152" in r.json()["error"]["message"]
+    assert watch.worst < 1.0 and watch.failures == 0
+
+
+def test_2000_long_stop_strings_are_400_and_health_stays_fast(sim):
+    body = {"prompt": "hi", "max_tokens": 50, "stop": ["s" * 600] * 2000}
+    with HealthWatch(sim.url) as watch:
+        resp = httpx.post(sim.url + "/v1/completions", json=body, timeout=30)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["message"] == "2000 stop strings; at most 16"
+    assert watch.worst < 1.0
+    one_long = httpx.post(sim.url + "/v1/completions", json={"prompt": "hi", "stop": ["s" * 600]})
+    assert one_long.json()["error"]["message"] == "a stop string of 600 characters; at most 256"
+
+
+def test_slow_headers_and_slow_bodies_are_cut_off(sim):
+    host, port = sim.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:  # headers that never end
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        t0 = time.monotonic()
+        assert s.recv(100) == b""  # closed by the server
+        assert time.monotonic() - t0 < 4
+    with socket.create_connection((host, int(port)), timeout=5) as s:  # a body that never ends
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n{\"prompt\":")  # fmt: skip
+        answer = s.recv(4096).decode()
+    assert answer.startswith("HTTP/1.1 408") and '"code":408' in answer
+
+
+# -- 3. every error is OpenAI-shaped and the connection survives ---------------------------
+
+
+def _exchange(conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None = None,
+              content_type: str = "application/json") -> tuple[int, dict]:  # fmt: skip
+    headers = {"Content-Type": content_type} if body is not None else {}
+    conn.request(method, path, body=body, headers=headers)
+    resp = conn.getresponse()
+    data = resp.read()
+    assert resp.getheader("content-type", "").startswith("application/json"), data
+    return resp.status, json.loads(data)
+
+
+BAD = [
+    ("GET", "/no/such/route", None, "application/json", 404, "no such route"),
+    ("DELETE", "/v1/completions", None, "application/json", 405, "method not allowed"),
+    ("POST", "/v1/completions", b'{"prompt": "a\\ud800b"}', "application/json", 400, "not valid Unicode"),
+    ("POST", "/v1/completions", b"[" * 100_000 + b"]" * 100_000, "application/json", 400, ""),
+    ("POST", "/v1/completions", b'{"prompt": "hi"}', "text/plain", 400, "Content-Type must be application/json"),
+    ("POST", "/v1/completions", b'{"prompt": "hi", "temperature": NaN}', "application/json", 400, "finite"),
+    ("POST", "/v1/completions", b'{"prompt": "hi", "model": "gpt-4"}', "application/json", 404, "`gpt-4` does not exist"),
+    ("POST", "/v1/completions", b'{"prompt": "hi", "max_tokens": 600}', "application/json", 400,
+     "'max_tokens' is too large: 600. This model's maximum context length is 512 tokens and your request has 2 input"),
+    ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 511}',
+     "application/json", 400, "'max_completion_tokens' is too large"),
+]  # fmt: skip
+
+
+def test_every_error_is_openai_shaped_and_the_connection_is_reused(sim, monkeypatch):
+    host, port = sim.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    good = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+    assert _exchange(conn, "POST", "/v1/completions", good)[0] == 200
+    sock = conn.sock
+    for method, path, body, ctype, status, expect in BAD:
+        code, payload = _exchange(conn, method, path, body, ctype)
+        error = payload["error"]
+        assert (code, error["code"]) == (status, status), (path, body and body[:40], payload)
+        assert expect in error["message"] and set(error) == {"message", "type", "param", "code"}
+        assert _exchange(conn, "POST", "/v1/completions", good)[0] == 200  # the next request works...
+        assert conn.sock is sock  # ...on the same connection
+    # an unexpected exception: a 500 with a reference, not Python's text, and the connection lives on
+    server = sim.app.state.server
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(server, "submit", broken)
+    code, payload = _exchange(conn, "POST", "/v1/completions", good)
+    assert code == 500 and "internal server error (ref " in payload["error"]["message"]
+    assert "secret" not in json.dumps(payload)
+    monkeypatch.undo()
+    assert _exchange(conn, "POST", "/v1/completions", good)[0] == 200 and conn.sock is sock
+    conn.close()
+
+
+def test_explicit_nulls_mean_defaults(sim):
+    client = openai.OpenAI(base_url=sim.url + "/v1", api_key="x", max_retries=0)
+    body = {"temperature": None, "top_p": None, "n": None, "stream": None, "seed": None, "stop": None,
+            "max_tokens": 3, "logprobs": None, "echo": None}  # fmt: skip
+    r = httpx.post(sim.url + "/v1/completions", json={"prompt": "hi", **body})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                          temperature=None, top_p=None, n=None, stream=None)  # fmt: skip
+    assert chat.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize(("param", "value"), [
+    ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("response_format", {"type": "json_object"}),
+    ("logit_bias", {"5": 10}),
+    ("presence_penalty", 0.5),
+    ("frequency_penalty", 0.5),
+    ("tool_choice", "required"),
+])  # fmt: skip
+def test_unsupported_features_are_refused_by_name(sim, param, value):
+    client = openai.OpenAI(base_url=sim.url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match=f"{param} is not supported") as raised:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                       extra_body={param: value})  # fmt: skip
+    assert raised.value.body["param"] == param
+
+
+# -- 5. access ----------------------------------------------------------------------------
+
+
+def test_api_key_gives_401_without_it_and_200_with_it(monkeypatch):
+    monkeypatch.setenv("PAGED_BENCH_API_KEY", "from-env")
+    for key, overrides in (("s3cret", ("server.api_key=s3cret",)), ("from-env", ())):
+        handle = serve_in_thread(*SIM, *overrides)
+        try:
+            url = handle.url
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                r = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, headers=headers)
+                assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+            assert httpx.get(url + "/v1/models").status_code == 401
+            assert httpx.get(url + "/health").status_code == 200  # probes stay open, as in vLLM
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+            client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+            assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).usage.completion_tokens == 2
+        finally:
+            handle.stop()
+
+
+def test_binding_beyond_loopback_without_a_key_warns(caplog):
+    from paged_bench.config import compose_config
+    from paged_bench.serve.server import build_app
+
+    with caplog.at_level(logging.WARNING, logger="paged_bench.serve"):
+        build_app(compose_config("server.host=0.0.0.0", "server.tokenizer=byte", config_name="serve"))
+    assert "without an API key" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="paged_bench.serve"):
+        build_app(compose_config("server.host=0.0.0.0", "server.api_key=k", "server.tokenizer=byte",
+                                 config_name="serve"))  # fmt: skip
+    assert "without an API key" not in caplog.text
+
+
+def test_logprobs_on_a_backend_without_logits_are_refused(sim):
+    r = httpx.post(sim.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "logprobs": 1})
+    assert r.status_code == 400 and "computes no logits" in r.json()["error"]["message"]
