@@ -62,6 +62,12 @@ class Job:
         return f"#{self.num} {self.name}" if self.multirun else self.name
 
 
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null once its reader is gone (``| head``), so that later writes
+    and the interpreter's final flush cannot fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def _fail(message: str, code: int, job: Job) -> None:
     print(f"error: {'job ' + job.label + ': ' if job.multirun else ''}{message}", file=sys.stderr)
     if not job.multirun:  # in a sweep the other jobs go on; the sweep's exit status says it failed
@@ -155,7 +161,10 @@ def run(cfg: DictConfig) -> None:
         echo(_job_line(job, outcome))
     else:
         choices = ", ".join(f"{k}={job.options.get(k, v)}" for k, v in outcome.choices.items())
-        print(format_summary(outcome.summary, f"{choices} -> {outcome.run_dir}"))
+        try:
+            print(format_summary(outcome.summary, f"{choices} -> {outcome.run_dir}"), flush=True)
+        except BrokenPipeError:  # `| head`: the reader is gone; the run is still logged
+            quiet_stdout()
     _end(config, job, started, outcome.status, outcome.error)
     if outcome.error:
         if outcome.status == "interrupted" and job.multirun:
