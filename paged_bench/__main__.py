@@ -68,7 +68,7 @@ def cli() -> None:
         print(signals.stopped_by(), file=sys.stderr)
         sys.exit(signals.exit_status())
     except BrokenPipeError:  # `--help | head`: the reader went away; nothing left to say
-        _quiet_stdout()
+        job.quiet_stdout()
         sys.exit(0)
     except SystemExit:  # Hydra's --help and friends end here; their output may still be buffered
         _flush_stdout()
@@ -89,13 +89,7 @@ def _flush_stdout() -> None:
     try:
         sys.stdout.flush()
     except BrokenPipeError:
-        _quiet_stdout()
-
-
-def _quiet_stdout() -> None:
-    """Point stdout at /dev/null so that the interpreter's final flush cannot fail again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+        job.quiet_stdout()
 
 
 if __name__ == "__main__":

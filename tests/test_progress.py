@@ -25,7 +25,7 @@ def test_the_command_gives_the_run_no_callback_when_no_bar_can_show(monkeypatch,
 
     seen = {}
 
-    def fake_run_job(cfg, run_dir, on_progress=None):
+    def fake_run_job(cfg, run_dir, on_progress=None, **options):
         seen["on_progress"] = on_progress
         raise KeyboardInterrupt  # stop here: only the callback matters
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,8 @@ class Job:
     sweep_dir: Path | None
     num: int | None
     name: str  # its overrides, or "default": the MLflow run name
+    options: dict[str, str] = field(default_factory=dict)  # the config option per group (workload=seed)
+    unswept: str | None = None  # why a config that defines a sweep cannot run as one job
 
     @classmethod
     def current(cls) -> Job:
@@ -51,11 +53,19 @@ class Job:
             sweep_dir=sweep_dir,
             num=hc.job.num if multirun else None,
             name=sweep.job_name(list(hc.overrides.task), sweep_dir),
+            options={k: str(v) for k, v in hc.runtime.choices.items() if v is not None},
+            unswept=None if multirun else _sweep_without_multirun(dict(hc.sweeper.params or {}), list(hc.overrides.task)),
         )
 
     @property
     def label(self) -> str:
         return f"#{self.num} {self.name}" if self.multirun else self.name
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null once its reader is gone (``| head``), so that later writes
+    and the interpreter's final flush cannot fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _fail(message: str, code: int, job: Job) -> None:
@@ -64,14 +74,12 @@ def _fail(message: str, code: int, job: Job) -> None:
         sys.exit(code)
 
 
-def _sweep_without_multirun(job: Job) -> str | None:
+def _sweep_without_multirun(params: dict[str, str], overrides: list[str]) -> str | None:
     """A config that defines a sweep (``+experiment=X``) run without ``-m`` would silently be
     one run of its defaults: say so, unless every swept key was given one value."""
-    hc = HydraConfig.get()
-    params = dict(hc.sweeper.params or {})
-    given = {o.split("=", 1)[0].lstrip("+~") for o in hc.overrides.task}
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     missing = {k: v for k, v in params.items() if k not in given}
-    if job.multirun or not missing:
+    if not missing:
         return None
     swept = " ".join(f"{k}={v}" for k, v in missing.items())
     return f"this config is a sweep ({swept}): run it with -m, or give each of those keys one value"
@@ -88,6 +96,10 @@ def _record(job: Job, started: float, status: str, error: str | None) -> None:
 
 def _end(config: dict[str, Any], job: Job, started: float, status: str, error: str | None) -> None:
     _record(job, started, status, error)
+    _track(config, job)
+
+
+def _track(config: dict[str, Any], job: Job) -> None:
     track_job(config, job.run_dir, job.sweep_dir if job.multirun else None)
 
 
@@ -115,9 +127,8 @@ def run(cfg: DictConfig) -> None:
     """One Hydra job: resolve the config, run it, print it, log it, exit as it went."""
     job = Job.current()
     started = time.time()
-    unswept = _sweep_without_multirun(job)
-    if unswept:
-        return _fail(unswept, 2, job)
+    if job.unswept:
+        return _fail(job.unswept, 2, job)
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
@@ -132,7 +143,7 @@ def run(cfg: DictConfig) -> None:
         _thread_lock_for_tqdm()
     try:
         with signals.stop_on_signals(signals.WITH_CTRL_C):
-            outcome = run_job(config, job.run_dir, bar if bar.shown else None, options=dict(HydraConfig.get().runtime.choices))
+            outcome = run_job(config, job.run_dir, bar if bar.shown else None, options=job.options)
     except PagedBenchError as e:  # bad config or plugin: nothing ran
         bar.close()
         if job.multirun:  # the sweep's table in MLflow shows which combination failed
@@ -149,8 +160,11 @@ def run(cfg: DictConfig) -> None:
     if job.multirun:
         echo(_job_line(job, outcome))
     else:
-        choices = ", ".join(f"{k}={HydraConfig.get().runtime.choices.get(k, v)}" for k, v in outcome.choices.items())
-        print(format_summary(outcome.summary, f"{choices} -> {outcome.run_dir}"))
+        choices = ", ".join(f"{k}={job.options.get(k, v)}" for k, v in outcome.choices.items())
+        try:
+            print(format_summary(outcome.summary, f"{choices} -> {outcome.run_dir}"), flush=True)
+        except BrokenPipeError:  # `| head`: the reader is gone; the run is still logged
+            quiet_stdout()
     _end(config, job, started, outcome.status, outcome.error)
     if outcome.error:
         if outcome.status == "interrupted" and job.multirun:

@@ -30,10 +30,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from paged_bench.cli import signals
+from paged_bench.report.load import RUN_INFO, read_json
 from paged_bench.tracking.runs import SWEEP_DIR_TAG
 
 SWEEP_FILE = "sweep.json"
-STATUS_FILE = "run_info.json"  # every job writes it, with its status, when it ends
+STATUS_FILE = RUN_INFO  # every job writes it, with its status, when it ends
 
 
 @dataclass
@@ -289,10 +290,7 @@ def _hydra_overrides(run_dir: Path) -> list[str]:
 
 
 def sweep_info_of_job(run_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((run_dir / STATUS_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_json(run_dir / STATUS_FILE)
 
 
 def _submit_rest(sweep: _Sweep) -> None:

@@ -43,7 +43,7 @@ def update_run_info(run_dir: Path, fields: Mapping[str, Any]) -> Path:
     """Add ``fields`` to the run's ``run_info.json`` (created if the run wrote none)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / RUN_INFO
-    info = _read_json(path)
+    info = read_json(path)
     info.update(fields)
     path.write_text(json.dumps(info, indent=2, default=str) + "\n")
     return path
@@ -77,7 +77,7 @@ class Run:
         return self._tables[name]
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, ValueError):
@@ -103,8 +103,8 @@ def is_run_dir(path: Path) -> bool:
 
 
 def load_run(path: Path) -> Run:
-    info = _read_json(path / "run_info.json")
-    summary = _read_json(path / "summary.json")
+    info = read_json(path / RUN_INFO)
+    summary = read_json(path / "summary.json")
     status = info.get("status") or ("finished" if summary else "failed")
     error = info.get("error")
     if not info and not summary:

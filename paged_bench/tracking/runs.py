@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from paged_bench.flat import flatten
+from paged_bench.report.load import RUN_INFO, read_json
 
 # a job's status -> MLflow's
 RUN_STATUS = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
@@ -42,7 +43,6 @@ KIND_TAG = "paged_bench.kind"  # run | sweep
 UPLOADED_TAG = "paged_bench.uploaded"  # set last: the run holds everything its folder had
 RUN_DIR_TAG = "run_dir"  # a run's identity in the store (sync finds what is missing by it)
 SWEEP_DIR_TAG = "sweep_dir"
-RUN_INFO = "run_info.json"
 RUN_FILES = ("summary.json", "requests.csv", "steps.csv", RUN_INFO, "config.yaml")
 SIGNIFICANT_DIGITS = 6  # metric values as the UI shows them: 356.123, not 356.12345678901
 _MAX_PARAM = 6000  # MLflow's limit on a param value
@@ -141,13 +141,6 @@ def step_metrics(steps: list[Mapping[str, Any]], start_ms: int, max_points: int)
     return out
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def _read_steps(path: Path) -> list[dict[str, str]]:
     if not path.is_file():
         return []
@@ -198,8 +191,8 @@ def upload_run(mlflow_client: Any, experiment_id: str, run_dir: Path, settings: 
 
     run_dir = Path(run_dir).resolve()
     config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
-    info = _read_json(run_dir / RUN_INFO)
-    summary = _read_json(run_dir / "summary.json")
+    info = read_json(run_dir / RUN_INFO)
+    summary = read_json(run_dir / "summary.json")
     status = info.get("status") or ("finished" if summary else "failed")
     name = (config or {}).get("experiment_name") or "paged_bench"
     tags = {**common_tags(name), KIND_TAG: "run", "status": status, RUN_DIR_TAG: str(run_dir)}
@@ -218,7 +211,7 @@ def upload_run(mlflow_client: Any, experiment_id: str, run_dir: Path, settings: 
     try:
         end_ms = ms(float(info.get("end_time") or start_time))
         metrics = summary_metrics(summary, end_ms)
-        metrics += step_metrics(_read_steps(run_dir / "steps.csv"), ms(start_time), int(settings.get("step_metrics", 500) or 0))
+        metrics += step_metrics(_read_steps(run_dir / "steps.csv"), ms(start_time), int(settings.get("step_metrics", 100) or 0))
         params = [Param(k, v) for k, v in params_of(config or {}).items()]
         mlflow_client.log_batch(run_id, metrics=metrics, params=params)
         log_artifacts(mlflow_client, run_id, _artifacts(run_dir))
