@@ -98,3 +98,9 @@ def test_a_backend_that_reads_no_tokens_gets_plans_without_them():
     plan = engine.scheduler.schedule(0.0)
     assert plan.new_reqs[0].token_ids == () and plan.new_reqs[0].num_prompt_tokens == 40
     assert plan.num_new_tokens == (40,)
+
+
+def test_requests_keep_plain_slot_attributes():
+    # a __getattr__ (or __getattribute__) on Request makes CPython 3.11 give up its specialised
+    # attribute loads for every request attribute: the hot loops ran 0.29 -> 0.40 us/seq-step
+    assert "__getattr__" not in vars(Request) and Request.__getattribute__ is object.__getattribute__

@@ -153,11 +153,10 @@ def test_seed_preset_is_the_seeds_workload(config):
     assert 4 <= long <= 16  # ~20% of 48
 
 
-def test_prompts_stay_compact_until_read_and_are_the_per_request_draws():
+def test_prompts_are_the_per_request_draws_as_lists_of_ints():
     rs = synthetic(num_requests=30, prompt_len={"dist": "uniform", "low": 1, "high": 40}).requests(CTX)
-    assert all(r._compact_prompt is not None for r in rs)  # no Python ints built yet
     token_rng = np.random.default_rng(np.random.SeedSequence(1).spawn(4)[3])
     for r in rs:
         expected = token_rng.integers(0, CTX.vocab_size, r.num_prompt_tokens).tolist()
         assert r.token_ids == expected and type(r.token_ids) is list and type(r.token_ids[0]) is int
-        assert r._compact_prompt is None and r.num_tokens == r.num_prompt_tokens
+        assert r.num_tokens == r.num_prompt_tokens

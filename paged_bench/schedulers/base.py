@@ -226,7 +226,7 @@ class Scheduler:
         req.max_num_tokens = min(prompt + req.max_tokens, self.max_model_len)
         req.status = RUNNING
         self.running.append(req)
-        self._handed_over.append(NewRequestData.from_request(req, self.allocator.block_table(req)))
+        self._handed_over.append(NewRequestData.from_request(req, self.allocator.block_table(req), self.plan_token_ids))
         return True
 
     def finish_request(self, req: Request, reason: FinishReason, now: float, error: str | None = None) -> None:
