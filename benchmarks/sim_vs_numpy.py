@@ -23,7 +23,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 from paged_bench.app import run_job
@@ -76,9 +78,12 @@ def main() -> None:
               f"overhead {h.overhead * 1e3:.2f} ms/step, {h.per_seq * 1e6:.0f} us/seq -> {preset}")  # fmt: skip
     cases = [(w, s) for w in args.workloads.split(",") for s in args.schedulers.split(",")]
     real_runs: dict[tuple[str, str], list[dict]] = {case: [] for case in cases}
-    for _ in range(args.repeats):  # interleaved: a burst of load elsewhere hits every case alike
+    for round_no in range(args.repeats):  # interleaved: a burst of load elsewhere hits every case alike
         for case in cases:
+            start = time.perf_counter()
             real_runs[case].append(run(("backend=numpy", *overrides(*case))))
+            print(f"  numpy {case[0]}/{case[1]} run {round_no + 1}: {time.perf_counter() - start:.0f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
     print(f"\nload average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; numpy: median of {args.repeats}\n")
     print("| workload | scheduler | backend | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | output tok/s |")
     print("|---|---|---|---:|---:|---:|---:|")
