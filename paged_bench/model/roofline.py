@@ -5,6 +5,7 @@ A step runs two kinds of kernels one after the other, each bounded by its own ro
     duration = overhead + per_seq * sequences
              + max(matmul FLOPs / (peak_flops * compute_eff), weight bytes / (mem_bandwidth * memory_eff))
              + max(attention FLOPs / (peak_flops * attn_eff), K/V bytes / (mem_bandwidth * kv_eff))
+             + score bytes * per_score_byte (an eager attention's score matrices; 0 when fused)
              + swap bytes / host_link
 
 Matmul FLOPs: 2 x matmul weights per new token plus 2 x hidden x vocab per sampled row;
@@ -42,6 +43,10 @@ class Hardware:
     memory_eff: float = 1.0  # ... of mem_bandwidth streaming the weights
     attn_eff: float = 1.0  # ... of peak_flops in attention
     kv_eff: float = 1.0  # ... of mem_bandwidth gathering K/V through block tables
+    # seconds per byte of attention scores an eager (unfused) attention writes and reads back:
+    # queries x keys x heads floats, what makes a long prompt's prefill memory-bound on a CPU;
+    # 0 for a fused (flash) attention, which keeps none (the GPU presets)
+    per_score_byte: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,15 +114,24 @@ class StepWork:
     attn_flops: float
     kv_bytes: float
     swap_bytes: float = 0.0
+    score_bytes: float = 0.0  # fp32 attention scores an eager attention materialises, per layer and head
 
 
 def step_work(plan: StepPlan, model: ModelConfig, dtype: str, block_size: int) -> StepWork:
     kv_token = model.kv_bytes_per_token(dtype)
     new = pairs = kv_read = 0
+    decodes = decode_len = prefills = chunk_len = prefill_len = 0
     for start, n in zip(plan.num_computed_tokens, plan.num_new_tokens):
         new += n
         pairs += n * start + n * (n + 1) // 2  # the query at position p sees keys 0..p
         kv_read += start + n
+        if n == 1:
+            decodes, decode_len = decodes + 1, max(decode_len, start + 1)
+        else:
+            prefills, chunk_len, prefill_len = prefills + 1, max(chunk_len, n), max(prefill_len, start + n)
+    # an eager attention (our numpy/torch backends) scores decodes as one group and prefill
+    # chunks as another, each padded to its longest query run and context, masked keys included
+    scores = decodes * decode_len + prefills * chunk_len * prefill_len
     sampled = len(plan.req_ids)
     matmul = (
         2.0 * new * model.num_layers * model.layer_matmul_params + 2.0 * sampled * model.hidden_size * model.vocab_size
@@ -125,7 +139,8 @@ def step_work(plan: StepPlan, model: ModelConfig, dtype: str, block_size: int) -
     weights = float(model.matmul_params * DTYPE_BYTES[dtype]) if plan.req_ids else 0.0
     attn = 4.0 * model.num_layers * model.num_heads * model.head_dim * pairs
     swap = float((len(plan.swap_in) + len(plan.swap_out)) * block_size * kv_token)
-    return StepWork(len(plan.req_ids), matmul, weights, attn, float((kv_read + new) * kv_token), swap)
+    score_bytes = 4.0 * model.num_layers * model.num_heads * scores
+    return StepWork(len(plan.req_ids), matmul, weights, attn, float((kv_read + new) * kv_token), swap, score_bytes)
 
 
 @dataclass(frozen=True)
@@ -140,7 +155,8 @@ class RooflineCost:
             w.matmul_flops / (hw.peak_flops * hw.compute_eff), w.weight_bytes / (hw.mem_bandwidth * hw.memory_eff)
         )
         attention = max(w.attn_flops / (hw.peak_flops * hw.attn_eff), w.kv_bytes / (hw.mem_bandwidth * hw.kv_eff))
-        return hw.overhead + hw.per_seq * w.num_seqs + matmuls + attention + w.swap_bytes / hw.host_link
+        scores = w.score_bytes * hw.per_score_byte
+        return hw.overhead + hw.per_seq * w.num_seqs + matmuls + attention + scores + w.swap_bytes / hw.host_link
 
     def duration(self, plan: StepPlan, block_size: int) -> float:
         return self.seconds(step_work(plan, self.model, self.dtype, block_size))
