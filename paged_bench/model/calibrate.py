@@ -123,7 +123,8 @@ _EFFS = ("compute_eff", "memory_eff", "attn_eff", "kv_eff")
 
 
 def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iterations: int = 30) -> RooflineCost:
-    """Fit overhead, per_seq and the four efficiencies of ``cost`` to measured step times.
+    """Fit overhead, per_seq, the four efficiencies and per_score_byte of ``cost`` to measured
+    step times.
 
     Each roofline is a max, so this alternates: given which side bounds each kernel class of
     each step, the time is linear in (1, sequences, and the bounding side's FLOPs/peak or
@@ -145,17 +146,19 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
             np.array([w.kv_bytes for w, _ in samples]) / hw.mem_bandwidth,
         ),
     ]
+    scores = np.array([w.score_bytes for w, _ in samples])
     prior = [1 / getattr(hw, name) for name in _EFFS]
 
     def decide(inv: list[float]) -> list[np.ndarray]:
         return [c * inv[2 * k] >= m * inv[2 * k + 1] for k, (c, m) in enumerate(sides)]
 
     def alternate(bound: list[np.ndarray]) -> RooflineCost:
-        inv, x = list(prior), np.zeros(6)
+        inv, x = list(prior), np.zeros(7)
         for _ in range(iterations):
             cols = [np.ones_like(t), seqs]
             for (c, m), b in zip(sides, bound):
                 cols += [c * b, m * ~b]
+            cols.append(scores)  # additive: score traffic comes on top of either bound
             a = np.stack(cols, axis=1) / t[:, None]
             x = _nnls(a, np.ones_like(t))
             # a side no step is bound by keeps the prior; one the fit finds free costs ~nothing
@@ -165,7 +168,7 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
                 break
             bound = new_bound
         effs = {name: float(1 / v) for name, v in zip(_EFFS, inv)}
-        return cost.with_fit(overhead=float(x[0]), per_seq=float(x[1]), **effs)
+        return cost.with_fit(overhead=float(x[0]), per_seq=float(x[1]), per_score_byte=float(x[6]), **effs)
 
     ones, zeros = np.ones_like(t, bool), np.zeros_like(t, bool)
     starts = [decide(prior)] + [[a, b] for a in (ones, zeros) for b in (ones, zeros)]
