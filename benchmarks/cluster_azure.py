@@ -25,9 +25,9 @@ from paged_bench.app import run_job
 from paged_bench.config import compose_config
 
 AZURE = Path("/work/shared/traces/azure_llm_2023_conv.csv")
+# each replica: llama-3-8b on an H100, its KV pool sized from the memory as vLLM sizes it (num_blocks=auto)
 SHAPE = ("backend.cost_model=roofline", "backend.model=llama-3-8b", "backend.hardware=h100", "max_batch=128",
-         "max_model_len=16384", "num_blocks=28000", "max_num_batched_tokens=8192",
-         "tracking.enabled=false")  # fmt: skip
+         "max_model_len=16384", "max_num_batched_tokens=8192", "tracking.enabled=false")  # fmt: skip
 
 
 def as_trace(azure_csv: Path, out: Path) -> int:

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from paged_bench.build import Bench, build
+from paged_bench.build import build
 from paged_bench.cluster.spec import cluster_spec
 from paged_bench.engine import EngineResult
 from paged_bench.metrics import summarize
+from paged_bench.model.kv_capacity import KVBudget
 from paged_bench.outputs import write_run
 from paged_bench.records import RequestRecords
 from paged_bench.request import Request
@@ -60,18 +61,6 @@ class JobOutcome:
         return self.result.error
 
 
-def capacity_figures(layout: Any, bench: Bench, output_throughput: float | None) -> dict[str, Any]:
-    """The KV pool's capacity (sized from the hardware by num_blocks=auto, or as configured) and
-    the output throughput per GPU of a tensor-parallel backend."""
-    gpus = bench.backend.num_devices
-    return {
-        "kv_capacity_blocks": layout.num_blocks,
-        "kv_capacity_tokens": layout.num_slots,
-        "num_gpus": gpus,
-        "output_throughput_per_gpu": None if output_throughput is None else output_throughput / gpus,
-    }
-
-
 def step_callback(on_progress: ProgressCallback | None, total: int) -> Callable[[float, list[Request]], None] | None:
     """An engine's ``on_step`` that reports progress after the steps that finish requests."""
     if on_progress is None:
@@ -86,9 +75,12 @@ def step_callback(on_progress: ProgressCallback | None, total: int) -> Callable[
     return on_step
 
 
-def run_info(outcome: JobOutcome, target: Any, options: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """``run_info.json``: how the job ended and what it ran; ``options`` are the config options
-    picked per group (``workload=seed``), recorded beside the plugin each selected (``poisson``)."""
+def run_info(
+    outcome: JobOutcome, target: Any, kv_budget: KVBudget | None, options: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """``run_info.json``: how the job ended, what it ran, and how ``num_blocks=auto`` sized its
+    pool (``kv_budget``); ``options`` are the config options picked per group
+    (``workload=seed``), recorded beside the plugin each selected (``poisson``)."""
     result = outcome.result
     return {
         "status": outcome.status,
@@ -99,10 +91,22 @@ def run_info(outcome: JobOutcome, target: Any, options: Mapping[str, str] | None
             "num_blocks": result.layout.num_blocks,
             "block_size": result.layout.block_size,
             "num_cpu_blocks": result.layout.num_cpu_blocks,
+            "sized_from": kv_budget.to_dict() if kv_budget else None,
         },
-        "num_requests": len(result.requests),
+        "num_requests": len(outcome.records) if outcome.records is not None else len(result.requests),
         "num_steps": len(result.steps),
         "target": target,
+    }
+
+
+def capacity_figures(layout: Any, num_gpus: int, output_throughput: float | None) -> dict[str, Any]:
+    """The KV pool's capacity (sized from the hardware by num_blocks=auto, or as configured) and
+    the output throughput per GPU of a tensor-parallel backend (or a cluster of them)."""
+    return {
+        "kv_capacity_blocks": layout.num_blocks,
+        "kv_capacity_tokens": layout.num_slots,
+        "num_gpus": num_gpus,
+        "output_throughput_per_gpu": None if output_throughput is None else output_throughput / num_gpus,
     }
 
 
@@ -135,9 +139,9 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
     summary = summarize(result, cfg.get("slo"), records)
     if remote is not None:
         summary.update(remote.summary)  # engine-only figures null, server-side TTFT added
-    summary.update(capacity_figures(result.layout, bench, summary.get("output_throughput")))
+    summary.update(capacity_figures(result.layout, bench.backend.num_devices, summary.get("output_throughput")))
     outcome = JobOutcome(run_dir, summary, result, bench.choices, [], records)
-    info = run_info(outcome, target if remote is None else {"name": target, "base_url": remote.target.base_url}, options)
-    info["kv_layout"]["sized_from"] = bench.kv_budget.to_dict() if bench.kv_budget else None
+    target_info = target if remote is None else {"name": target, "base_url": remote.target.base_url}
+    info = run_info(outcome, target_info, bench.kv_budget, options)
     outcome.files = write_run(run_dir, result, summary, info, records)
     return outcome

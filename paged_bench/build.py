@@ -118,14 +118,17 @@ def check_memory(cfg: Mapping[str, Any], options: Mapping[str, Any], backend: Ba
     raise ConfigError("num_blocks", cfg["num_blocks"], f"a KV pool that fits in memory ({gib}): at most about {most:,}")
 
 
-def build_engine(cfg: Mapping[str, Any]) -> Engine:
-    """An engine (backend, allocator, scheduler, clock) from a config whose top level is checked."""
+def build_engine(cfg: Mapping[str, Any]) -> tuple[Engine, KVBudget | None]:
+    """An engine (backend, allocator, scheduler, clock) from a config whose top level is checked,
+    and how ``num_blocks=auto`` sized its pool (None when it did not)."""
     name, options = plugin_section(cfg, "backend")
     backend = registry.create("backend", name, **options)
 
     name, options = plugin_section(cfg, "allocator")
+    budget = None
     if options.get("num_blocks") in (None, "auto"):
-        options["num_blocks"] = auto_num_blocks(cfg, kv_budget_for(cfg, backend))
+        budget = backend.kv_budget(cfg["max_num_batched_tokens"], cfg["max_batch"])
+        options["num_blocks"] = auto_num_blocks(cfg, budget)
     check_memory(cfg, options, backend)
     allocator = registry.create("allocator", name, **options)
     layout = allocator.layout
@@ -150,7 +153,7 @@ def build_engine(cfg: Mapping[str, Any]) -> Engine:
     )
 
     clock_kind = cfg.get("clock", "auto")
-    return Engine(scheduler, backend, make_clock(backend.clock if clock_kind == "auto" else clock_kind))
+    return Engine(scheduler, backend, make_clock(backend.clock if clock_kind == "auto" else clock_kind)), budget
 
 
 def build_workload(cfg: Mapping[str, Any]) -> Workload:
@@ -167,18 +170,9 @@ def build_requests(cfg: Mapping[str, Any], backend: Backend) -> list[Request]:
     return requests_for(build_workload(cfg), backend)
 
 
-def kv_budget_for(cfg: Mapping[str, Any], backend: Backend) -> KVBudget | None:
-    """How ``num_blocks=auto`` sizes the pool from the backend's hardware; None when
-    ``num_blocks`` is set, or the backend knows no model and memory."""
-    if cfg.get("num_blocks") not in (None, "auto"):
-        return None
-    return backend.kv_budget(cfg["max_num_batched_tokens"], cfg["max_batch"])
-
-
 def build(cfg: Mapping[str, Any]) -> Bench:
     check_top_level(cfg)
     choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
-    engine = build_engine(cfg)
+    engine, budget = build_engine(cfg)
     workload = build_workload(cfg)
-    requests = requests_for(workload, engine.backend)
-    return Bench(engine, requests, dict(cfg), choices, kv_budget_for(cfg, engine.backend), workload.max_concurrency)
+    return Bench(engine, requests_for(workload, engine.backend), dict(cfg), choices, budget, workload.max_concurrency)

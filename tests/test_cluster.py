@@ -39,9 +39,9 @@ def test_one_replica_behind_the_loop_runs_exactly_as_the_engine(config):
     # a short pool and preemption, so admission, preemption and idling all happen
     cfg = config("workload=bursty", "workload.num_requests=150", "workload.rate=40", "scheduler=preemptive",
                  "num_blocks=48", "workload.shared_prefix.num_prefixes=2", "workload.shared_prefix.length=48")
-    plain = build_engine(cfg)
+    plain, _ = build_engine(cfg)
     reference = plain.run(build_requests(cfg, plain.backend))
-    engine = build_engine(cfg)
+    engine, _ = build_engine(cfg)
     run = Cluster([Replica(0, "colocated", engine)], RoundRobinRouter()).run(build_requests(cfg, engine.backend))
     (result,) = run.results
     assert reference.num_preemptions > 0 and reference.prefix_hit_tokens > 0

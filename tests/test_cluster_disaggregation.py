@@ -49,7 +49,7 @@ def test_the_kv_transfer_is_priced_from_the_model_and_the_link(split_run):
     moved = [r for r in requests if int(r["max_tokens"]) > 1]
     assert s["num_kv_transfers"] == len(moved)
     assert s["kv_transfer_bytes"] == KV_BYTES * sum(int(r["prompt_tokens"]) for r in moved)
-    nvlink = LINKS["nvlink"]
+    nvlink = LINKS["nvlink4"]
     for r in moved:  # never faster than the wire; more only when queued behind another transfer
         wire_ms = (nvlink.latency + KV_BYTES * int(r["prompt_tokens"]) / nvlink.bandwidth) * 1e3
         assert float(r["kv_transfer_ms"]) >= wire_ms - 1e-9
@@ -84,7 +84,7 @@ def test_a_handed_over_request_enters_the_plan_once_with_its_prompt_computed(con
     from paged_bench.build import build_engine
     from paged_bench.request import Request
 
-    engine = build_engine(config("max_batch=2"))
+    engine, _ = build_engine(config("max_batch=2"))
     sched = engine.scheduler
     reqs = [Request(i, 0.0, list(range(40)), 5) for i in range(3)]
     for r in reqs:

@@ -14,6 +14,7 @@ from paged_bench.errors import ConfigError
 from paged_bench.loadgen.config import TargetConfig
 from paged_bench.loadgen.prometheus import parse_ttft_totals
 from paged_bench.loadgen.spawn import free_port
+from paged_bench.model.tokenizers import serving_tokenizer
 from paged_bench.records import text_digest
 from paged_bench.serve import serve_in_thread
 from paged_bench.tokenizer import ByteTokenizer
@@ -47,8 +48,8 @@ def test_served_and_in_process_agree_on_token_counts(server, config, tmp_path):
     assert [r["request_id"] for r in s_rows] == [r["request_id"] for r in l_rows]
     for s, l in zip(s_rows, l_rows):
         assert (s["prompt_tokens"], s["output_tokens"], s["finish_reason"]) == (l["prompt_tokens"], l["output_tokens"], "length")
-    # token for token: the served text is the in-process tokens' text
-    decode = ByteTokenizer().decode
+    # token for token: the served text is the in-process tokens' text, in the server's tokenizer
+    decode = serving_tokenizer("auto", ByteTokenizer(), config(*FAST)["backend"]["vocab_size"]).decode
     local_texts = [decode(r.output_token_ids) for r in local.result.requests]
     assert [s["text_digest"] for s in s_rows] == [text_digest(t) for t in local_texts]
     assert all(s["output_digest"] == "" for s in s_rows) and all(l["output_digest"] for l in l_rows)

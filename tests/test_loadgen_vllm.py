@@ -3,7 +3,7 @@
 against a real HTTP server whose timing is known: tests/fake_openai_server.py bundles 3 tokens
 per chunk, sends its usage chunk and ``[DONE]`` late, answers one request without usage and
 fails the last one slowly. Its log (when each request came, each content chunk left, each
-response ended) is the truth the figures are checked against, within 1 ms:
+response ended) is the truth the figures are checked against, within a few ms of clock jitter:
 
 - E2EL ends at the last chunk carrying content, not at the usage chunk or ``[DONE]``;
 - TPOT = (E2EL - TTFT) / (output tokens - 1), output tokens from ``usage`` (else the
@@ -32,7 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 9  # 3 chunks of 3
 WORKLOAD = ("workload=uniform", "workload.num_requests=4", "workload.rate=inf", "workload.prompt_len.low=8",
             "workload.prompt_len.high=9", f"workload.output_len.value={TOKENS}")  # fmt: skip
-TOLERANCE_MS = 1.0
+# the server's clock against the client's: within 1 ms on a quiet machine, a few ms when other
+# processes hold both cores; the definitional gaps checked here are 220 ms (the stream's tail)
+# and 8x (TPOT per chunk instead of per token), far beyond it
+TOLERANCE_MS = 3.0
 
 
 @pytest.fixture(scope="module")

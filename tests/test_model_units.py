@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from paged_bench.allocators.paged import PagedAllocator
+from paged_bench.backends.request_state import RequestStates
 from paged_bench.errors import ConfigError
 from paged_bench.model import kv_bytes
 from paged_bench.model.batch import build_batch
@@ -16,7 +17,7 @@ from paged_bench.model.config import PRESETS, ModelConfig, read_hf_config, resol
 from paged_bench.model.sampling import request_rng, sample
 from paged_bench.model.weights import load_state, random_state, shapes
 from paged_bench.request import Request
-from paged_bench.step import StepPlan
+from paged_bench.step import NewRequestData, StepPlan
 
 HF_BASE = {
     "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
@@ -111,7 +112,10 @@ def test_step_batch_maps_positions_through_block_tables():
     alloc.allocate_slots(b, 3)  # b's block is allocated first: a's blocks are not 0, 1, 2
     alloc.allocate_slots(a, 10)
     b.num_computed_tokens = 2  # b decodes its last prompt token; a prefills all of it
-    batch = build_batch(StepPlan(0, [a, b], [10, 1]), alloc)
+    plan = StepPlan.starting(
+        (NewRequestData.from_request(r, alloc.block_table(r)), n) for r, n in ((a, 10), (b, 1))
+    )
+    batch = build_batch(plan, RequestStates().apply(plan), alloc.layout.block_size)
     table_a, table_b = alloc.block_table(a), alloc.block_table(b)
     assert batch.input_ids.tolist() == list(range(10)) + [2]
     assert batch.positions.tolist() == list(range(10)) + [2]
@@ -134,9 +138,10 @@ def test_sampling_greedy_top_p_and_seeds():
     p = np.exp(logits - logits.max())
     np.testing.assert_allclose(draws, p / p.sum(), atol=0.03)
     req = Request(0, 0.0, [1, 2, 3], 4, temperature=1.0, sampling_seed=7)
-    first = [sample(logits, 1.0, 1.0, request_rng(req, rng)) for _ in range(3)]
+    params = NewRequestData.from_request(req, ()).sampling
+    first = [sample(logits, 1.0, 1.0, request_rng(params, req.num_tokens, rng)) for _ in range(3)]
     assert len(set(first)) == 1  # same seed, same position: the same token, whatever else ran
-    assert request_rng(Request(0, 0.0, [1], 4), rng) is rng
+    assert request_rng(NewRequestData.from_request(Request(0, 0.0, [1], 4), ()).sampling, 1, rng) is rng
 
 
 def test_kv_byte_estimate_matches_the_formula(capsys):

@@ -117,17 +117,23 @@ class PagedAllocator(Allocator):
         seq.num_slots = total
         if total >= seq.cache_at:
             self._cache_full_blocks(req, seq)
-        seq.plain_below = min(seq.capacity + 1, seq.cache_at)
+        else:
+            seq.plain_below = min(seq.capacity + 1, seq.cache_at)
         return True
 
     def allocate_rows(self, reqs: list[Request], nums: list[int]) -> int:
-        # allocate_slots for running requests, inlined for the common row: within capacity,
-        # no block to cache; anything else goes through allocate_slots itself
+        # allocate_slots for running requests, inlined for the common rows: within capacity
+        # (a block to cache, at most); a row that needs blocks goes through allocate_slots
         seqs, filled = self._seqs, 0
         for req, n in zip(reqs, nums):
             seq = seqs[req]
             total = req.num_computed_tokens + n
             if total >= seq.plain_below:
+                if total <= seq.capacity:  # fills a block: index it
+                    filled += total - seq.num_slots
+                    seq.num_slots = total
+                    self._cache_full_blocks(req, seq)
+                    continue
                 self._unfilled_slots -= filled
                 filled = 0
                 if not self.allocate_slots(req, n):
@@ -250,10 +256,12 @@ class PagedAllocator(Allocator):
         seq.num_cached = min(seq.num_cached, first)
 
     def _cache_full_blocks(self, req: Request, seq: _Seq) -> None:
-        num_full, first = seq.num_slots // self.pool_block_slots, seq.num_cached
+        bs, first = self.pool_block_slots, seq.num_cached
+        num_full = seq.num_slots // bs
         self.pool.cache(seq.blocks[first:num_full], self._block_hashes(req, num_full)[first:])
         seq.num_cached = num_full
-        seq.cache_at = (num_full + 1) * self.pool_block_slots
+        seq.cache_at = (num_full + 1) * bs
+        seq.plain_below = min(seq.capacity + 1, seq.cache_at)
 
     def _block_hashes(self, req: Request, num_blocks: int) -> list[Hashable]:
         """Hash chain over the request's first ``num_blocks`` full blocks, extended lazily."""

@@ -30,7 +30,7 @@ from paged_bench.model.ops_torch import pick_device, pick_dtype
 from paged_bench.model.runner import adopt_model
 from paged_bench.model.weights import make_state
 from paged_bench.step import NewRequestData, ReqId, StepOutput, StepPlan
-from paged_bench.threads import pin_torch_threads
+from paged_bench.threads import job_threads, pin_torch_threads
 
 _END = object()
 

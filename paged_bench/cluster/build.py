@@ -21,6 +21,7 @@ from paged_bench.cluster.spec import ClusterSpec
 from paged_bench.engine import Engine
 from paged_bench.errors import ConfigError, check
 from paged_bench.model.config import resolve_model
+from paged_bench.model.kv_capacity import KVBudget
 from paged_bench.request import Request
 from paged_bench.routers.base import Router
 
@@ -33,6 +34,11 @@ class ClusterBench:
     requests: list[Request]
     spec: ClusterSpec
     choices: dict[str, str]  # plugin kind -> option name, the router's included
+    kv_budget: KVBudget | None  # how num_blocks=auto sized each replica's pool
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(replica.engine.backend.num_devices for replica in self.cluster.replicas)
 
 
 def _router(cfg: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -53,7 +59,8 @@ def build_cluster(cfg: Mapping[str, Any], spec: ClusterSpec) -> ClusterBench:
     choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
     router_name, router_options = _router(cfg)
     choices["router"] = router_name
-    engines = [build_engine(cfg) for _ in range(spec.num_replicas)]
+    built = [build_engine(cfg) for _ in range(spec.num_replicas)]
+    engines = [engine for engine, _ in built]
     check(engines[0].clock.kind == "virtual", "cluster", f"{spec.num_replicas} replicas",
           "a virtual clock: backend=sim (or clock=virtual); replicas share one simulated timeline")  # fmt: skip
     if spec.disaggregated:
@@ -74,4 +81,5 @@ def build_cluster(cfg: Mapping[str, Any], spec: ClusterSpec) -> ClusterBench:
         cluster = Cluster(replicas, router(), router(), spec.link, kv_bytes)
     else:
         cluster = Cluster(replicas, router())
-    return ClusterBench(cluster, build_requests(cfg, engines[0].backend), spec, choices)
+    _, kv_budget = built[0]
+    return ClusterBench(cluster, build_requests(cfg, engines[0].backend), spec, choices, kv_budget)

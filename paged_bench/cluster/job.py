@@ -16,6 +16,7 @@ from paged_bench.cluster.outputs import write_cluster_run
 from paged_bench.cluster.spec import ClusterSpec
 from paged_bench.cluster.summary import cluster_summary, merged_result
 from paged_bench.errors import check
+from paged_bench.records import RequestRecords
 
 if TYPE_CHECKING:
     from paged_bench.app import JobOutcome, ProgressCallback
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 def run_cluster_job(
     cfg: Mapping[str, Any], run_dir: Path, spec: ClusterSpec, on_progress: ProgressCallback | None = None
 ) -> JobOutcome:
-    from paged_bench.app import JobOutcome, run_info, step_callback  # app imports this module lazily
+    from paged_bench.app import JobOutcome, capacity_figures, run_info, step_callback  # app imports us lazily
 
     check((cfg.get("target") or {}).get("name", "engine") == "engine", "target", cfg.get("target"),
           "target=engine for a cluster (cluster.replicas > 1 simulates the replicas in-process)")  # fmt: skip
@@ -35,14 +36,16 @@ def run_cluster_job(
         for replica in bench.cluster.replicas:
             replica.engine.backend.close()
     merged = merged_result(run)
-    summary, replicas = cluster_summary(run, merged, cfg.get("slo"))
-    outcome = JobOutcome(run_dir, summary, merged, bench.choices, [])
-    info = run_info(outcome, "engine")
+    records = RequestRecords.from_requests(merged.requests)
+    summary, replicas = cluster_summary(run, merged, records, cfg.get("slo"))
+    summary.update(capacity_figures(merged.layout, bench.num_gpus, summary.get("output_throughput")))
+    outcome = JobOutcome(run_dir, summary, merged, bench.choices, [], records)
+    info = run_info(outcome, "engine", bench.kv_budget)
     info["cluster"] = {
         "replicas": spec.num_replicas,
         "prefill_replicas": spec.num_prefill,
         "decode_replicas": spec.num_decode if spec.disaggregated else 0,
         "link": vars(spec.link) if spec.disaggregated else None,
     }
-    outcome.files = write_cluster_run(run_dir, run, merged, summary, replicas, info)
+    outcome.files = write_cluster_run(run_dir, run, merged, records, summary, replicas, info)
     return outcome

@@ -2,36 +2,23 @@
 
 A transfer of ``b`` bytes takes ``latency + b / bandwidth``. Each prefill replica sends over
 its own link one transfer at a time (first come, first served), so a burst of prefills
-queues for the wire; the latency overlaps with the next transfer's bytes. Presets are
-datasheet figures per direction: NVLink 4 (H100 SXM, 450 GB/s), PCIe Gen5 x16 (~64 GB/s
-nominal, 50 effective), InfiniBand NDR (400 Gb/s = 50 GB/s, Splitwise's setting), and
-100 Gb Ethernet.
+queues for the wire; the latency overlaps with the next transfer's bytes. The presets are
+the tensor-parallel ones (``paged_bench.model.tp_link``: NVLink 3/4/5, PCIe 4/5, what a
+transfer reaches of the datasheet's per-direction figure) and two between machines:
+InfiniBand NDR (400 Gb/s, Splitwise's setting) and 100 Gb Ethernet.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from paged_bench.errors import check, check_number
+from paged_bench.model.tp_link import LINKS as DEVICE_LINKS
+from paged_bench.model.tp_link import Link
 
-
-@dataclass(frozen=True)
-class Link:
-    name: str
-    bandwidth: float  # bytes/s
-    latency: float  # seconds
-
-    def seconds(self, num_bytes: float) -> float:
-        """How long the wire is busy with ``num_bytes`` (the latency is not counted here)."""
-        return num_bytes / self.bandwidth
-
-
-LINKS = {
-    "nvlink": Link("nvlink", 450e9, 3e-6),
-    "pcie": Link("pcie", 50e9, 10e-6),
+NETWORK_LINKS = {
     "infiniband": Link("infiniband", 50e9, 5e-6),
     "ethernet": Link("ethernet", 12.5e9, 20e-6),
 }
+LINKS = {**DEVICE_LINKS, **NETWORK_LINKS}
 
 
 def make_link(name: str, bandwidth_gbs: float | None = None, latency_us: float | None = None) -> Link:
@@ -55,5 +42,5 @@ class LinkQueue:
     def send(self, ready: float, num_bytes: float) -> float:
         """Queue a transfer that is ready at ``ready``; returns when it has fully arrived."""
         start = max(ready, self.free_at)
-        self.free_at = start + self.link.seconds(num_bytes)
+        self.free_at = start + num_bytes / self.link.bandwidth
         return self.free_at + self.link.latency

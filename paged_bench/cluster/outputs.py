@@ -6,40 +6,45 @@ there), beside ``prefill_replica`` and ``kv_transfer_ms``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from paged_bench.cluster.loop import ClusterRun
 from paged_bench.engine import STEP_COLUMNS, EngineResult
-from paged_bench.outputs import REQUEST_COLUMNS, _write_csv, request_rows, write_run
+from paged_bench.outputs import REQUEST_COLUMNS, _write_csv, request_rows, step_rows, write_run
+from paged_bench.records import RequestRecords
 
 
-def _request_table(run: ClusterRun, merged: EngineResult) -> tuple[tuple[str, ...], list[tuple]]:
-    placement = run.placement
-    rows = request_rows(merged)
+def _cell(value: Any) -> Any:
+    return "" if value is None else value
+
+
+def _request_table(run: ClusterRun, records: RequestRecords) -> tuple[tuple[str, ...], Iterable[tuple]]:
+    rows, reqs, placement = request_rows(records), run.requests, run.placement
     if not run.prefill_placement:
-        return (*REQUEST_COLUMNS, "replica"), [(*row, placement.get(r)) for row, r in zip(rows, merged.requests)]
+        return (*REQUEST_COLUMNS, "replica"), ((*row, _cell(placement.get(r))) for row, r in zip(rows, reqs))
     transfer_ms = {t.request: t.seconds * 1e3 for t in run.transfers}
     prefill = run.prefill_placement
-    return (*REQUEST_COLUMNS, "replica", "prefill_replica", "kv_transfer_ms"), [
-        (*row, placement.get(r), prefill.get(r), transfer_ms.get(r)) for row, r in zip(rows, merged.requests)
-    ]
+    columns = (*REQUEST_COLUMNS, "replica", "prefill_replica", "kv_transfer_ms")
+    return columns, ((*row, _cell(placement.get(r)), _cell(prefill.get(r)), _cell(transfer_ms.get(r)))
+                     for row, r in zip(rows, reqs))  # fmt: skip
 
 
 def write_cluster_run(
     run_dir: Path,
     run: ClusterRun,
     merged: EngineResult,
+    records: RequestRecords,
     summary: Mapping[str, Any],
     replicas: list[dict[str, Any]],
     info: Mapping[str, Any],
 ) -> list[Path]:
-    paths = write_run(run_dir, merged, summary, info)
-    _write_csv(run_dir / "requests.csv", *_request_table(run, merged))
-    steps = sorted(((rep.index, *row) for rep, res in zip(run.replicas, run.results) for row in res.steps),
-                   key=lambda row: row[2])  # fmt: skip  (by time, then replica: sorted() is stable)
+    paths = write_run(run_dir, merged, summary, info, records)
+    _write_csv(run_dir / "requests.csv", *_request_table(run, records))
+    steps = [(rep.index, *row) for rep, res in zip(run.replicas, run.results) for row in step_rows(res.steps)]
+    steps.sort(key=lambda row: row[2])  # by time, then replica (the sort is stable)
     _write_csv(run_dir / "steps.csv", ("replica", *STEP_COLUMNS), steps)
-    columns = list(dict.fromkeys(key for s in replicas for key in s))
-    _write_csv(run_dir / "replicas.csv", tuple(columns), [[s.get(k) for k in columns] for s in replicas])
+    columns = tuple(dict.fromkeys(key for s in replicas for key in s))
+    _write_csv(run_dir / "replicas.csv", columns, [tuple(_cell(s.get(k)) for k in columns) for s in replicas])
     return [*paths, run_dir / "replicas.csv"]

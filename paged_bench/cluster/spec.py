@@ -47,7 +47,7 @@ def cluster_spec(cfg: Mapping[str, Any]) -> ClusterSpec | None:
     replicas, prefill, decode = (section.get(k) for k in ("replicas", "prefill_replicas", "decode_replicas"))
     replicas = None if replicas is None else check_int("cluster.replicas", replicas)
     prefill = check_int("cluster.prefill_replicas", prefill or 0, 0)
-    link = make_link(section.get("link", "nvlink"), section.get("link_bandwidth_gbs"), section.get("link_latency_us"))
+    link = make_link(section.get("link", "nvlink4"), section.get("link_bandwidth_gbs"), section.get("link_latency_us"))
     if prefill == 0:
         check(decode in (None, 0), "cluster.decode_replicas", decode,
               "0 or null unless cluster.prefill_replicas is set")  # fmt: skip

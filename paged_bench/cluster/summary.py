@@ -20,6 +20,7 @@ import numpy as np
 from paged_bench.cluster.loop import ClusterRun
 from paged_bench.engine import STEP_COLUMNS, EngineResult, StepRecords
 from paged_bench.metrics import summarize
+from paged_bench.records import RequestRecords
 
 PER_REPLICA = ("completed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "prefix_cache_hit_rate",
                "num_preemptions", "kv_reserved_slots_peak")  # fmt: skip
@@ -70,11 +71,11 @@ def replica_summaries(run: ClusterRun, duration: float, slo: Mapping[str, float 
 
 
 def cluster_summary(
-    run: ClusterRun, merged: EngineResult, slo: Mapping[str, float | None] | None = None
+    run: ClusterRun, merged: EngineResult, records: RequestRecords, slo: Mapping[str, float | None] | None = None
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The cluster's summary (``summary.json``) and the per-replica ones (``replicas.csv``);
-    ``merged`` is ``merged_result(run)``."""
-    summary: dict[str, Any] = summarize(merged, slo)
+    ``merged`` is ``merged_result(run)``, ``records`` its requests'."""
+    summary: dict[str, Any] = summarize(merged, slo, records)
     replicas = replica_summaries(run, merged.duration, slo)
     roles = [r.role for r in run.replicas]
     summary["num_replicas"] = len(roles)

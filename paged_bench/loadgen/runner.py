@@ -39,6 +39,7 @@ from paged_bench.loadgen.client import Outcome, request_body, send
 from paged_bench.loadgen.config import TargetConfig
 from paged_bench.loadgen.prometheus import ttft_totals
 from paged_bench.loadgen.spawn import spawned_server
+from paged_bench.model.tokenizers import serving_tokenizer
 from paged_bench.records import RequestOutput, RequestRecords, text_digest
 from paged_bench.request import FinishReason, Request
 
@@ -204,6 +205,9 @@ def run_target(cfg: Mapping[str, Any], bench: Bench, run_dir: Path,
     target = TargetConfig.from_mapping(cfg["target"])
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request
     tokenizer = bench.backend.tokenizer
+    if target.spawns:  # our own server: speak its tokenizer, so texts and token counts agree with it
+        choice = (cfg.get("server") or {}).get("tokenizer", "auto")
+        tokenizer = serving_tokenizer(choice, tokenizer, bench.backend.vocab_size)
 
     def count_tokens(text: str) -> int:  # when the server reports no usage, as vLLM's client counts
         return len(tokenizer.encode(text))

@@ -202,7 +202,10 @@ class Scheduler:
                 continue
             finished.append(req)
         if finished:
-            self.running = [r for r in self.running if r.status is RUNNING]
+            if len(finished) == 1:  # the common case: one scan in C, not a new list
+                self.running.remove(finished[0])
+            else:
+                self.running = [r for r in self.running if r.status is RUNNING]
             for req in finished:
                 self.allocator.free(req)
                 self._finished_ids.append(req.request_id)
