@@ -1,13 +1,28 @@
 """Sweeps through Hydra's distributed launchers (installed with the ``slurm`` and ``ray``
 extras): ``submitit_local`` (submitit's local executor: each job its own process, as on a
-SLURM node) and ``ray_local`` (a small Ray instance started for the sweep). Each sweep must
-end as one MLflow parent run with a child per job, whichever process ran the job."""
+SLURM node), ``ray_local`` (a small Ray instance started for the sweep), and ``ray`` attached
+to an existing Ray cluster (the documented recipe). Each sweep must end as one MLflow parent
+run with a child per job, whichever process ran the job."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from tests.tracking_support import fresh_store, run_cli, runs_of
+from tests.tracking_support import cli_env, free_port, fresh_store, run_cli, runs_of
+
+
+def _assert_one_parent_two_children(uri: str) -> None:
+    _, runs = runs_of(uri, "paged_bench")
+    (parent,) = [r for r in runs if r.data.tags.get("paged_bench.kind") == "sweep"]
+    children = sorted((r for r in runs if r is not parent), key=lambda r: int(r.data.tags["job_num"]))
+    assert parent.info.status == "FINISHED" and parent.data.tags["jobs"] == "2"
+    assert [(r.info.run_name, r.info.status) for r in children] == [("max_batch=4", "FINISHED"),
+                                                                      ("max_batch=8", "FINISHED")]  # fmt: skip
+    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in children)
+    assert all(r.data.metrics["completed"] == 48 for r in children)
 
 
 @pytest.mark.slow
@@ -20,11 +35,28 @@ def test_a_two_job_sweep_through_a_distributed_launcher(tmp_path, launcher, trac
     assert proc.returncode == 0, proc.stderr
     # it really was that launcher: submitit's job folders, Ray's start-up line
     assert trace in proc.stderr or list(tmp_path.glob(f"runs/multirun/*/*/{trace}"))
-    _, runs = runs_of(uri, "paged_bench")
-    (parent,) = [r for r in runs if r.data.tags.get("paged_bench.kind") == "sweep"]
-    children = sorted((r for r in runs if r is not parent), key=lambda r: int(r.data.tags["job_num"]))
-    assert parent.info.status == "FINISHED" and parent.data.tags["jobs"] == "2"
-    assert [(r.info.run_name, r.info.status) for r in children] == [("max_batch=4", "FINISHED"),
-                                                                      ("max_batch=8", "FINISHED")]  # fmt: skip
-    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in children)
-    assert all(r.data.metrics["completed"] == 48 for r in children)
+    _assert_one_parent_two_children(uri)
+
+
+@pytest.mark.slow
+def test_a_sweep_attaches_to_an_existing_ray_cluster(tmp_path):
+    """hydra/launcher=ray with the cluster's address and no object store size (the cluster
+    has one, and Ray refuses one from a client that connects)."""
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+    port = free_port()
+    ray = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
+    env = cli_env(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")  # a loopback cluster of this test only
+    started = subprocess.run([*ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
+                              "--object-store-memory=100000000", "--include-dashboard=false", "--disable-usage-stats"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)  # fmt: skip
+    try:
+        assert started.returncode == 0, started.stderr
+        uri = fresh_store(tmp_path)
+        proc = run_cli(tmp_path, "-m", "hydra/launcher=ray", f"hydra.launcher.ray.init.address=127.0.0.1:{port}",
+                       "+hydra.launcher.ray.init.object_store_memory=null", "+hydra.launcher.ray.remote.num_cpus=1",
+                       "max_batch=4,8", timeout=300, RAY_AUTH_MODE="disabled")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert "Connected to Ray cluster" in proc.stderr
+        _assert_one_parent_two_children(uri)
+    finally:
+        subprocess.run([*ray, "stop", "--force"], cwd=tmp_path, env=env, capture_output=True, timeout=120)

@@ -93,3 +93,24 @@ def test_ctrl_c_on_a_joblib_sweep_logs_the_interrupted_jobs(tmp_path):
                                                                       ("max_batch=8", "KILLED")]  # fmt: skip
     assert all(r.data.metrics["completed"] > 0 for r in children)  # what they measured before Ctrl-C
     assert parent.data.tags["failed_jobs"] == "2" and parent.data.tags["jobs_not_run"] == "1"
+
+
+@pytest.mark.slow
+def test_a_signal_while_the_sweep_opens_leaves_no_parent_running(tmp_path):
+    """SIGTERM while the sweep creates its parent run (a tracking helper that must start first
+    takes seconds): the parent is created, then closed KILLED, never left RUNNING."""
+    uri = fresh_store(tmp_path)
+    env = cli_env(MLFLOW_TEST_NONCE=str(time.time()))  # a helper of its own: a slow, cold start
+    proc = subprocess.Popen([sys.executable, "-m", "paged_bench", "-m", "max_batch=2,4"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 60
+    while not list(tmp_path.glob("runs/multirun/*/*")) and time.time() < deadline:
+        time.sleep(0.05)  # Hydra made the sweep folder: the callback is opening the sweep
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    from tests.tracking_support import client
+
+    exp = client(uri).get_experiment_by_name("paged_bench")
+    runs = client(uri).search_runs([exp.experiment_id]) if exp else []
+    assert all(r.info.status != "RUNNING" for r in runs), [(r.info.run_name, r.info.status) for r in runs]

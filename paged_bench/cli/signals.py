@@ -42,15 +42,18 @@ def received() -> int | None:
 
 
 @contextlib.contextmanager
-def deferred() -> Iterator[None]:
-    """Inside, a signal does not interrupt (closing a sweep must not be cut short); the
-    command exits with its status afterwards."""
+def deferred(raise_after: bool = False) -> Iterator[None]:
+    """Inside, a signal does not interrupt (opening or closing a sweep must not be cut short);
+    with ``raise_after`` it is raised when the block is done, else the command exits with its
+    status afterwards."""
     global _deferred
-    _deferred = True
+    before, _deferred = _received, True
     try:
         yield
     finally:
         _deferred = False
+    if raise_after and _received is not None and before is None:
+        raise Terminated(_received)
 
 
 def install(signums: tuple[int, ...], on_stop: Callable[[int], None] | None = None) -> None:

@@ -107,6 +107,12 @@ def sweep_info(sweep_dir: Path) -> dict[str, Any]:
 
 
 def start(config: DictConfig) -> None:
+    signals.install(signals.WITH_CTRL_C, _on_stop)
+    with signals.deferred(raise_after=True):  # a signal now stops the sweep once it can be closed
+        _start(config)
+
+
+def _start(config: DictConfig) -> None:
     global _active, _outcome
     sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -130,7 +136,6 @@ def start(config: DictConfig) -> None:
     _active = _Sweep(sweep_dir, total, experiment, link, SweepBar(sweep_dir, total, job_counts), settings)
     _outcome = None
     atexit.register(_at_exit)
-    signals.install(signals.WITH_CTRL_C, _on_stop)
 
 
 def _on_stop(signum: int) -> None:
