@@ -69,6 +69,7 @@ class Cluster:
         self._origin: dict[Request, Request] = {}  # prefill copy -> the request it stands for
         self._ran: list[list[Request]] = [[] for _ in self.replicas]  # requests each replica ran
         self._on_step: Callable[[float, list[Request]], None] | None = None
+        self._out = ClusterRun([], self.replicas, [], {})  # what run() fills in
 
     # -- the loop ------------------------------------------------------------------------
 
