@@ -14,6 +14,11 @@ pool small enough to preempt.
 
     .venv/bin/python benchmarks/sim_vs_numpy.py --repeats 3
     .venv/bin/python benchmarks/sim_vs_numpy.py --preset runs/calibration/numpy-small.json --workloads seed
+    .venv/bin/python benchmarks/sim_vs_numpy.py --replay --preset runs/calibration/numpy-small.json
+
+``--replay`` is the diagnostic: one numpy run per case, each of its steps priced with the
+preset (``paged_bench.model.step_replay``), errors by step shape: cost-model error apart from
+the scheduling a different cost model leads to.
 
 Wall-clock runs on a shared machine are noisy (other processes steal the cores the real
 backend runs on, which no cost model sees): read the errors with the load average printed.
@@ -32,15 +37,16 @@ from pathlib import Path
 from paged_bench.app import run_job
 from paged_bench.config import compose_config
 from paged_bench.model.calibrate import calibrate, default_shapes
-from paged_bench.model.roofline import measure_cpu, save_preset
+from paged_bench.model.roofline import load_preset, measure_cpu, save_preset
+from paged_bench.model.step_replay import replay, shape_table
 
 KEYS = ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "output_throughput")
 WORKLOADS = {
     "seed": ("workload=seed",),
     # prompts of ~1,000 tokens (up to 4,095) for a model that prefills a few thousand tokens a
     # second: 32 requests at 2/s, prefill chunked at 2,048 tokens a step
-    "azure": ("workload=azure_conv", "workload.start=600", "workload.limit=32", "workload.rate=2",
-              "max_model_len=4096", "max_num_batched_tokens=2048"),  # fmt: skip
+    "azure": ("workload=azure_conv", "workload.start=600", "workload.limit=32", "workload.rate=1",
+              "max_model_len=4096", "max_num_batched_tokens=512"),  # fmt: skip
 }
 SCHEDULERS = {
     "static": ("scheduler=static",),
@@ -69,6 +75,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="numpy runs per configuration (median)")
     p.add_argument("--schedulers", default=",".join(SCHEDULERS))
     p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--replay", action="store_true", help="price each step of one numpy run per case instead")
     args = p.parse_args()
     preset = args.preset
     if preset is None:
@@ -80,6 +87,9 @@ def main() -> None:
         print(f"calibrated on {info['fit']['samples']} shapes, median |error| {info['fit']['median_abs_rel_err']:.1%}, "
               f"overhead {h.overhead * 1e3:.2f} ms/step, {h.per_seq * 1e6:.0f} us/seq -> {preset}")  # fmt: skip
     cases = [(w, s) for w in args.workloads.split(",") for s in args.schedulers.split(",")]
+    if args.replay:
+        print_replays(cases, preset)
+        return
     real_runs: dict[tuple[str, str], list[dict]] = {case: [] for case in cases}
     for round_no in range(args.repeats):  # interleaved: a burst of load elsewhere hits every case alike
         for case in cases:
@@ -100,6 +110,23 @@ def main() -> None:
         print(f"| {case[0]} | {case[1]} | sim | " + " | ".join(f"{sim[k]:.1f} ({err[k]:+.1%})" for k in KEYS) + " |")
     verdict = "within" if worst <= GOAL else "NOT within"
     print(f"\nlargest |error| {worst:.1%}: {verdict} the {GOAL:.0%} goal")
+
+
+def print_replays(cases: list[tuple[str, str]], preset: Path) -> None:
+    """For each case, one numpy run's steps priced by the preset, binned by step shape."""
+    cost = load_preset(preset)
+    for case in cases:
+        cfg = compose_config("backend=numpy", *overrides(*case), "tracking.enabled=false")
+        result = replay(cfg, cost)
+        measured, predicted = (sum(getattr(s, k) for s in result.steps) for k in ("measured", "predicted"))
+        print(f"\n{case[0]}/{case[1]}: {len(result.steps)} steps, {result.num_preemptions} preemptions, "
+              f"busy {measured:.2f} s of {result.run_seconds:.2f} s; predicted busy {predicted:.2f} s "
+              f"({predicted / measured - 1:+.1%})\n")  # fmt: skip
+        print("| step shape | steps | busy share | measured p50 (ms) | predicted p50 (ms) | median error |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for row in shape_table(result.steps):
+            print(f"| {row['shape']} | {row['steps']} | {row['busy_share']:.0%} | {row['measured_ms']:.2f} | "
+                  f"{row['predicted_ms']:.2f} | {row['median_error']:+.0%} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,22 +50,28 @@ def default_shapes(max_len: int = 512) -> list[Shape]:
     prompt chunk beside a batch of decodes. Chunks go up to ``max_len`` (long prompts are
     prefilled in one chunk of up to ``max_num_batched_tokens``)."""
     ctxs = [c for c in (16, 128, 384) if c < max_len]
-    chunks = [n for n in (16, 64, 128, 256, 512, 1024, 2048, 4096) if n < max_len]
+    chunks = [n for n in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if n < max_len]
     shapes = [Shape(b, 0, 0, c) for b, c in itertools.product((1, 2, 4, 8, 16, 32), ctxs)]
     shapes += [Shape(0, p, n, 0) for p, n in itertools.product((1, 2, 4), chunks) if p * n <= 1024]
     shapes += [Shape(0, 1, n, c) for n, c in ((64, 128), (128, 256), (512, 512)) if n + c < max_len]
     mixed = itertools.product((1, 4, 8, 16), (32, 96, 512, 2048), (16, 128))
     shapes += [Shape(b, 1, n, c) for b, n, c in mixed if n + c < max_len and (n <= 96 or b in (1, 8))]
+    # long contexts (what long prompts leave): decodes, and chunks of a prompt after earlier
+    # chunks, alone, two at once, and beside decodes (an eager attention's score matrices
+    # then outgrow the caches)
+    longs = [c for c in (1024, 3072) if c + 512 < max_len]
+    shapes += [Shape(b, 0, 0, c) for b, c in itertools.product((1, 4, 16), longs)]
+    shapes += [Shape(b, p, 512, c) for b, p, c in itertools.product((0, 8), (1, 2), longs) if b or p == 1]
     return shapes
 
 
 def _plan(
-    shape: Shape, allocator: PagedAllocator, rng: np.random.Generator, vocab: int
+    shape: Shape, allocator: PagedAllocator, rng: np.random.Generator, vocab: int, first_id: int = 0
 ) -> tuple[StepPlan, list[Request]]:
     reqs, rows = [], []
     specs = [(shape.context, 1)] * shape.decodes + [(shape.context, shape.chunk)] * shape.prefills
     for i, (ctx, n) in enumerate(specs):
-        req = Request(i, 0.0, rng.integers(0, vocab, ctx + n).tolist(), 1)
+        req = Request(first_id + i, 0.0, rng.integers(0, vocab, ctx + n).tolist(), 1)
         if not allocator.allocate_slots(req, ctx + n):
             raise ConfigError("calibration shape", shape, "fewer tokens than the calibration pool holds")
         req.num_computed_tokens = ctx
@@ -74,15 +80,28 @@ def _plan(
     return StepPlan.starting(rows), reqs
 
 
+def _continuing(plan: StepPlan) -> StepPlan:
+    """``plan`` once its decoding requests are running: a run's decode rows are requests the
+    backend already holds (only a prompt's first chunk brings a new one), and setting up a
+    new request's state costs what a decode step of it never pays."""
+    return plan._replace(new_reqs=tuple(new for new, n in zip(plan.new_reqs, plan.num_new_tokens) if n > 1))
+
+
 def time_shapes(
     backend: Backend, model: ModelConfig, dtype: str, shapes: Sequence[Shape], repeats: int = 3
 ) -> list[tuple[StepWork, float]]:
-    """(work, median seconds) of ``backend.execute`` for each shape, each timed after a warm-up.
+    """(work, median seconds) of ``backend.execute`` for each shape.
 
     The repeats are rounds over every shape rather than back-to-back runs of one, so that a
     burst of load from elsewhere on a shared machine spreads over the shapes instead of
-    skewing the few it lands on (a skewed shape bends the whole fit)."""
-    need = max(s.decodes + s.prefills for s in shapes) * -(
+    skewing the few it lands on (a skewed shape bends the whole fit).
+
+    Each shape is timed as a run meets it, since that changes its cost by as much as its
+    shape does: its decoding requests already running (``_continuing``), after the step a run
+    puts before it: a decode batch after the same batch (a run decodes step after step), a
+    step with a prompt chunk after a decode step (``lead_in``: prompts arrive amid decodes),
+    not after itself (which finds its activations and K/V still in cache)."""
+    need = 2 * max(s.decodes + s.prefills for s in shapes) * -(
         -max(s.context + max(s.chunk, 1) for s in shapes) // BLOCK_SIZE
     )
     allocator = PagedAllocator(num_blocks=need + 1, block_size=BLOCK_SIZE, prefix_caching=False, swap_blocks=0)
@@ -93,15 +112,73 @@ def time_shapes(
     for round_no in range(repeats):
         for i, shape in enumerate(shapes):
             plan, reqs = _plan(shape, allocator, rng, model.vocab_size)
-            backend.execute(plan)  # warm-up: first-touch of this shape's K/V and buffers
+            backend.execute(plan)  # first touch of this shape's K/V and buffers; its requests start
+            timed = _continuing(plan)
+            if shape.prefills:
+                lead_plan, lead_reqs = _plan(lead_in(shape), allocator, rng, model.vocab_size, len(reqs))
+                backend.execute(lead_plan)
+                reqs += lead_reqs
+            else:
+                backend.execute(timed)
             start = time.perf_counter()
-            backend.execute(plan)
+            backend.execute(timed)
             times[i].append(time.perf_counter() - start)
             for req in reqs:
                 allocator.free(req)
+            backend.execute(StepPlan(finished_req_ids=tuple(r.request_id for r in reqs)))  # the backend lets them go
             if round_no == 0:
                 works.append(step_work(plan, model, dtype, BLOCK_SIZE))
     return [(work, statistics.median(t)) for work, t in zip(works, times)]
+
+
+def lead_in(shape: Shape) -> Shape:
+    """The decode step a run has just run before a step with a prompt chunk: its decodes (one
+    sequence when it has none)."""
+    return Shape(max(shape.decodes, 1), 0, 0, max(shape.context, 16))
+
+
+def curve_points(max_tokens: int) -> list[int]:
+    """Every row count up to 16 (where a BLAS's kernel edges make the cost jump about), then
+    a geometric grid up to ``max_tokens``."""
+    points = list(range(1, min(16, max_tokens) + 1))
+    n = 16
+    while n < max_tokens:
+        n = min(int(n * 1.5), max_tokens)
+        points.append(n)
+    return points
+
+
+def time_matmuls(backend: Backend, model: ModelConfig, max_tokens: int, repeats: int = 5) -> tuple[tuple[float, float, float], ...]:
+    """The backend's own matmuls timed at each row count of ``curve_points``: (rows, seconds
+    of every layer's QKV/output/gate-up/down, seconds of the LM head), each the median of
+    ``repeats`` rounds over every row count (load from elsewhere spreads over the points).
+
+    Run under the backend's thread settings (after ``bind``), on its weights, with its
+    ``ops.linear``: what a step's matmuls cost on this BLAS, edge cases and all."""
+    ops, w = backend.ops, backend.weights
+    rng = np.random.default_rng(0)
+    points = curve_points(max_tokens)
+    inputs = {  # one input per distinct width, sliced to the row count
+        dim: ops.asarray(rng.standard_normal((max_tokens, dim), dtype=np.float32))
+        for dim in {model.hidden_size, model.q_size, model.intermediate_size}
+    }
+    layer_ops = [(inputs[d], m) for lw in w.layers for d, m in
+                 ((model.hidden_size, lw.qkv), (model.q_size, lw.o), (model.hidden_size, lw.gate_up),
+                  (model.intermediate_size, lw.down))]  # fmt: skip
+    head = (inputs[model.hidden_size], w.lm_head)
+    times: dict[int, list[tuple[float, float]]] = {n: [] for n in points}
+    for _ in range(repeats + 1):  # the first round warms up
+        for n in points:
+            start = time.perf_counter()
+            for x, m in layer_ops:
+                ops.linear(x[:n], m)
+            mid = time.perf_counter()
+            ops.linear(head[0][:n], head[1])
+            times[n].append((mid - start, time.perf_counter() - mid))
+    return tuple(
+        (float(n), statistics.median(t[0] for t in ts[1:]), statistics.median(t[1] for t in ts[1:]))
+        for n, ts in times.items()
+    )
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -123,8 +200,9 @@ _EFFS = ("compute_eff", "memory_eff", "attn_eff", "kv_eff")
 
 
 def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iterations: int = 30) -> RooflineCost:
-    """Fit overhead, per_seq, the four efficiencies and per_score_byte of ``cost`` to measured
-    step times.
+    """Fit overhead, per_seq, per_prefill, the four efficiencies and per_score_byte of
+    ``cost`` to measured step times (with a measured ``matmul_curve``, the matmuls are known
+    and the rest is fitted to what they leave).
 
     Each roofline is a max, so this alternates: given which side bounds each kernel class of
     each step, the time is linear in (1, sequences, and the bounding side's FLOPs/peak or
@@ -134,12 +212,15 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
     two kernel classes (and from the preset's own efficiencies) and keeps the best fit."""
     hw = cost.hardware
     t = np.array([s for _, s in samples])
+    # with a measured matmul curve the matmuls are known: the rest is fitted to what is left
+    curve = hw.matmul_curve is not None
+    known = np.array([cost.matmul_seconds(w) if curve else 0.0 for w, _ in samples])
     seqs = np.array([w.num_seqs for w, _ in samples], float)
     # per kernel class: (compute seconds at peak, memory seconds at full bandwidth)
     sides = [
         (
-            np.array([w.matmul_flops for w, _ in samples]) / hw.peak_flops,
-            np.array([w.weight_bytes for w, _ in samples]) / hw.mem_bandwidth,
+            np.array([0.0 if curve else w.matmul_flops for w, _ in samples]) / hw.peak_flops,
+            np.array([0.0 if curve else w.weight_bytes for w, _ in samples]) / hw.mem_bandwidth,
         ),
         (
             np.array([w.attn_flops for w, _ in samples]) / hw.peak_flops,
@@ -147,20 +228,21 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
         ),
     ]
     scores = np.array([w.score_bytes for w, _ in samples])
+    prefills = np.array([w.num_prefills for w, _ in samples], float)
     prior = [1 / getattr(hw, name) for name in _EFFS]
 
     def decide(inv: list[float]) -> list[np.ndarray]:
         return [c * inv[2 * k] >= m * inv[2 * k + 1] for k, (c, m) in enumerate(sides)]
 
     def alternate(bound: list[np.ndarray]) -> RooflineCost:
-        inv, x = list(prior), np.zeros(7)
+        inv, x = list(prior), np.zeros(8)
         for _ in range(iterations):
             cols = [np.ones_like(t), seqs]
             for (c, m), b in zip(sides, bound):
                 cols += [c * b, m * ~b]
-            cols.append(scores)  # additive: score traffic comes on top of either bound
+            cols += [scores, prefills]  # additive: score traffic comes on top of either bound
             a = np.stack(cols, axis=1) / t[:, None]
-            x = _nnls(a, np.ones_like(t))
+            x = _nnls(a, 1 - known / t)
             # a side no step is bound by keeps the prior; one the fit finds free costs ~nothing
             inv = [max(x[2 + i], 1e-6) if a[:, 2 + i].any() else inv[i] for i in range(4)]
             new_bound = decide(inv)
@@ -168,7 +250,8 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
                 break
             bound = new_bound
         effs = {name: float(1 / v) for name, v in zip(_EFFS, inv)}
-        return cost.with_fit(overhead=float(x[0]), per_seq=float(x[1]), per_score_byte=float(x[6]), **effs)
+        return cost.with_fit(overhead=float(x[0]), per_seq=float(x[1]), per_score_byte=float(x[6]),
+                              per_prefill=float(x[7]), **effs)  # fmt: skip
 
     ones, zeros = np.ones_like(t, bool), np.zeros_like(t, bool)
     starts = [decide(prior)] + [[a, b] for a in (ones, zeros) for b in (ones, zeros)]
@@ -197,10 +280,14 @@ def calibrate(cfg: dict[str, Any], hw: Hardware, shapes: Sequence[Shape], repeat
     dtype = getattr(backend, "compute_dtype", "float32")
     try:
         samples = time_shapes(backend, model, dtype, shapes, repeats)
+        longest = max(max(s.decodes + s.prefills * s.chunk for s in shapes), 1)
+        hw = replace(hw, matmul_curve=time_matmuls(backend, model, longest, max(repeats, 3)))
     finally:
         backend.close()
     cost = fit(RooflineCost(model, hw, dtype), samples)
-    info = {"backend": name, "backend_options": options, "fit": fit_errors(cost, samples)}
+    info = {"backend": name, "backend_options": options, "fit": fit_errors(cost, samples),
+            "shapes": [{**asdict(shape), "measured_ms": t * 1e3, "fitted_ms": cost.seconds(w) * 1e3}
+                       for shape, (w, t) in zip(shapes, samples)]}  # fmt: skip
     # a real run also pays the engine's own work per step (scheduling, allocation, update),
     # which timing backend.execute alone leaves out
     engine = measure_engine_cost(repeats=repeats)

@@ -6,6 +6,7 @@ A step runs two kinds of kernels one after the other, each bounded by its own ro
              + max(matmul FLOPs / (peak_flops * compute_eff), weight bytes / (mem_bandwidth * memory_eff))
              + max(attention FLOPs / (peak_flops * attn_eff), K/V bytes / (mem_bandwidth * kv_eff))
              + score bytes * per_score_byte (an eager attention's score matrices; 0 when fused)
+             + per_prefill * prompt chunks
              + swap bytes / host_link
              + 2 x layers x all-reduce seconds (tensor parallel, over the ranks' link)
 
@@ -58,6 +59,15 @@ class Hardware:
     # queries x keys x heads floats, what makes a long prompt's prefill memory-bound on a CPU;
     # 0 for a fused (flash) attention, which keeps none (the GPU presets)
     per_score_byte: float = 0.0
+    # seconds per prompt chunk in a step, on top of per_seq: the eager attention's per-chunk
+    # work (its causal mask, padding) and a prefill's own bookkeeping; 0 in the GPU presets
+    per_prefill: float = 0.0
+    # measured matmul seconds by the step's token count, (tokens, every layer's matmuls, the LM
+    # head on that many rows), ascending: replaces the matmul roofline where a calibration
+    # found one. A CPU BLAS at one thread is no roofline for the few rows of a decode step:
+    # one row runs a matrix-vector kernel, 2 and 3 rows a matrix-matrix kernel's slow edge
+    # cases that cost more than 4 rows (see ``calibrate.time_matmuls``)
+    matmul_curve: tuple[tuple[float, float, float], ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,6 +144,8 @@ class StepWork:
     num_allreduces: int = 0  # tensor parallel: two per layer
     allreduce_bytes: float = 0.0  # each one's activations
     score_bytes: float = 0.0  # fp32 attention scores an eager attention materialises, per layer and head
+    num_tokens: int = 0  # new tokens: the rows of every layer's matmuls
+    num_prefills: int = 0  # sequences computing a chunk of more than one token
 
 
 def step_work(
@@ -166,7 +178,7 @@ def step_work(
     score_bytes = 4.0 * model.num_layers * shard.num_heads * scores
     return StepWork(
         len(plan.req_ids), matmul, weights, attn, float((kv_read + new) * kv_token), swap,
-        allreduces, float(new * model.hidden_size * DTYPE_BYTES[dtype]), score_bytes,
+        allreduces, float(new * model.hidden_size * DTYPE_BYTES[dtype]), score_bytes, new, prefills,
     )  # fmt: skip
 
 
@@ -197,21 +209,44 @@ class RooflineCost:
             gpu_memory_utilization, max_num_batched_tokens, max_num_seqs,
         )  # fmt: skip
 
-    def seconds(self, w: StepWork) -> float:
+    def matmul_seconds(self, w: StepWork) -> float:
         hw = self.hardware
-        matmuls = max(
+        if hw.matmul_curve is not None and self.tp == 1:
+            return curve_seconds(hw.matmul_curve, w.num_tokens, w.num_seqs)
+        return max(
             w.matmul_flops / (hw.peak_flops * hw.compute_eff), w.weight_bytes / (hw.mem_bandwidth * hw.memory_eff)
         )
+
+    def seconds(self, w: StepWork) -> float:
+        hw = self.hardware
+        matmuls = self.matmul_seconds(w)
         attention = max(w.attn_flops / (hw.peak_flops * hw.attn_eff), w.kv_bytes / (hw.mem_bandwidth * hw.kv_eff))
         comm = w.num_allreduces * self.link.allreduce_seconds(w.allreduce_bytes, self.tp) if w.num_allreduces else 0.0
         scores = w.score_bytes * hw.per_score_byte
-        return hw.overhead + hw.per_seq * w.num_seqs + matmuls + attention + scores + w.swap_bytes / hw.host_link + comm
+        per_request = hw.per_seq * w.num_seqs + hw.per_prefill * w.num_prefills
+        return hw.overhead + per_request + matmuls + attention + scores + w.swap_bytes / hw.host_link + comm
 
     def duration(self, plan: StepPlan, block_size: int) -> float:
         return self.seconds(step_work(plan, self.model, self.dtype, block_size, self.shard))
 
     def with_fit(self, **coefficients: float) -> RooflineCost:
         return replace(self, hardware=replace(self.hardware, **coefficients))
+
+
+def curve_seconds(curve: tuple[tuple[float, float, float], ...], tokens: int, rows: int) -> float:
+    """A measured matmul curve read at ``tokens`` layer rows and ``rows`` LM-head rows:
+    interpolated between its points, extended along its last two past the end."""
+    xs = [p[0] for p in curve]
+
+    def read(x: float, col: int) -> float:
+        if x <= 0:
+            return 0.0
+        if x <= xs[-1]:
+            return float(np.interp(x, xs, [p[col] for p in curve]))
+        (x0, *a), (x1, *b) = curve[-2], curve[-1]
+        return b[col - 1] + (b[col - 1] - a[col - 1]) * (x - x1) / (x1 - x0)
+
+    return read(tokens, 1) + read(rows, 2)
 
 
 def save_preset(path: Path, cost: RooflineCost, info: dict[str, Any]) -> None:
@@ -225,6 +260,9 @@ def load_preset(path: str | Path) -> RooflineCost:
     check(p.is_file(), "backend.preset", str(path), "a preset file written by python -m paged_bench.model.calibrate")
     try:
         data = json.loads(p.read_text())
-        return RooflineCost(ModelConfig(**data["model"]), Hardware(**data["hardware"]), data["dtype"])
+        hw = data["hardware"]
+        if hw.get("matmul_curve") is not None:
+            hw = {**hw, "matmul_curve": tuple(tuple(float(v) for v in p) for p in hw["matmul_curve"])}
+        return RooflineCost(ModelConfig(**data["model"]), Hardware(**hw), data["dtype"])
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError("backend.preset", str(path), f"a calibration preset ({type(e).__name__}: {e})") from e
