@@ -110,3 +110,83 @@ def test_calibrate_command_end_to_end(tmp_path, capsys):
     assert sim.engine.run(sim.requests).error is None
     assert cal.main(["backend=sim", "--hardware", "cpu", "--out", str(tmp_path / "x.json")]) == 2
     assert cal.main(["backend=nope"]) == 2  # a composition error: one line, no traceback
+
+
+# a BLAS-like curve: one row runs a matrix-vector kernel, 2-3 rows a slow matrix-matrix edge
+CURVE = ((1.0, 1e-4, 1e-6), (2.0, 3e-4, 2e-6), (3.0, 4e-4, 3e-6), (4.0, 2e-4, 2e-6), (8.0, 3e-4, 4e-6))
+
+
+def test_a_measured_matmul_curve_prices_the_matmuls_instead_of_the_roofline():
+    model = PRESETS["small"]
+    hw = Hardware("t", 100e9, 20e9, 10e9, overhead=1e-3, matmul_curve=CURVE)
+    cost = RooflineCost(model, hw, "float32")
+    two, four = _works(model, [cal.Shape(2, 0, 0, 16), cal.Shape(4, 0, 0, 16)])
+    # 2 rows cost more than 4, as the curve says; a FLOP roofline would say the opposite
+    assert cost.matmul_seconds(two) == pytest.approx(3e-4 + 2e-6)
+    assert cost.matmul_seconds(four) == pytest.approx(2e-4 + 2e-6)
+    assert cost.seconds(two) > cost.seconds(four)
+    # between points: interpolated; past the last: along the last segment
+    (six,) = _works(model, [cal.Shape(6, 0, 0, 16)])
+    assert cost.matmul_seconds(six) == pytest.approx(2.5e-4 + 3e-6)
+    (prefill,) = _works(model, [cal.Shape(0, 1, 12, 0)])
+    assert cost.matmul_seconds(prefill) == pytest.approx(3e-4 + (12 - 8) * (3e-4 - 2e-4) / 4 + 1e-6)
+    # tensor parallel has no measured curve: the roofline prices a rank's matmuls
+    assert RooflineCost(model, hw, "float32", tp=2).matmul_seconds(two) != cost.matmul_seconds(two)
+
+
+def test_fit_with_a_curve_recovers_the_per_step_and_per_prefill_costs():
+    model = PRESETS["small"]
+    truth = RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9, 4e-4, 3e-5, 1.0, 1.0, 0.25, 0.12,
+                                         per_prefill=3e-4, matmul_curve=CURVE), "float32")  # fmt: skip
+    works = _works(model, cal.default_shapes())
+    rng = np.random.default_rng(1)
+    samples = [(w, truth.seconds(w) * rng.uniform(0.99, 1.01)) for w in works]
+    fitted = cal.fit(RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9, matmul_curve=CURVE), "float32"), samples)
+    assert cal.fit_errors(fitted, samples)["median_abs_rel_err"] < 0.02
+    for name in ("overhead", "per_prefill"):
+        assert getattr(fitted.hardware, name) == pytest.approx(getattr(truth.hardware, name), rel=0.15), name
+
+
+def test_preset_with_a_curve_round_trips(tmp_path):
+    cost = RooflineCost(PRESETS["small"], Hardware("t", 1e11, 2e10, 1e10, per_prefill=1e-4, matmul_curve=CURVE),
+                        "float32")  # fmt: skip
+    save_preset(tmp_path / "p.json", cost, {})
+    assert load_preset(tmp_path / "p.json") == cost
+
+
+def test_time_matmuls_measures_the_backends_own_matmuls():
+    from paged_bench import registry
+
+    backend = registry.create("backend", "numpy", model="tiny", threads=1)
+    backend.bind(PagedAllocator(num_blocks=8, block_size=16, prefix_caching=False, swap_blocks=0))
+    curve = cal.time_matmuls(backend, PRESETS["tiny"], 40, repeats=1)
+    backend.close()
+    assert [p[0] for p in curve] == [*range(1, 17), 24, 36, 40] == cal.curve_points(40)
+    assert all(layers > 0 and head > 0 for _, layers, head in curve)
+
+
+def test_calibration_times_decode_rows_as_running_requests():
+    alloc = PagedAllocator(num_blocks=64, block_size=16, prefix_caching=False)
+    plan, _ = cal._plan(cal.Shape(3, 1, 32, 16), alloc, np.random.default_rng(0), 256)
+    timed = cal._continuing(plan)
+    # only the prompt chunk's request is new; the decodes are held by the backend already
+    assert [new.req_id for new in timed.new_reqs] == [3] and timed.req_ids == plan.req_ids
+    assert cal.lead_in(cal.Shape(3, 1, 32, 16)) == cal.Shape(3, 0, 0, 16)
+    assert cal.lead_in(cal.Shape(0, 2, 32, 0)) == cal.Shape(1, 0, 0, 16)
+
+
+def test_step_replay_prices_every_step_the_real_run_ran():
+    from paged_bench.model.step_replay import replay, shape_of, shape_table
+
+    cost = RooflineCost(PRESETS["tiny"], HARDWARE["cpu"], "float32")
+    cfg = compose_config("backend=numpy", "backend.model=tiny", "workload.num_requests=6", "tracking.enabled=false")
+    result = replay(cfg, cost)
+    assert result.steps and result.run_seconds >= sum(s.measured for s in result.steps) > 0
+    assert all(s.predicted > 0 for s in result.steps)
+    table = shape_table(result.steps)
+    assert sum(r["steps"] for r in table) == len(result.steps)
+    assert sum(r["busy_share"] for r in table) == pytest.approx(1.0)
+    alloc = PagedAllocator(num_blocks=64, block_size=16, prefix_caching=False)
+    rng = np.random.default_rng(0)
+    assert shape_of(cal._plan(cal.Shape(4, 0, 0, 16), alloc, rng, 256)[0]) == "decode 4"
+    assert shape_of(cal._plan(cal.Shape(0, 2, 100, 0), alloc, rng, 256)[0]) == "prefill 2x<=128"

@@ -3,9 +3,13 @@
     python -m paged_bench.model.calibrate backend=numpy [--out FILE] [--hardware measure]
 
 runs the backend (any overrides of the main command pick it and its model) over decode
-batches, prefill chunks and mixed steps at several context lengths, times each step, fits
-the roofline's ``overhead``, ``per_seq`` and efficiencies (least squares on relative error,
-non-negative), and saves a preset that ``backend=sim backend.preset=FILE`` replays.
+batches, prefill chunks and mixed steps at several context lengths, times each step as a run
+meets it, times the backend's own matmuls at every row count a step may have (the
+``matmul_curve``: a CPU BLAS is no roofline at a few rows), fits the roofline's
+``overhead``, ``per_seq``, ``per_prefill`` and attention terms to what the matmuls leave
+(least squares on relative error, non-negative), and saves a preset that ``backend=sim
+backend.preset=FILE`` replays. ``benchmarks/sim_vs_numpy.py --replay`` checks a preset step
+by step against a real run.
 """
 
 from __future__ import annotations
@@ -101,8 +105,10 @@ def time_shapes(
     puts before it: a decode batch after the same batch (a run decodes step after step), a
     step with a prompt chunk after a decode step (``lead_in``: prompts arrive amid decodes),
     not after itself (which finds its activations and K/V still in cache)."""
-    need = 2 * max(s.decodes + s.prefills for s in shapes) * -(
-        -max(s.context + max(s.chunk, 1) for s in shapes) // BLOCK_SIZE
+    need = (
+        2
+        * max(s.decodes + s.prefills for s in shapes)
+        * -(-max(s.context + max(s.chunk, 1) for s in shapes) // BLOCK_SIZE)
     )
     allocator = PagedAllocator(num_blocks=need + 1, block_size=BLOCK_SIZE, prefix_caching=False, swap_blocks=0)
     backend.bind(allocator)
@@ -148,7 +154,9 @@ def curve_points(max_tokens: int) -> list[int]:
     return points
 
 
-def time_matmuls(backend: Backend, model: ModelConfig, max_tokens: int, repeats: int = 5) -> tuple[tuple[float, float, float], ...]:
+def time_matmuls(
+    backend: Backend, model: ModelConfig, max_tokens: int, repeats: int = 5
+) -> tuple[tuple[float, float, float], ...]:
     """The backend's own matmuls timed at each row count of ``curve_points``: (rows, seconds
     of every layer's QKV/output/gate-up/down, seconds of the LM head), each the median of
     ``repeats`` rounds over every row count (load from elsewhere spreads over the points).
@@ -339,8 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     h, fit_info = cost.hardware, info["fit"]
     print(
         f"calibrated {info['backend']} on {len(shapes)} shapes: overhead {h.overhead * 1e3:.2f} ms/step, "
-        f"{h.per_seq * 1e6:.0f} us/seq; of {h.peak_flops / 1e9:.0f} GFLOP/s and {h.mem_bandwidth / 1e9:.1f} GB/s: "
-        f"matmuls {_pct(h.compute_eff)} / {_pct(h.memory_eff)}, attention {_pct(h.attn_eff)} / {_pct(h.kv_eff)}; "
+        f"{h.per_seq * 1e6:.0f} us/seq, {h.per_prefill * 1e6:.0f} us/prompt chunk; matmuls measured at "
+        f"{len(h.matmul_curve or ())} row counts; of {h.peak_flops / 1e9:.0f} GFLOP/s and "
+        f"{h.mem_bandwidth / 1e9:.1f} GB/s: attention {_pct(h.attn_eff)} / {_pct(h.kv_eff)}; "
         f"median |error| "
         f"{fit_info['median_abs_rel_err']:.1%}, max {fit_info['max_abs_rel_err']:.1%}\n"
         f"wrote {out}; use it with: python -m paged_bench backend=sim backend.preset={out}"

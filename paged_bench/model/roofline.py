@@ -15,7 +15,8 @@ weight bytes: every matmul weight once per step (what makes decode memory-bound)
 FLOPs: 4 x heads x head_dim per (query, key) pair; K/V bytes: what every query reads plus
 what the step writes. ``overhead``, ``per_seq`` and the four efficiencies are what
 ``calibrate`` fits to a real backend; the shipped presets carry datasheet peaks and typical
-values for them.
+values for them. A calibrated preset also carries its backend's matmul seconds measured by
+row count (``matmul_curve``), which then replace the matmul roofline (one rank only).
 
 With ``tp`` ranks every figure is one rank's (``TPShard``: its slice of the weights, heads and
 KV heads), the ranks run in parallel, and each layer adds two all-reduces of the step's
