@@ -5,6 +5,7 @@ model is untouched."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -190,3 +191,26 @@ def test_step_replay_prices_every_step_the_real_run_ran():
     rng = np.random.default_rng(0)
     assert shape_of(cal._plan(cal.Shape(4, 0, 0, 16), alloc, rng, 256)[0]) == "decode 4"
     assert shape_of(cal._plan(cal.Shape(0, 2, 100, 0), alloc, rng, 256)[0]) == "prefill 2x<=128"
+
+
+def test_an_eager_attention_pays_for_padding_and_for_gathers_past_the_core_cache():
+    model = PRESETS["small"]
+    kv_token = model.kv_bytes_per_token()
+    alloc = PagedAllocator(num_blocks=256, block_size=16, prefix_caching=False)
+    rows = []
+    for i, ctx in enumerate((15, 399)):  # two decodes: the group pads the first to 400 keys
+        req = Request(i, 0.0, list(range(ctx + 1)), 1)
+        assert alloc.allocate_slots(req, ctx + 1)
+        req.num_computed_tokens = ctx
+        rows.append((NewRequestData.from_request(req, alloc.block_table(req)), 1))
+    work = step_work(StepPlan.starting(rows), model, "float32", 16)
+    assert work.padding_kv_bytes == (2 * 400 - (16 + 400)) * kv_token
+    base = Hardware("t", 100e9, 20e9, 10e9, kv_eff=0.2)
+    fused, eager = (RooflineCost(model, replace(base, eager_attention=e), "float32") for e in (False, True))
+    assert eager.seconds(work) - fused.seconds(work) == pytest.approx(work.padding_kv_bytes / (20e9 * 0.2))
+    # a layer's K/V (400 + 400 keys gathered, 2 written) past a 64 KiB core cache: the excess, every layer
+    spill = RooflineCost(model, replace(base, cache_bytes=65536.0, per_spilled_kv_byte=1e-9), "float32")
+    per_layer = 802 * kv_token / model.num_layers
+    assert spill.spilled_kv_bytes(work) == pytest.approx(model.num_layers * (per_layer - 65536))
+    assert spill.seconds(work) - fused.seconds(work) == pytest.approx(spill.spilled_kv_bytes(work) * 1e-9)
+    assert fused.spilled_kv_bytes(work) == 0.0  # no cache figure (the GPU presets): no such term

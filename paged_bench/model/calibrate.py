@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -94,7 +93,7 @@ def _continuing(plan: StepPlan) -> StepPlan:
 def time_shapes(
     backend: Backend, model: ModelConfig, dtype: str, shapes: Sequence[Shape], repeats: int = 3
 ) -> list[tuple[StepWork, float]]:
-    """(work, median seconds) of ``backend.execute`` for each shape.
+    """(work, seconds: ``quiet_seconds`` of the repeats) of ``backend.execute`` for each shape.
 
     The repeats are rounds over every shape rather than back-to-back runs of one, so that a
     burst of load from elsewhere on a shared machine spreads over the shapes instead of
@@ -134,7 +133,15 @@ def time_shapes(
             backend.execute(StepPlan(finished_req_ids=tuple(r.request_id for r in reqs)))  # the backend lets them go
             if round_no == 0:
                 works.append(step_work(plan, model, dtype, BLOCK_SIZE))
-    return [(work, statistics.median(t)) for work, t in zip(works, times)]
+    return [(work, quiet_seconds(t)) for work, t in zip(works, times)]
+
+
+def quiet_seconds(times: Sequence[float]) -> float:
+    """What a step costs on a machine nobody else is using: the lower quartile of its timed
+    repeats. Load from other processes only ever adds time, and a cost model cannot see it; a
+    median fits whatever load the calibration happened to run under (on a shared 2-core VM,
+    one shape's median moved by 25% between calibrations minutes apart)."""
+    return float(np.percentile(times, 25))
 
 
 def lead_in(shape: Shape) -> Shape:
@@ -158,8 +165,8 @@ def time_matmuls(
     backend: Backend, model: ModelConfig, max_tokens: int, repeats: int = 5
 ) -> tuple[tuple[float, float, float], ...]:
     """The backend's own matmuls timed at each row count of ``curve_points``: (rows, seconds
-    of every layer's QKV/output/gate-up/down, seconds of the LM head), each the median of
-    ``repeats`` rounds over every row count (load from elsewhere spreads over the points).
+    of every layer's QKV/output/gate-up/down, seconds of the LM head), each the
+    ``quiet_seconds`` of ``repeats`` rounds over every row count.
 
     Run under the backend's thread settings (after ``bind``), on its weights, with its
     ``ops.linear``: what a step's matmuls cost on this BLAS, edge cases and all."""
@@ -184,7 +191,7 @@ def time_matmuls(
             ops.linear(head[0][:n], head[1])
             times[n].append((mid - start, time.perf_counter() - mid))
     return tuple(
-        (float(n), statistics.median(t[0] for t in ts[1:]), statistics.median(t[1] for t in ts[1:]))
+        (float(n), quiet_seconds([t[0] for t in ts[1:]]), quiet_seconds([t[1] for t in ts[1:]]))
         for n, ts in times.items()
     )
 
@@ -232,23 +239,24 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
         ),
         (
             np.array([w.attn_flops for w, _ in samples]) / hw.peak_flops,
-            np.array([w.kv_bytes for w, _ in samples]) / hw.mem_bandwidth,
+            np.array([w.kv_bytes + w.padding_kv_bytes * hw.eager_attention for w, _ in samples]) / hw.mem_bandwidth,
         ),
     ]
     scores = np.array([w.score_bytes for w, _ in samples])
     prefills = np.array([w.num_prefills for w, _ in samples], float)
+    spilled = np.array([cost.spilled_kv_bytes(w) for w, _ in samples])
     prior = [1 / getattr(hw, name) for name in _EFFS]
 
     def decide(inv: list[float]) -> list[np.ndarray]:
         return [c * inv[2 * k] >= m * inv[2 * k + 1] for k, (c, m) in enumerate(sides)]
 
     def alternate(bound: list[np.ndarray]) -> RooflineCost:
-        inv, x = list(prior), np.zeros(8)
+        inv, x = list(prior), np.zeros(9)
         for _ in range(iterations):
             cols = [np.ones_like(t), seqs]
             for (c, m), b in zip(sides, bound):
                 cols += [c * b, m * ~b]
-            cols += [scores, prefills]  # additive: score traffic comes on top of either bound
+            cols += [scores, prefills, spilled]  # additive: on top of either bound
             a = np.stack(cols, axis=1) / t[:, None]
             x = _nnls(a, 1 - known / t)
             # a side no step is bound by keeps the prior; one the fit finds free costs ~nothing
@@ -258,8 +266,9 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
                 break
             bound = new_bound
         effs = {name: float(1 / v) for name, v in zip(_EFFS, inv)}
-        return cost.with_fit(overhead=float(x[0]), per_seq=float(x[1]), per_score_byte=float(x[6]),
-                              per_prefill=float(x[7]), **effs)  # fmt: skip
+        fitted = {"overhead": x[0], "per_seq": x[1], "per_score_byte": x[6], "per_prefill": x[7],
+                  "per_spilled_kv_byte": x[8]}  # fmt: skip
+        return cost.with_fit(**{k: float(v) for k, v in fitted.items()}, **effs)
 
     ones, zeros = np.ones_like(t, bool), np.zeros_like(t, bool)
     starts = [decide(prior)] + [[a, b] for a in (ones, zeros) for b in (ones, zeros)]
@@ -289,7 +298,7 @@ def calibrate(cfg: dict[str, Any], hw: Hardware, shapes: Sequence[Shape], repeat
     try:
         samples = time_shapes(backend, model, dtype, shapes, repeats)
         longest = max(max(s.decodes + s.prefills * s.chunk for s in shapes), 1)
-        hw = replace(hw, matmul_curve=time_matmuls(backend, model, longest, max(repeats, 3)))
+        hw = replace(hw, matmul_curve=time_matmuls(backend, model, longest, max(repeats, 3)), eager_attention=True)
     finally:
         backend.close()
     cost = fit(RooflineCost(model, hw, dtype), samples)

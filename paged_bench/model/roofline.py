@@ -63,6 +63,13 @@ class Hardware:
     # seconds per prompt chunk in a step, on top of per_seq: the eager attention's per-chunk
     # work (its causal mask, padding) and a prefill's own bookkeeping; 0 in the GPU presets
     per_prefill: float = 0.0
+    # an eager attention (the numpy/torch backends, what calibrate fits) gathers each group's
+    # K/V padded to its longest context: the padding is read at the K/V rate too
+    eager_attention: bool = False
+    # a core's own cache (L2, measured): a layer's K/V gather beyond it streams from the shared
+    # cache or memory at per_spilled_kv_byte seconds a byte more (calibrated CPU presets)
+    cache_bytes: float | None = None
+    per_spilled_kv_byte: float = 0.0
     # measured matmul seconds by the step's token count, (tokens, every layer's matmuls, the LM
     # head on that many rows), ascending: replaces the matmul roofline where a calibration
     # found one. A CPU BLAS at one thread is no roofline for the few rows of a decode step:
@@ -118,7 +125,21 @@ def measure_cpu(seconds: float = 1.0, nbytes: int = 512 << 20) -> Hardware:
     src = np.ones(nbytes // 4, np.float32)
     dst = np.empty_like(src)
     bandwidth = _best_rate(lambda: np.copyto(dst, src), 2 * src.nbytes, seconds / 2)
-    return Hardware("measured-cpu", flops, bandwidth, bandwidth / 2)
+    return Hardware("measured-cpu", flops, bandwidth, bandwidth / 2, cache_bytes=core_cache_bytes())
+
+
+def core_cache_bytes(cpu: int = 0) -> float | None:
+    """This machine's per-core (level 2) cache in bytes, from sysfs; None where it says nothing."""
+    root = Path(f"/sys/devices/system/cpu/cpu{cpu}/cache")
+    for index in sorted(root.glob("index*")):
+        try:
+            if (index / "level").read_text().strip() == "2":
+                size = (index / "size").read_text().strip()
+                units = {"K": 1 << 10, "M": 1 << 20}
+                return float(int(size.rstrip("KM")) * units.get(size[-1], 1))
+        except (OSError, ValueError):
+            return None
+    return None
 
 
 def _best_rate(fn, work: float, seconds: float) -> float:
@@ -147,6 +168,7 @@ class StepWork:
     score_bytes: float = 0.0  # fp32 attention scores an eager attention materialises, per layer and head
     num_tokens: int = 0  # new tokens: the rows of every layer's matmuls
     num_prefills: int = 0  # sequences computing a chunk of more than one token
+    padding_kv_bytes: float = 0.0  # K/V an eager attention gathers past a request's end (its group's longest)
 
 
 def step_work(
@@ -165,9 +187,13 @@ def step_work(
             decodes, decode_len = decodes + 1, max(decode_len, start + 1)
         else:
             prefills, chunk_len, prefill_len = prefills + 1, max(chunk_len, n), max(prefill_len, start + n)
-    # an eager attention (our numpy/torch backends) scores decodes as one group and prefill
-    # chunks as another, each padded to its longest query run and context, masked keys included
-    scores = decodes * decode_len + prefills * chunk_len * prefill_len
+    # an eager attention (our numpy/torch backends) runs decodes as one group and prefill
+    # chunks as another, each padded to its longest query run and context, masked keys
+    # included: it gathers K/V beyond what the requests hold, and materialises a chunk's
+    # queries x keys scores (a decode's one score per key is 1/head_dim of the K/V it
+    # gathers: the gather prices it)
+    padding = decodes * decode_len + prefills * prefill_len - kv_read
+    scores = prefills * chunk_len * prefill_len
     sampled = len(plan.req_ids)
     matmul = (
         2.0 * new * model.num_layers * shard.layer_matmul_params + 2.0 * sampled * model.hidden_size * shard.vocab_size
@@ -180,6 +206,7 @@ def step_work(
     return StepWork(
         len(plan.req_ids), matmul, weights, attn, float((kv_read + new) * kv_token), swap,
         allreduces, float(new * model.hidden_size * DTYPE_BYTES[dtype]), score_bytes, new, prefills,
+        float(padding * kv_token),
     )  # fmt: skip
 
 
@@ -218,10 +245,20 @@ class RooflineCost:
             w.matmul_flops / (hw.peak_flops * hw.compute_eff), w.weight_bytes / (hw.mem_bandwidth * hw.memory_eff)
         )
 
+    def spilled_kv_bytes(self, w: StepWork) -> float:
+        """K/V bytes the step's layers gather beyond the per-core cache (0 without one)."""
+        cache = self.hardware.cache_bytes
+        if cache is None:
+            return 0.0
+        layers = self.model.num_layers
+        return layers * max(0.0, (w.kv_bytes + w.padding_kv_bytes) / layers - cache)
+
     def seconds(self, w: StepWork) -> float:
         hw = self.hardware
         matmuls = self.matmul_seconds(w)
-        attention = max(w.attn_flops / (hw.peak_flops * hw.attn_eff), w.kv_bytes / (hw.mem_bandwidth * hw.kv_eff))
+        kv_bytes = w.kv_bytes + w.padding_kv_bytes if hw.eager_attention else w.kv_bytes
+        attention = max(w.attn_flops / (hw.peak_flops * hw.attn_eff), kv_bytes / (hw.mem_bandwidth * hw.kv_eff))
+        attention += self.spilled_kv_bytes(w) * hw.per_spilled_kv_byte
         comm = w.num_allreduces * self.link.allreduce_seconds(w.allreduce_bytes, self.tp) if w.num_allreduces else 0.0
         scores = w.score_bytes * hw.per_score_byte
         per_request = hw.per_seq * w.num_seqs + hw.per_prefill * w.num_prefills
