@@ -88,7 +88,7 @@ def main() -> None:
     preset = args.preset
     if preset is None:
         cfg = compose_config("backend=numpy")
-        cost, info = calibrate(cfg, measure_cpu(), default_shapes(4096), repeats=5)
+        cost, info = calibrate(cfg, measure_cpu(), default_shapes(4096), repeats=9)
         save_preset(args.out, cost, info)
         preset = args.out
         h = cost.hardware
