@@ -148,6 +148,10 @@ class Engine:
             sched.abort_all(reason, now, error)
             for req in arrivals.pending():
                 req.finish(reason, now, f"not submitted: {error}")
+            # an interrupt can land mid-step, after a request left the scheduler's lists and
+            # before its blocks were freed: free whatever any request still holds (idempotent)
+            for req in arrivals.requests:
+                self.allocator.free(req)
         return self._result(arrivals.requests, error, interrupted)
 
     def _result(self, reqs: list[Request], error: str | None, interrupted: bool) -> EngineResult:
