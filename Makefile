@@ -27,8 +27,10 @@ serve: install
 test: install
 	$(PY) -m pytest $(ARGS)
 
+# the micro-benchmarks, then the whole-run figure (issue 11: steps/s of a 20k-request sim run)
 bench: install
 	$(PY) -m pytest tests/benchmarks --benchmark-enable --benchmark-only $(ARGS)
+	$(PY) benchmarks/sim_speed.py --cases seed,poisson20k
 
 # make ui: the MLflow UI on 127.0.0.1:$(UI_PORT) over the embedded store (runs/mlflow.db);
 # telemetry off, and no job-execution workers (2 processes instead of 9)

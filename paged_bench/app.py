@@ -119,7 +119,7 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
     remote = None
     try:
         if target == "engine":
-            result = bench.engine.run(bench.requests, on_step)
+            result = bench.engine.run(bench.requests, on_step, bench.max_concurrency)
         else:  # the same requests, sent to an OpenAI-compatible server
             from paged_bench.loadgen import run_target  # HTTP client code only for remote runs
 

@@ -19,7 +19,7 @@ from paged_bench.errors import ConfigError, check, check_int, check_number
 from paged_bench.metrics import SLO_KEYS
 from paged_bench.model.kv_capacity import KVBudget
 from paged_bench.request import Request
-from paged_bench.workloads.base import WorkloadContext
+from paged_bench.workloads.base import Workload, WorkloadContext
 
 PLUGIN_KINDS = ("workload", "scheduler", "allocator", "backend")
 
@@ -33,6 +33,7 @@ class Bench:
     config: dict[str, Any]
     choices: dict[str, str]  # plugin kind -> option name
     kv_budget: KVBudget | None = None  # how num_blocks=auto sized the pool from the hardware
+    max_concurrency: int | None = None  # the workload's closed loop: most requests in flight
 
     @property
     def backend(self) -> Backend:
@@ -109,10 +110,13 @@ def build_engine(cfg: Mapping[str, Any]) -> tuple[Engine, KVBudget | None]:
     return Engine(scheduler, backend, make_clock(backend.clock if clock_kind == "auto" else clock_kind)), budget
 
 
-def build_requests(cfg: Mapping[str, Any], backend: Backend) -> list[Request]:
-    """The workload's requests, tokenized for ``backend``."""
+def build_workload(cfg: Mapping[str, Any]) -> Workload:
     name, options = plugin_section(cfg, "workload")
-    workload = registry.create("workload", name, **options)
+    return registry.create("workload", name, **options)
+
+
+def workload_requests(workload: Workload, backend: Backend) -> list[Request]:
+    """The workload's requests, tokenized for ``backend``."""
     return workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
 
 
@@ -120,4 +124,6 @@ def build(cfg: Mapping[str, Any]) -> Bench:
     check_top_level(cfg)
     choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
     engine, budget = build_engine(cfg)
-    return Bench(engine, build_requests(cfg, engine.backend), dict(cfg), choices, budget)
+    workload = build_workload(cfg)
+    requests = workload_requests(workload, engine.backend)
+    return Bench(engine, requests, dict(cfg), choices, kv_budget=budget, max_concurrency=workload.max_concurrency)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from paged_bench.allocators.base import KVLayout
+from paged_bench.arrivals import feed
 from paged_bench.backends.base import Backend
 from paged_bench.clock import VirtualClock, WallClock
 from paged_bench.errors import EngineError
@@ -105,27 +106,35 @@ class Engine:
         return finished
 
     def run(
-        self, requests: list[Request], on_step: Callable[[float, list[Request]], None] | None = None
+        self,
+        requests: list[Request],
+        on_step: Callable[[float, list[Request]], None] | None = None,
+        max_concurrency: int | None = None,
     ) -> EngineResult:
-        """Replay ``requests`` at their arrival times until every one has finished.
+        """Replay ``requests`` at their arrival times (and, with ``max_concurrency``, no more
+        than that many in flight: ``arrivals``) until every one has finished.
 
         ``on_step(now, finished)`` is called after every step with the requests it finished."""
-        reqs = sorted(requests, key=lambda r: r.arrival_time)
+        arrivals = feed(requests, max_concurrency)
         clock, sched = self.clock, self.scheduler
         clock.start()
-        error, interrupted, next_arrival = None, False, 0
+        error, interrupted = None, False
         try:
             while True:
                 now = clock.now()
-                while next_arrival < len(reqs) and reqs[next_arrival].arrival_time <= now:
-                    sched.add_request(reqs[next_arrival], now)
-                    next_arrival += 1
+                for req in arrivals.due(now):
+                    sched.add_request(req, now)
+                    if req.is_finished:  # rejected at the door
+                        arrivals.finished([req], now)
                 if not sched.has_unfinished():
-                    if next_arrival == len(reqs):
+                    next_time = arrivals.next_time()
+                    if next_time is None:
                         break
-                    clock.wait_until(reqs[next_arrival].arrival_time)
+                    clock.wait_until(next_time)
                     continue
                 finished = self.step()
+                if finished:
+                    arrivals.finished(finished, clock.now())
                 if on_step is not None:
                     on_step(clock.now(), finished)
         except EngineError as e:
@@ -136,9 +145,9 @@ class Engine:
             now = clock.now()
             reason = FinishReason.ABORT if interrupted else FinishReason.ERROR
             sched.abort_all(reason, now, error)
-            for req in reqs[next_arrival:]:
+            for req in arrivals.pending():
                 req.finish(reason, now, f"not submitted: {error}")
-        return self._result(reqs, error, interrupted)
+        return self._result(arrivals.requests, error, interrupted)
 
     def _result(self, reqs: list[Request], error: str | None, interrupted: bool) -> EngineResult:
         sched, counters = self.scheduler, self.allocator.counters

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class RequestStatus(enum.Enum):
@@ -58,10 +59,23 @@ class Request:
     error: str | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
+    _compact_prompt: Any = field(default=None, init=False, repr=False)  # token_ids not yet made a list (see below)
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
         self.max_num_tokens = self.num_prompt_tokens + self.max_tokens
+        if not isinstance(self.token_ids, list):
+            # a compact prompt (a numpy array: what a workload of 20,000 requests builds at once)
+            # becomes the token list when first read, so requests never scheduled cost no Python ints
+            self._compact_prompt = self.token_ids
+            del self.token_ids
+
+    def __getattr__(self, name: str) -> Any:
+        # called only for an attribute that is not set: token_ids while the prompt is compact
+        if name != "token_ids" or self._compact_prompt is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self.token_ids, self._compact_prompt = self._compact_prompt.tolist(), None
+        return self.token_ids
 
     @property
     def num_tokens(self) -> int:

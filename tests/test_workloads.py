@@ -134,7 +134,7 @@ def test_bad_traces_say_where(tmp_path):
         TraceWorkload(path=str(tmp_path / "missing.csv"))
     bad = tmp_path / "bad.csv"
     bad.write_text("arrival_time,output_len\n0,3\n")
-    with pytest.raises(ConfigError, match="request 1"):
+    with pytest.raises(ConfigError, match="bad.csv.*prompt_len or prompt"):
         TraceWorkload(path=str(bad)).requests(CTX)
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"arrival_time": 0}\n{oops\n')
@@ -151,3 +151,13 @@ def test_seed_preset_is_the_seeds_workload(config):
     assert 47 / span == pytest.approx(25, rel=0.35)  # 25 req/s, one draw
     long = sum(r.max_tokens > 80 for r in rs)
     assert 4 <= long <= 16  # ~20% of 48
+
+
+def test_prompts_stay_compact_until_read_and_are_the_per_request_draws():
+    rs = synthetic(num_requests=30, prompt_len={"dist": "uniform", "low": 1, "high": 40}).requests(CTX)
+    assert all(r._compact_prompt is not None for r in rs)  # no Python ints built yet
+    token_rng = np.random.default_rng(np.random.SeedSequence(1).spawn(4)[3])
+    for r in rs:
+        expected = token_rng.integers(0, CTX.vocab_size, r.num_prompt_tokens).tolist()
+        assert r.token_ids == expected and type(r.token_ids) is list and type(r.token_ids[0]) is int
+        assert r._compact_prompt is None and r.num_tokens == r.num_prompt_tokens

@@ -133,7 +133,7 @@ def run(cfg: DictConfig) -> None:
     in_sweep_process = job.sweep_dir is not None and sweep.sweep_info(job.sweep_dir).get("pid") == os.getpid()
     bar = JobBar(enabled=not job.multirun or in_sweep_process, nested=job.multirun)
     try:
-        outcome = run_job(config, job.run_dir, bar)
+        outcome = run_job(config, job.run_dir, bar if bar.shown else None)
     except PagedBenchError as e:  # bad config or plugin: nothing ran
         bar.close()
         _write_status(job, "failed", str(e))

@@ -32,6 +32,16 @@ class JobBar:
         }  # fmt: skip
         self.enabled = enabled
 
+    @property
+    def shown(self) -> bool:
+        """Whether a bar can appear at all; when not, a run is given no progress callback (no
+        per-step work for nobody)."""
+        disable = self._kw["disable"]
+        if not self.enabled or disable:
+            return False
+        # tqdm's rule for disable=None: a bar only on a terminal
+        return disable is False or bool(getattr(self._kw["file"], "isatty", lambda: False)())
+
     def __call__(self, progress: Progress) -> None:
         if not self.enabled:
             return

@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from paged_bench.allocators.base import KVLayout
+from paged_bench.arrivals import feed
 from paged_bench.build import Bench
 from paged_bench.engine import EngineResult, StepRecords
 from paged_bench.loadgen.client import Outcome, request_body, send
@@ -77,6 +78,7 @@ class _Run:
     decode: Callable[[list[int]], str]
     count_tokens: Callable[[str], int]
     on_step: Callable[[float, list[RequestOutput]], None] | None
+    max_concurrency: int | None = None  # the workload's closed loop (arrivals)
     records: dict[int, RequestOutput] = field(default_factory=dict)  # index in requests -> record
     t0: float = 0.0
     duration: float | None = None  # until every timed request returned
@@ -104,20 +106,40 @@ class _Run:
                 print(f"warning: warm-up request {i} failed: {out.error}", file=sys.stderr)
 
     async def _timed(self, client: httpx.AsyncClient) -> None:
+        """Send each request when ``arrivals`` says it is due; wake for the next due time or a finish."""
         sem = asyncio.Semaphore(self.target.concurrency) if self.target.concurrency else nullcontext()
+        index = {id(req): i for i, req in enumerate(self.requests)}
+        arrivals = feed(self.requests, self.max_concurrency)
+        started: list[asyncio.Task] = []
+        sending: set[int] = set()  # ids of the requests sent and not yet ended
+        woken = asyncio.Event()
         self.t0 = time.perf_counter()
 
-        async def one(i: int, req: Request) -> None:
-            delay = req.arrival_time - self.now()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            async with sem:
-                out = await send(client, self.target, request_body(self.target, self.model, req, self.decode), self.now)
-            rec = self.records[i] = record(req, out, self.count_tokens)
+        async def one(req: Request) -> None:
+            try:
+                async with sem:
+                    out = await send(client, self.target, request_body(self.target, self.model, req, self.decode), self.now)
+                rec = self.records[index[id(req)]] = record(req, out, self.count_tokens)
+            finally:
+                sending.discard(id(req))
+                arrivals.finished([req], self.now())
+                woken.set()
             if self.on_step is not None:
                 self.on_step(self.now(), [rec])
 
-        await asyncio.gather(*(one(i, r) for i, r in enumerate(self.requests)))
+        while True:
+            for req in arrivals.due(self.now()):
+                sending.add(id(req))
+                started.append(asyncio.create_task(one(req)))
+            next_time = arrivals.next_time()
+            if next_time is None and not sending:
+                break
+            woken.clear()
+            try:
+                await asyncio.wait_for(woken.wait(), None if next_time is None else max(0.0, next_time - self.now()))
+            except asyncio.TimeoutError:
+                pass
+        await asyncio.gather(*started)  # raises what a request task raised
         self.duration = self.now()
 
     def outputs(self, error: str | None, interrupted: bool) -> list[RequestOutput]:
@@ -188,7 +210,7 @@ def run_target(cfg: Mapping[str, Any], bench: Bench, run_dir: Path,
 
     error, interrupted, extra = None, False, {}
     with spawned_server(cfg, target, run_dir) if target.spawns else nullcontext(target) as live:
-        run = _Run(live, bench.requests, tokenizer.decode, count_tokens, on_step)
+        run = _Run(live, bench.requests, tokenizer.decode, count_tokens, on_step, bench.max_concurrency)
         try:
             extra = asyncio.run(run.main())
         except KeyboardInterrupt:

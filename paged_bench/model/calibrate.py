@@ -26,6 +26,7 @@ from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.backends.base import Backend
 from paged_bench.errors import ConfigError, PagedBenchError, check
 from paged_bench.model.config import ModelConfig
+from paged_bench.model.engine_cost import measure_engine_cost
 from paged_bench.model.roofline import Hardware, RooflineCost, StepWork, hardware, measure_cpu, save_preset, step_work
 from paged_bench.request import Request
 from paged_bench.step import NewRequestData, StepPlan
@@ -45,11 +46,16 @@ class Shape:
 
 
 def default_shapes(max_len: int = 512) -> list[Shape]:
+    """Decode batches, prefill chunks, and the mixed steps continuous batching runs most: a
+    prompt chunk beside a batch of decodes. Chunks go up to ``max_len`` (long prompts are
+    prefilled in one chunk of up to ``max_num_batched_tokens``)."""
     ctxs = [c for c in (16, 128, 384) if c < max_len]
+    chunks = [n for n in (16, 64, 128, 256, 512, 1024, 2048, 4096) if n < max_len]
     shapes = [Shape(b, 0, 0, c) for b, c in itertools.product((1, 2, 4, 8, 16, 32), ctxs)]
-    shapes += [Shape(0, p, n, 0) for p, n in itertools.product((1, 2, 4), (16, 64, 128, 256)) if n < max_len]
-    shapes += [Shape(0, 1, n, c) for n, c in ((64, 128), (128, 256)) if n + c < max_len]
-    shapes += [Shape(b, 1, n, c) for b, n, c in itertools.product((4, 16), (32, 128), (16, 128)) if n + c < max_len]
+    shapes += [Shape(0, p, n, 0) for p, n in itertools.product((1, 2, 4), chunks) if p * n <= 1024]
+    shapes += [Shape(0, 1, n, c) for n, c in ((64, 128), (128, 256), (512, 512)) if n + c < max_len]
+    mixed = itertools.product((1, 4, 8, 16), (32, 96, 512, 2048), (16, 128))
+    shapes += [Shape(b, 1, n, c) for b, n, c in mixed if n + c < max_len and (n <= 96 or b in (1, 8))]
     return shapes
 
 
@@ -71,25 +77,31 @@ def _plan(
 def time_shapes(
     backend: Backend, model: ModelConfig, dtype: str, shapes: Sequence[Shape], repeats: int = 3
 ) -> list[tuple[StepWork, float]]:
-    """(work, median seconds) of ``backend.execute`` for each shape, after one warm-up."""
+    """(work, median seconds) of ``backend.execute`` for each shape, each timed after a warm-up.
+
+    The repeats are rounds over every shape rather than back-to-back runs of one, so that a
+    burst of load from elsewhere on a shared machine spreads over the shapes instead of
+    skewing the few it lands on (a skewed shape bends the whole fit)."""
     need = max(s.decodes + s.prefills for s in shapes) * -(
         -max(s.context + max(s.chunk, 1) for s in shapes) // BLOCK_SIZE
     )
     allocator = PagedAllocator(num_blocks=need + 1, block_size=BLOCK_SIZE, prefix_caching=False, swap_blocks=0)
     backend.bind(allocator)
     rng = np.random.default_rng(0)
-    samples = []
-    for shape in shapes:
-        plan, reqs = _plan(shape, allocator, rng, model.vocab_size)
-        times = []
-        for _ in range(repeats + 1):
-            t = time.perf_counter()
+    times: list[list[float]] = [[] for _ in shapes]
+    works: list[StepWork] = []
+    for round_no in range(repeats):
+        for i, shape in enumerate(shapes):
+            plan, reqs = _plan(shape, allocator, rng, model.vocab_size)
+            backend.execute(plan)  # warm-up: first-touch of this shape's K/V and buffers
+            start = time.perf_counter()
             backend.execute(plan)
-            times.append(time.perf_counter() - t)
-        for req in reqs:
-            allocator.free(req)
-        samples.append((step_work(plan, model, dtype, BLOCK_SIZE), statistics.median(times[1:])))
-    return samples
+            times[i].append(time.perf_counter() - start)
+            for req in reqs:
+                allocator.free(req)
+            if round_no == 0:
+                works.append(step_work(plan, model, dtype, BLOCK_SIZE))
+    return [(work, statistics.median(t)) for work, t in zip(works, times)]
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -111,7 +123,8 @@ _EFFS = ("compute_eff", "memory_eff", "attn_eff", "kv_eff")
 
 
 def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iterations: int = 30) -> RooflineCost:
-    """Fit overhead, per_seq and the four efficiencies of ``cost`` to measured step times.
+    """Fit overhead, per_seq, the four efficiencies and per_score_byte of ``cost`` to measured
+    step times.
 
     Each roofline is a max, so this alternates: given which side bounds each kernel class of
     each step, the time is linear in (1, sequences, and the bounding side's FLOPs/peak or
@@ -133,17 +146,19 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
             np.array([w.kv_bytes for w, _ in samples]) / hw.mem_bandwidth,
         ),
     ]
+    scores = np.array([w.score_bytes for w, _ in samples])
     prior = [1 / getattr(hw, name) for name in _EFFS]
 
     def decide(inv: list[float]) -> list[np.ndarray]:
         return [c * inv[2 * k] >= m * inv[2 * k + 1] for k, (c, m) in enumerate(sides)]
 
     def alternate(bound: list[np.ndarray]) -> RooflineCost:
-        inv, x = list(prior), np.zeros(6)
+        inv, x = list(prior), np.zeros(7)
         for _ in range(iterations):
             cols = [np.ones_like(t), seqs]
             for (c, m), b in zip(sides, bound):
                 cols += [c * b, m * ~b]
+            cols.append(scores)  # additive: score traffic comes on top of either bound
             a = np.stack(cols, axis=1) / t[:, None]
             x = _nnls(a, np.ones_like(t))
             # a side no step is bound by keeps the prior; one the fit finds free costs ~nothing
@@ -153,7 +168,7 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
                 break
             bound = new_bound
         effs = {name: float(1 / v) for name, v in zip(_EFFS, inv)}
-        return cost.with_fit(overhead=float(x[0]), per_seq=float(x[1]), **effs)
+        return cost.with_fit(overhead=float(x[0]), per_seq=float(x[1]), per_score_byte=float(x[6]), **effs)
 
     ones, zeros = np.ones_like(t, bool), np.zeros_like(t, bool)
     starts = [decide(prior)] + [[a, b] for a in (ones, zeros) for b in (ones, zeros)]
@@ -185,7 +200,14 @@ def calibrate(cfg: dict[str, Any], hw: Hardware, shapes: Sequence[Shape], repeat
     finally:
         backend.close()
     cost = fit(RooflineCost(model, hw, dtype), samples)
-    return cost, {"backend": name, "backend_options": options, "fit": fit_errors(cost, samples)}
+    info = {"backend": name, "backend_options": options, "fit": fit_errors(cost, samples)}
+    # a real run also pays the engine's own work per step (scheduling, allocation, update),
+    # which timing backend.execute alone leaves out
+    engine = measure_engine_cost(repeats=repeats)
+    h = cost.hardware
+    cost = cost.with_fit(overhead=h.overhead + engine.per_step, per_seq=h.per_seq + engine.per_seq)
+    info["engine"] = {"per_step_s": engine.per_step, "per_seq_s": engine.per_seq}
+    return cost, info
 
 
 def _pct(eff: float) -> str:

@@ -5,6 +5,7 @@ A step runs two kinds of kernels one after the other, each bounded by its own ro
     duration = overhead + per_seq * sequences
              + max(matmul FLOPs / (peak_flops * compute_eff), weight bytes / (mem_bandwidth * memory_eff))
              + max(attention FLOPs / (peak_flops * attn_eff), K/V bytes / (mem_bandwidth * kv_eff))
+             + score bytes * per_score_byte (an eager attention's score matrices; 0 when fused)
              + swap bytes / host_link
              + 2 x layers x all-reduce seconds (tensor parallel, over the ranks' link)
 
@@ -53,6 +54,10 @@ class Hardware:
     kv_eff: float = 1.0  # ... of mem_bandwidth gathering K/V through block tables
     memory_bytes: float | None = None  # device memory (what torch.cuda.mem_get_info calls total)
     link: str = "shm"  # how its tensor-parallel ranks talk (a tp_link preset)
+    # seconds per byte of attention scores an eager (unfused) attention writes and reads back:
+    # queries x keys x heads floats, what makes a long prompt's prefill memory-bound on a CPU;
+    # 0 for a fused (flash) attention, which keeps none (the GPU presets)
+    per_score_byte: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,6 +133,7 @@ class StepWork:
     swap_bytes: float = 0.0
     num_allreduces: int = 0  # tensor parallel: two per layer
     allreduce_bytes: float = 0.0  # each one's activations
+    score_bytes: float = 0.0  # fp32 attention scores an eager attention materialises, per layer and head
 
 
 def step_work(
@@ -137,10 +143,18 @@ def step_work(
     shard = shard or TPShard(model)
     kv_token = shard.kv_bytes_per_token(dtype)
     new = pairs = kv_read = 0
+    decodes = decode_len = prefills = chunk_len = prefill_len = 0
     for start, n in zip(plan.num_computed_tokens, plan.num_new_tokens):
         new += n
         pairs += n * start + n * (n + 1) // 2  # the query at position p sees keys 0..p
         kv_read += start + n
+        if n == 1:
+            decodes, decode_len = decodes + 1, max(decode_len, start + 1)
+        else:
+            prefills, chunk_len, prefill_len = prefills + 1, max(chunk_len, n), max(prefill_len, start + n)
+    # an eager attention (our numpy/torch backends) scores decodes as one group and prefill
+    # chunks as another, each padded to its longest query run and context, masked keys included
+    scores = decodes * decode_len + prefills * chunk_len * prefill_len
     sampled = len(plan.req_ids)
     matmul = (
         2.0 * new * model.num_layers * shard.layer_matmul_params + 2.0 * sampled * model.hidden_size * shard.vocab_size
@@ -150,9 +164,16 @@ def step_work(
     swap = float((len(plan.swap_in) + len(plan.swap_out)) * block_size * kv_token)
     allreduces = 2 * model.num_layers if shard.size > 1 and new else 0
     return StepWork(
-        len(plan.req_ids), matmul, weights, attn, float((kv_read + new) * kv_token), swap,
-        allreduces, float(new * model.hidden_size * DTYPE_BYTES[dtype]),
-    )  # fmt: skip
+        num_seqs=len(plan.req_ids),
+        matmul_flops=matmul,
+        weight_bytes=weights,
+        attn_flops=attn,
+        kv_bytes=float((kv_read + new) * kv_token),
+        swap_bytes=swap,
+        num_allreduces=allreduces,
+        allreduce_bytes=float(new * model.hidden_size * DTYPE_BYTES[dtype]),
+        score_bytes=4.0 * model.num_layers * shard.num_heads * scores,  # this rank's heads
+    )
 
 
 @dataclass(frozen=True)
@@ -189,7 +210,8 @@ class RooflineCost:
         )
         attention = max(w.attn_flops / (hw.peak_flops * hw.attn_eff), w.kv_bytes / (hw.mem_bandwidth * hw.kv_eff))
         comm = w.num_allreduces * self.link.allreduce_seconds(w.allreduce_bytes, self.tp) if w.num_allreduces else 0.0
-        return hw.overhead + hw.per_seq * w.num_seqs + matmuls + attention + w.swap_bytes / hw.host_link + comm
+        scores = w.score_bytes * hw.per_score_byte
+        return hw.overhead + hw.per_seq * w.num_seqs + matmuls + attention + scores + w.swap_bytes / hw.host_link + comm
 
     def duration(self, plan: StepPlan, block_size: int) -> float:
         return self.seconds(step_work(plan, self.model, self.dtype, block_size, self.shard))

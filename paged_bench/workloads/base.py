@@ -31,10 +31,25 @@ class WorkloadContext:
 
 class Workload(ABC):
     name: ClassVar[str] = ""
+    # closed loop: at most this many requests in flight, the next sent as one ends (None: open loop)
+    max_concurrency: int | None = None
 
     @abstractmethod
     def requests(self, ctx: WorkloadContext) -> list[Request]:
         """Every request of the run, sorted by arrival time (seconds from the start)."""
+
+
+def check_max_concurrency(value: Any) -> int | None:
+    return None if value is None else check_int("workload.max_concurrency", value)
+
+
+def random_prompts(rng: np.random.Generator, lengths: np.ndarray, vocab_size: int) -> list[np.ndarray]:
+    """One prompt of random token ids per length: the same ids as one ``rng.integers`` call per
+    prompt (numpy's stream does not depend on how draws are split), drawn at once and kept as
+    views of one array: a ``Request`` makes its prompt a list of ints only when it is read."""
+    ends = np.cumsum(lengths)
+    flat = rng.integers(0, vocab_size, int(ends[-1]) if len(ends) else 0)
+    return [flat[end - n : end] for n, end in zip(lengths.tolist(), ends.tolist())]
 
 
 class SyntheticWorkload(Workload):
@@ -48,6 +63,7 @@ class SyntheticWorkload(Workload):
         prompt_len: Mapping[str, Any] | int,
         output_len: Mapping[str, Any] | int,
         shared_prefix: Mapping[str, Any] | None = None,
+        max_concurrency: int | None = None,
         seed: int = 0,
     ) -> None:
         self.num_requests = check_int("workload.num_requests", num_requests)
@@ -57,6 +73,7 @@ class SyntheticWorkload(Workload):
         prefix = dict(shared_prefix or {})
         self.num_prefixes = check_int("workload.shared_prefix.num_prefixes", prefix.get("num_prefixes", 0), 0)
         self.prefix_len = check_int("workload.shared_prefix.length", prefix.get("length", 0), 0)
+        self.max_concurrency = check_max_concurrency(max_concurrency)
         self.seed = check_int("seed", seed, 0)
 
     @abstractmethod
@@ -72,13 +89,15 @@ class SyntheticWorkload(Workload):
         arrivals = np.concatenate(([0.0], np.cumsum(self.gaps(arrival_rng, n - 1)))) if n > 1 else np.zeros(1)
         prompt_lens = self.prompt_len.sample(prompt_rng, n)
         output_lens = self.output_len.sample(output_rng, n)
-        prefixes = [token_rng.integers(0, ctx.vocab_size, self.prefix_len).tolist() for _ in range(self.num_prefixes)]
+        prefixes = [token_rng.integers(0, ctx.vocab_size, self.prefix_len) for _ in range(self.num_prefixes)]
         groups = token_rng.integers(0, self.num_prefixes, n) if self.num_prefixes and self.prefix_len else None
-        out = []
-        for i in range(n):
-            tokens = token_rng.integers(0, ctx.vocab_size, int(prompt_lens[i])).tolist()
-            group = None if groups is None else int(groups[i])
-            if group is not None:
-                tokens = prefixes[group] + tokens
-            out.append(Request(i, float(arrivals[i]), tokens, int(output_lens[i]), prefix_group=group))
-        return out
+        prompts = random_prompts(token_rng, prompt_lens, ctx.vocab_size)
+        if groups is not None:
+            prompts = [np.concatenate((prefixes[g], tokens)) for g, tokens in zip(groups.tolist(), prompts)]
+        group_ids = [None] * n if groups is None else groups.tolist()
+        return [
+            Request(i, arrival, tokens, output_len, prefix_group=group)
+            for i, (arrival, tokens, output_len, group) in enumerate(
+                zip(arrivals.tolist(), prompts, output_lens.tolist(), group_ids)
+            )
+        ]

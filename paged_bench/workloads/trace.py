@@ -1,15 +1,25 @@
-"""Replay of a recorded trace: a CSV or JSONL file, one request per row.
+"""Replay of a recorded trace: a CSV or JSONL file (or a shipped one, by name), one request per row.
 
-Columns (CSV header or JSON keys): ``arrival_time`` (seconds from the start), either
-``prompt_len`` (random tokens of that length, from ``seed``) or ``prompt`` (text, tokenized by
-the engine's tokenizer), and ``output_len``. ``time_scale`` stretches the arrival times
-(0.5 replays twice as fast); ``limit`` keeps the first N requests.
+Each row gives an arrival time, a prompt (its length: random token ids drawn from ``seed``;
+or its text, tokenized by the engine's tokenizer) and an output length; ``trace_files`` says
+which column names and time formats are understood. What is replayed:
+
+- ``path``: the file, or the name of a trace shipped with paged_bench (``azure_llm_2023_conv``,
+  see paged_bench/data/traces/README.md);
+- ``start`` / ``duration``: a window, in seconds from the trace's first request (absolute
+  traces) or from 0 (relative ones); ``start`` may also be an ISO datetime. Arrival times are
+  counted from ``start``;
+- ``limit``: the first N requests (by arrival) of the window;
+- ``rate``: rescale the arrival times so the mean rate is ``rate`` requests/s (``inf``: all at
+  once, for a closed loop with ``max_concurrency``); ``time_scale`` multiplies them instead
+  (0.5 replays twice as fast);
+- ``max_concurrency``: at most N requests in flight, the next sent as one ends.
 """
 
 from __future__ import annotations
 
-import csv
-import json
+import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,52 +27,105 @@ import numpy as np
 
 from paged_bench.errors import ConfigError, check, check_int, check_number
 from paged_bench.request import Request
-from paged_bench.workloads.base import Workload, WorkloadContext
+from paged_bench.workloads.base import Workload, WorkloadContext, check_max_concurrency, random_prompts
+from paged_bench.workloads.trace_files import SUFFIXES, TIME_UNITS, parse_time, read_trace, suffix
+
+SHIPPED = Path(__file__).resolve().parent.parent / "data" / "traces"
+
+
+def shipped_traces() -> dict[str, Path]:
+    """Trace name -> file, for the traces that ship with the package."""
+    return {p.name.split(".")[0]: p for p in sorted(SHIPPED.glob("*.gz"))}
+
+
+def resolve_trace(path: Any) -> Path:
+    p = Path(str(path)).expanduser()
+    if p.is_file():
+        check(suffix(p) in SUFFIXES, "workload.path", str(path), f"a file ending in {', '.join(SUFFIXES)}")
+        return p
+    shipped = shipped_traces()
+    check(str(path) in shipped, "workload.path", str(path),
+          f"an existing trace file, or a shipped trace: {', '.join(shipped) or 'none'}")  # fmt: skip
+    return shipped[str(path)]
 
 
 class TraceWorkload(Workload):
     name = "trace"
 
-    def __init__(self, *, path: str, time_scale: float = 1.0, limit: int | None = None, seed: int = 0) -> None:
-        self.path = Path(str(path)).expanduser()
-        check(self.path.is_file(), "workload.path", str(path), "an existing .csv or .jsonl trace file")
-        check(self.path.suffix in (".csv", ".jsonl"), "workload.path", str(path), "a file ending in .csv or .jsonl")
-        self.time_scale = check_number("workload.time_scale", time_scale, 0, strict=True)
+    def __init__(
+        self,
+        *,
+        path: str,
+        columns: Mapping[str, str] | None = None,
+        time_unit: str = "auto",
+        start: float | str = 0.0,
+        duration: float | None = None,
+        limit: int | None = None,
+        rate: float | None = None,
+        time_scale: float = 1.0,
+        max_concurrency: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.path = resolve_trace(path)
+        self.columns = dict(columns or {})
+        check(all(isinstance(v, str) for v in self.columns.values()), "workload.columns", self.columns,
+              "a mapping of field -> column name")  # fmt: skip
+        check(time_unit == "auto" or time_unit in TIME_UNITS, "workload.time_unit", time_unit,
+              f"auto, {', '.join(TIME_UNITS)}")  # fmt: skip
+        self.time_unit = time_unit
+        self.start = start if isinstance(start, str) else check_number("workload.start", start)
+        self.duration = None if duration is None else check_number("workload.duration", duration, 0, strict=True)
         self.limit = None if limit is None else check_int("workload.limit", limit)
+        self.rate = None if rate is None else check_number("workload.rate", rate, 0, strict=True)
+        self.time_scale = check_number("workload.time_scale", time_scale, 0, strict=True)
+        check(self.rate is None or self.time_scale == 1.0, "workload.time_scale", time_scale,
+              "1.0 when workload.rate is set (rate rescales the arrival times itself)")  # fmt: skip
+        self.max_concurrency = check_max_concurrency(max_concurrency)
         self.seed = check_int("seed", seed, 0)
 
-    def _rows(self) -> list[dict[str, Any]]:
-        with self.path.open(newline="") as f:
-            if self.path.suffix == ".csv":
-                return list(csv.DictReader(f))
-            rows = []
-            for line_no, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise ConfigError("workload.path", f"{self.path}:{line_no}", f"one JSON object per line ({e.msg})") from None
-            return rows
+    def _window_start(self, origin: float, absolute: bool) -> float:
+        if not isinstance(self.start, str):
+            return self.start
+        try:
+            when, is_datetime = parse_time(self.start)
+        except ValueError:
+            is_datetime = False
+        check(is_datetime and absolute, "workload.start", self.start,
+              "seconds from the trace's start, or an ISO datetime for a trace with absolute times")  # fmt: skip
+        return when - origin
 
     def requests(self, ctx: WorkloadContext) -> list[Request]:
-        rng = np.random.default_rng(self.seed)
-        out = []
-        for row_no, row in enumerate(self._rows()[: self.limit], 1):
-            where = f"{self.path}, request {row_no}"
-            try:
-                arrival = float(row["arrival_time"]) * self.time_scale
-                output_len = int(row["output_len"])
-                if row.get("prompt") not in (None, ""):
-                    tokens = ctx.encode(str(row["prompt"]))
-                else:
-                    tokens = rng.integers(0, ctx.vocab_size, int(row["prompt_len"])).tolist()
-            except (KeyError, ValueError, TypeError) as e:
-                raise ConfigError(
-                    "workload.path", where, f"arrival_time, output_len and prompt_len or prompt in every row ({e!r})"
-                ) from None
-            check(arrival >= 0 and output_len >= 1 and tokens, "workload.path", where,
-                  "arrival_time >= 0, output_len >= 1 and a non-empty prompt")
-            out.append(Request(row_no - 1, arrival, tokens, output_len))
-        check(bool(out), "workload.path", str(self.path), "a trace with at least one request")
-        out.sort(key=lambda r: r.arrival_time)
-        return out
+        rows = read_trace(self.path, self.columns, self.time_unit)
+        origin = min(rows.times) if rows.absolute else 0.0
+        start = self._window_start(origin, rows.absolute)
+        end = math.inf if self.duration is None else start + self.duration
+        if not rows.absolute and (bad := next((i for i, t in enumerate(rows.times) if t < 0), None)) is not None:
+            raise ConfigError("workload.path", f"{self.path}:{rows.lines[bad]}", f"arrival times >= 0 (got {rows.times[bad]})")
+        arrivals = [t - origin - start for t in rows.times]
+        kept = sorted((i for i, a in enumerate(arrivals) if 0 <= a < end - start), key=arrivals.__getitem__)
+        kept = kept[: self.limit]
+        check(bool(kept), "workload.start", self.start,
+              f"a window holding at least one request of {self.path} (duration={self.duration})")  # fmt: skip
+        times = self._rescale(np.array([arrivals[i] for i in kept]))
+        kept_in_file_order = sorted(kept)
+        lens = np.array([rows.prompt_lens[i] or 0 for i in kept_in_file_order if rows.prompts[i] is None], np.int64)
+        drawn = iter(random_prompts(np.random.default_rng(self.seed), lens, ctx.vocab_size))
+        tokens = {}
+        for i in kept_in_file_order:
+            where = f"{self.path}:{rows.lines[i]}"
+            prompt = next(drawn) if rows.prompts[i] is None else ctx.encode(rows.prompts[i])
+            check(len(prompt) >= 1 and rows.output_lens[i] >= 1, "workload.path", where,
+                  "output_len >= 1 and a non-empty prompt in every row")  # fmt: skip
+            tokens[i] = prompt
+        return [Request(i, t, tokens[i], rows.output_lens[i]) for i, t in zip(kept, times.tolist())]
+
+    def _rescale(self, arrivals: np.ndarray) -> np.ndarray:
+        """To ``rate`` (mean gap 1/rate between the first and the last arrival), or by ``time_scale``."""
+        if self.rate is None:
+            return arrivals * self.time_scale
+        span = arrivals[-1] - arrivals[0]
+        if math.isinf(self.rate) or len(arrivals) == 1:
+            return np.zeros_like(arrivals)
+        if span <= 0:
+            raise ConfigError("workload.rate", self.rate, "inf for a trace whose requests all arrive at once")
+        return (arrivals - arrivals[0]) * ((len(arrivals) - 1) / self.rate / span)

@@ -1,0 +1,197 @@
+"""Reading a request trace file into columns: arrival times, prompt lengths or texts, output lengths.
+
+A trace is a CSV or JSONL file (optionally gzipped: ``.csv.gz``, ``.jsonl.gz``), one request
+per row. Columns are found by name: ``workload.columns`` maps our fields to the file's
+names, and otherwise the names other tools write are recognised (case, spaces and dashes
+ignored):
+
+- ``arrival_time``: arrival_time, timestamp (Azure ``TIMESTAMP``, BurstGPT ``Timestamp``,
+  Mooncake ``timestamp``), time, arrival
+- ``prompt_len``: prompt_len, input_length (Mooncake), ContextTokens (Azure), Request tokens
+  (BurstGPT), prompt_tokens_count (guidellm), prompt_tokens, input_tokens, input_len
+- ``output_len``: output_len, output_length (Mooncake), GeneratedTokens (Azure), Response
+  tokens (BurstGPT), output_tokens_count (guidellm), output_tokens, completion_tokens, max_tokens
+- ``prompt`` (text, tokenized by the engine's tokenizer): prompt, text_input (aiperf), text, input
+
+Times are ISO datetimes (``2023-11-16 18:15:46.6805900``, with or without a zone; naive ones
+are read as UTC) or numbers in ``time_unit`` (``s``, ``ms``, ``us``; ``auto`` = seconds,
+except milliseconds for a Mooncake-style ``timestamp`` + ``input_length`` file). Datetimes and
+numbers >= 1e9 s (epoch seconds) are absolute; smaller numbers are seconds from the start.
+
+Every problem is one line naming the file and the line: a byte that is not UTF-8, a row the
+CSV or JSON parser cannot read, a missing or non-numeric value.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from paged_bench.errors import ConfigError, check
+
+FIELDS = ("arrival_time", "prompt_len", "output_len", "prompt")
+ALIASES: dict[str, tuple[str, ...]] = {
+    "arrival_time": ("arrival_time", "timestamp", "time", "arrival"),
+    "prompt_len": ("prompt_len", "input_length", "contexttokens", "request_tokens", "prompt_tokens_count",
+                   "prompt_tokens", "input_tokens", "input_len"),  # fmt: skip
+    "output_len": ("output_len", "output_length", "generatedtokens", "response_tokens", "output_tokens_count",
+                   "output_tokens", "completion_tokens", "max_tokens"),  # fmt: skip
+    "prompt": ("prompt", "text_input", "text", "input"),
+}
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+EPOCH_MIN_S = 1e9  # numbers from here on are epoch seconds (2001-09-09 onwards), not offsets
+SUFFIXES = (".csv", ".jsonl", ".csv.gz", ".jsonl.gz")
+
+
+@dataclass
+class TraceRows:
+    """The file's requests as columns, in file order; ``lines[i]`` is row i's line in the file."""
+
+    times: list[float]  # seconds: epoch seconds when ``absolute``, else from the trace's start
+    absolute: bool
+    prompt_lens: list[int | None]  # None where the row gives a prompt text instead
+    prompts: list[str | None]
+    output_lens: list[int]
+    lines: list[int]
+
+
+def suffix(path: Path) -> str:
+    name = path.name.lower()
+    return next((s for s in SUFFIXES if name.endswith(s)), path.suffix)
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[\s\-]+", "_", str(name).strip().lower())
+
+
+def _text(path: Path) -> str:
+    raw = path.read_bytes()
+    if path.name.lower().endswith(".gz"):
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise ConfigError("workload.path", str(path), f"a readable gzip file ({e})") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError("workload.path", f"{path}:{line}",
+                          f"a UTF-8 text file (byte 0x{raw[e.start]:02x} is not UTF-8)") from None  # fmt: skip
+
+
+def _records(path: Path, text: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    """(line number, row) for every non-empty row."""
+    if suffix(path).startswith(".csv"):
+        reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
+        try:
+            for row in reader:
+                if None in row:  # more values than the header has names
+                    raise ConfigError("workload.path", f"{path}:{reader.line_num}",
+                                      f"rows with the header's {len(reader.fieldnames or [])} columns")  # fmt: skip
+                yield reader.line_num, row
+        except csv.Error as e:
+            # the reader counts only the lines of complete records: the bad one starts on the next
+            raise ConfigError("workload.path", f"{path}:{reader.line_num + 1}", f"a CSV file ({e})") from None
+        return
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError("workload.path", f"{path}:{line_no}", f"one JSON object per line ({e.msg})") from None
+            check(isinstance(row, dict), "workload.path", f"{path}:{line_no}", "one JSON object per line")
+            yield line_no, row
+
+
+def _find_columns(names: list[str], columns: Mapping[str, str], path: Path) -> dict[str, str | None]:
+    """Our field -> the file's column name (None if absent)."""
+    for field, name in columns.items():
+        check(field in FIELDS, f"workload.columns.{field}", name, f"keys among {', '.join(FIELDS)}")
+        check(name in names, f"workload.columns.{field}", name, f"a column of {path} ({', '.join(names)})")
+    by_normal = {_normal(n): n for n in names}
+    found = {}
+    for field in FIELDS:
+        found[field] = columns.get(field) or next((by_normal[a] for a in ALIASES[field] if a in by_normal), None)
+    missing = [f for f in ("arrival_time", "output_len") if found[f] is None]
+    if found["prompt_len"] is None and found["prompt"] is None:
+        missing.append("prompt_len or prompt")
+    if missing:
+        raise ConfigError("workload.path", str(path),
+                          f"a trace with columns for {', '.join(missing)} (found {', '.join(names) or 'none'}; "
+                          f"name them with workload.columns.FIELD=COLUMN)")  # fmt: skip
+    return found
+
+
+_LONG_FRACTION = re.compile(r"(\.\d{6})\d+")
+
+
+def parse_time(value: Any) -> tuple[float, bool]:
+    """(seconds, absolute): a number as is, an ISO datetime as epoch seconds (naive = UTC)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value), False
+    text = str(value).strip()
+    try:
+        return float(text), False
+    except ValueError:
+        pass
+    # Python < 3.11 reads neither 7-digit fractions (Azure's) nor a trailing Z
+    when = datetime.fromisoformat(_LONG_FRACTION.sub(r"\1", text).replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp(), True
+
+
+def _count(value: Any) -> int:
+    number = float(value)
+    if number != int(number):
+        raise ValueError(f"{value!r} is not a whole number")
+    return int(number)
+
+
+def read_trace(path: Path, columns: Mapping[str, str], time_unit: str) -> TraceRows:
+    records = list(_records(path, _text(path)))
+    check(bool(records), "workload.path", str(path), "a trace with at least one request")
+    names = list(records[0][1].keys())
+    found = _find_columns(names, columns, path)
+    unit = time_unit
+    if unit == "auto":
+        mooncake = found["arrival_time"] == "timestamp" and found["prompt_len"] == "input_length"
+        unit = "ms" if mooncake else "s"
+    scale = TIME_UNITS[unit]
+    out = TraceRows([], False, [], [], [], [])
+    kinds = set()
+    for line_no, row in records:
+        field = "arrival_time"
+        try:
+            t, absolute = parse_time(row[found[field]])
+            kinds.add(absolute)
+            out.times.append(t if absolute else t * scale)
+            field = "output_len"
+            out.output_lens.append(_count(row[found[field]]))
+            field = "prompt"
+            text = row.get(found[field]) if found[field] else None
+            if text in (None, ""):
+                field = "prompt_len"
+                if found[field] is None:
+                    raise ValueError("an empty prompt and no prompt_len column")
+                out.prompt_lens.append(_count(row[found[field]]))
+                out.prompts.append(None)
+            else:
+                out.prompt_lens.append(None)
+                out.prompts.append(str(text))
+        except (KeyError, ValueError, TypeError, OverflowError) as e:
+            value = row.get(found[field]) if found[field] else None
+            raise ConfigError("workload.path", f"{path}:{line_no}",
+                              f"column {found[field]!r} holding {field} (got {value!r}: {e})") from None  # fmt: skip
+        out.lines.append(line_no)
+    check(len(kinds) == 1, "workload.path", str(path), "arrival times all datetimes or all numbers, not a mix")
+    out.absolute = kinds.pop() or min(out.times) >= EPOCH_MIN_S
+    return out

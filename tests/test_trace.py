@@ -1,0 +1,158 @@
+"""Trace replay: other tools' files read as they are, windows, rate rescaling, the shipped Azure trace."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+
+import numpy as np
+import pytest
+
+from paged_bench.build import build
+from paged_bench.errors import ConfigError
+from paged_bench.tokenizer import ByteTokenizer
+from paged_bench.workloads.base import WorkloadContext
+from paged_bench.workloads.trace import TraceWorkload, shipped_traces
+
+CTX = WorkloadContext(vocab_size=1000, encode=ByteTokenizer().encode)
+
+# the first rows of the Azure trace, byte for byte (its 7-digit fractions, no trailing newline)
+AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
+2023-11-16 18:15:46.6805900,374,44
+2023-11-16 18:15:50.9951690,396,109
+2023-11-16 18:15:51.2224670,879,55
+2023-11-16 18:15:51.3910170,91,16"""
+
+
+def replay(tmp_path, text: str, name: str = "t.csv", **kw):
+    path = tmp_path / name
+    path.write_text(text)
+    return TraceWorkload(path=str(path), **kw).requests(CTX)
+
+
+def summary(rs):
+    return [(r.request_id, round(r.arrival_time, 6), r.num_prompt_tokens, r.max_tokens) for r in rs]
+
+
+def test_a_raw_azure_csv_replays_through_the_config_without_conversion(tmp_path, config):
+    path = tmp_path / "AzureLLMInferenceTrace_conv.csv"
+    path.write_text(AZURE)
+    rs = build(config("workload=trace", f"workload.path={path}")).requests
+    assert summary(rs) == [(0, 0.0, 374, 44), (1, 4.314579, 396, 109), (2, 4.541877, 879, 55), (3, 4.710427, 91, 16)]
+
+
+def test_epoch_seconds_are_absolute_and_small_numbers_relative(tmp_path):
+    epoch = replay(tmp_path, "timestamp,prompt_len,output_len\n1700158546.5,4,2\n1700158548.0,4,2\n")
+    assert [r.arrival_time for r in epoch] == [0.0, 1.5]
+    relative = replay(tmp_path, "arrival_time,prompt_len,output_len\n2.0,4,2\n3.5,4,2\n")
+    assert [r.arrival_time for r in relative] == [2.0, 3.5]  # a lead-in before the first request is kept
+
+
+def test_datetimes_with_zones_are_compared_in_utc(tmp_path):
+    rs = replay(tmp_path, "time,prompt_len,output_len\n2024-01-01T10:00:00+01:00,4,2\n2024-01-01T09:00:03Z,4,2\n")
+    assert [r.arrival_time for r in rs] == [0.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    "header, row",
+    [
+        ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type", "{t},ChatGPT,{p},{o},0,Conversation log"),
+        ("arrival_time,prompt_tokens_count,output_tokens_count", "{t},{p},{o}"),  # guidellm's names
+        ("time,input_tokens,completion_tokens", "{t},{p},{o}"),
+    ],
+)
+def test_other_tools_column_names_are_recognised(tmp_path, header, row):
+    lines = [header] + [row.format(t=t, p=p, o=o) for t, p, o in ((0.5, 7, 3), (1.25, 9, 4))]
+    assert summary(replay(tmp_path, "\n".join(lines))) == [(0, 0.5, 7, 3), (1, 1.25, 9, 4)]
+
+
+def test_mooncake_jsonl_counts_milliseconds(tmp_path):
+    rows = [{"timestamp": 0, "input_length": 655, "output_length": 52, "hash_ids": [46, 47]},
+            {"timestamp": 10535, "input_length": 672, "output_length": 26, "hash_ids": [46, 47]}]  # fmt: skip
+    text = "\n".join(json.dumps(r) for r in rows)
+    assert summary(replay(tmp_path, text, "m.jsonl")) == [(0, 0.0, 655, 52), (1, 10.535, 672, 26)]
+    assert replay(tmp_path, text, "m.jsonl", time_unit="s")[1].arrival_time == 10535
+
+
+def test_columns_map_any_names_and_gzip_is_read(tmp_path):
+    path = tmp_path / "t.csv.gz"
+    path.write_bytes(gzip.compress(b"when,n_in,n_out,other\n0.1,5,2,x\n0.2,6,3,y\n"))
+    columns = {"arrival_time": "when", "prompt_len": "n_in", "output_len": "n_out"}
+    rs = TraceWorkload(path=str(path), columns=columns).requests(CTX)
+    assert summary(rs) == [(0, 0.1, 5, 2), (1, 0.2, 6, 3)]
+    with pytest.raises(ConfigError, match=r"workload.columns.prompt_len='nope'.*a column of"):
+        TraceWorkload(path=str(path), columns={"prompt_len": "nope"}).requests(CTX)
+
+
+def test_window_limit_and_start_as_a_datetime(tmp_path):
+    rs = replay(tmp_path, AZURE, start=4.4, duration=0.5)
+    assert summary(rs) == [(2, 0.141877, 879, 55), (3, 0.310427, 91, 16)]
+    same = replay(tmp_path, AZURE, start="2023-11-16 18:15:51.0805900", duration=0.5)
+    assert summary(same) == summary(rs)
+    assert [r.request_id for r in replay(tmp_path, AZURE, limit=2)] == [0, 1]
+    with pytest.raises(ConfigError, match="workload.start"):
+        replay(tmp_path, AZURE, start=100.0)
+    with pytest.raises(ConfigError, match="workload.start"):
+        replay(tmp_path, "arrival_time,prompt_len,output_len\n0,4,2\n", start="2024-01-01")
+
+
+def test_rate_rescales_arrivals_to_that_mean_rate(tmp_path):
+    rs = replay(tmp_path, AZURE, rate=2.0)
+    times = [r.arrival_time for r in rs]
+    assert times[0] == 0.0 and (len(times) - 1) / times[-1] == pytest.approx(2.0)
+    original = [r.arrival_time for r in replay(tmp_path, AZURE)]
+    assert np.allclose(np.array(times) / times[-1], np.array(original) / original[-1])  # same shape
+    assert {r.arrival_time for r in replay(tmp_path, AZURE, rate=math.inf)} == {0.0}
+    with pytest.raises(ConfigError, match="workload.time_scale"):
+        replay(tmp_path, AZURE, rate=2.0, time_scale=0.5)
+
+
+def test_non_utf8_bytes_name_the_file_and_line(tmp_path):
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("arrival_time,prompt,output_len\n0,hello,2\n1,caf\u00e9,2\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as e:
+        TraceWorkload(path=str(path)).requests(CTX)
+    assert str(e.value).startswith(f"workload.path='{path}:3'") and "UTF-8" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "text, line, words",
+    [
+        ("arrival_time,prompt_len,output_len\n0,4,2\n1,4,2,9\n", 3, "columns"),
+        ("arrival_time,prompt_len,output_len\n0,4,2\n0.5,four,2\n", 3, "prompt_len"),
+        ("arrival_time,prompt_len,output_len\n0,4,2\nsoon,4,2\n", 3, "arrival_time"),
+        ("arrival_time,prompt_len,output_len\n0,4,0\n", 2, "output_len >= 1"),
+        ("arrival_time,prompt_len,output_len\n-1,4,2\n", 2, "arrival times >= 0"),
+        ('arrival_time,prompt_len,output_len\n0,4,2\n"1,4,2\n', 3, "CSV"),
+    ],
+)
+def test_malformed_rows_name_the_file_and_line(tmp_path, text, line, words):
+    with pytest.raises(ConfigError) as e:
+        replay(tmp_path, text)
+    message = str(e.value)
+    assert f"t.csv:{line}'" in message and words in message and "\n" not in message
+
+
+def test_a_file_without_the_needed_columns_says_what_it_found(tmp_path):
+    with pytest.raises(ConfigError, match=r"columns for arrival_time, output_len, prompt_len or prompt \(found a, b;"):
+        replay(tmp_path, "a,b\n1,2\n")
+
+
+def test_the_azure_trace_ships_with_the_package_and_its_attribution():
+    path = shipped_traces()["azure_llm_2023_conv"]
+    assert "Splitwise" in (path.parent / "README.md").read_text()
+    rs = TraceWorkload(path="azure_llm_2023_conv").requests(CTX)
+    assert len(rs) == 19366
+    assert 3400 < rs[-1].arrival_time < 3600  # about an hour
+    assert np.median([r.num_prompt_tokens for r in rs]) == pytest.approx(1020, abs=5)
+    assert max(r.max_tokens for r in rs) == 1000
+
+
+def test_the_azure_preset_completes_2000_requests_on_the_simulator(tmp_path):
+    from tests.test_cli import cli
+
+    proc, run_dir = cli(tmp_path, "workload=azure_conv", "backend=sim", "workload.limit=2000")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["completed"] == 2000 and summary["failed"] == 0
