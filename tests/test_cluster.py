@@ -42,7 +42,8 @@ def test_one_replica_behind_the_loop_runs_exactly_as_the_engine(config):
     plain, _ = build_engine(cfg)
     reference = plain.run(workload_requests(build_workload(cfg), plain.backend))
     engine, _ = build_engine(cfg)
-    run = Cluster([Replica(0, "colocated", engine)], RoundRobinRouter()).run(workload_requests(build_workload(cfg), engine.backend))
+    requests = workload_requests(build_workload(cfg), engine.backend)
+    run = Cluster([Replica(0, "colocated", engine)], RoundRobinRouter()).run(requests)
     (result,) = run.results
     assert reference.num_preemptions > 0 and reference.prefix_hit_tokens > 0
     assert _timeline(run.requests) == _timeline(reference.requests)
