@@ -166,9 +166,6 @@ def workload_requests(workload: Workload, backend: Backend) -> list[Request]:
     return workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
 
 
-def build_requests(cfg: Mapping[str, Any], backend: Backend) -> list[Request]:
-    return workload_requests(build_workload(cfg), backend)
-
 
 def build(cfg: Mapping[str, Any]) -> Bench:
     check_top_level(cfg)
