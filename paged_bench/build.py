@@ -166,7 +166,6 @@ def workload_requests(workload: Workload, backend: Backend) -> list[Request]:
     return workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
 
 
-
 def build(cfg: Mapping[str, Any]) -> Bench:
     check_top_level(cfg)
     choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
