@@ -152,9 +152,9 @@ class Engine:
             # before its blocks were freed: free whatever any request still holds (idempotent)
             for req in arrivals.requests:
                 self.allocator.free(req)
-        return self._result(arrivals.requests, error, interrupted)
+        return self.result(arrivals.requests, error, interrupted)
 
-    def _result(self, reqs: list[Request], error: str | None, interrupted: bool) -> EngineResult:
+    def result(self, reqs: list[Request], error: str | None, interrupted: bool) -> EngineResult:
         sched, counters = self.scheduler, self.allocator.counters
         return EngineResult(
             requests=reqs,
