@@ -155,6 +155,8 @@ class Engine:
         return self.result(arrivals.requests, error, interrupted)
 
     def result(self, reqs: list[Request], error: str | None, interrupted: bool) -> EngineResult:
+        """What the engine has done so far, for ``reqs``: its step records, counters and leaks
+        (``run`` ends with it; a cluster asks each replica's engine for it)."""
         sched, counters = self.scheduler, self.allocator.counters
         return EngineResult(
             requests=reqs,
