@@ -1,7 +1,7 @@
 """Can a laptop simulate a 4-replica cluster serving the whole Azure conversation trace?
 
 Replays the Azure LLM inference trace (conversation, November 2023: 19,366 requests over ~58
-minutes, /work/shared/traces or ``--trace``) with arrivals scaled 4x (four times the rate:
+minutes; ``workload=azure_conv``) with arrivals scaled 4x (four times the rate:
 ``time_scale=0.25``) on 4 replicas of llama-3-8b on simulated H100s (roofline) behind a
 router, and prints the wall time and replica-steps per second. The anchor, measured in the
 same process: the plain engine (one replica, ``Engine.run``) on the same trace at its own
@@ -9,40 +9,21 @@ rate, so the ratio of steps/s shows what the cluster's event loop costs per step
 the repository root:
 
     .venv/bin/python benchmarks/cluster_azure.py
-    .venv/bin/python benchmarks/cluster_azure.py --router prefix_affinity --limit 5000
+    .venv/bin/python benchmarks/cluster_azure.py --router power_of_two --limit 5000
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 
 from paged_bench.app import run_job
 from paged_bench.config import compose_config
 
-AZURE = Path("/work/shared/traces/azure_llm_2023_conv.csv")
-# each replica: llama-3-8b on an H100, its KV pool sized from the memory as vLLM sizes it (num_blocks=auto)
 SHAPE = ("backend.cost_model=roofline", "backend.model=llama-3-8b", "backend.hardware=h100", "max_batch=128",
          "max_model_len=16384", "max_num_batched_tokens=8192", "tracking.enabled=false")  # fmt: skip
-
-
-def as_trace(azure_csv: Path, out: Path) -> int:
-    """Azure's columns (TIMESTAMP, ContextTokens, GeneratedTokens) as a trace workload's
-    (arrival_time in seconds from the first request, prompt_len, output_len)."""
-    with azure_csv.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    t0 = datetime.fromisoformat(rows[0]["TIMESTAMP"][:26])
-    with out.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(("arrival_time", "prompt_len", "output_len"))
-        for row in rows:
-            t = (datetime.fromisoformat(row["TIMESTAMP"][:26]) - t0).total_seconds()
-            w.writerow((t, max(1, int(row["ContextTokens"])), max(1, int(row["GeneratedTokens"]))))
-    return len(rows)
 
 
 def timed(overrides: list[str]) -> tuple[float, dict, int]:
@@ -58,22 +39,15 @@ def timed(overrides: list[str]) -> tuple[float, dict, int]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trace", type=Path, default=AZURE)
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--speedup", type=float, default=4.0, help="arrival rate multiplier (4 = time_scale 0.25)")
     p.add_argument("--router", default="least_outstanding")
     p.add_argument("--limit", type=int, default=None, help="first N requests only")
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as d:
-        trace = Path(d) / "azure_conv.csv"
-        n = as_trace(args.trace, trace)
-        limit = [f"workload.limit={args.limit}"] if args.limit else []
-        workload = ["workload=trace", f"workload.path={trace}", *limit]
-        print(f"trace: {n} requests ({args.limit or n} replayed)")
-
-        anchor = timed([*workload, *SHAPE])
-        cluster = timed([*workload, f"workload.time_scale={1 / args.speedup}", *SHAPE,
-                         f"cluster.replicas={args.replicas}", f"router={args.router}"])  # fmt: skip
+    workload = ["workload=azure_conv", *([f"workload.limit={args.limit}"] if args.limit else [])]
+    anchor = timed([*workload, *SHAPE])
+    cluster = timed([*workload, f"workload.time_scale={1 / args.speedup}", *SHAPE,
+                     f"cluster.replicas={args.replicas}", f"router={args.router}"])  # fmt: skip
     rows = [
         ("plain engine, 1 replica, 1x arrivals", *anchor),
         (f"cluster, {args.replicas} replicas ({args.router}), {args.speedup:g}x arrivals", *cluster),

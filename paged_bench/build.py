@@ -161,13 +161,9 @@ def build_workload(cfg: Mapping[str, Any]) -> Workload:
     return registry.create("workload", name, **options)
 
 
-def requests_for(workload: Workload, backend: Backend) -> list[Request]:
+def workload_requests(workload: Workload, backend: Backend) -> list[Request]:
     """The workload's requests, tokenized for ``backend``."""
     return workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
-
-
-def build_requests(cfg: Mapping[str, Any], backend: Backend) -> list[Request]:
-    return requests_for(build_workload(cfg), backend)
 
 
 def build(cfg: Mapping[str, Any]) -> Bench:
@@ -175,4 +171,5 @@ def build(cfg: Mapping[str, Any]) -> Bench:
     choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
     engine, budget = build_engine(cfg)
     workload = build_workload(cfg)
-    return Bench(engine, requests_for(workload, engine.backend), dict(cfg), choices, budget, workload.max_concurrency)
+    requests = workload_requests(workload, engine.backend)
+    return Bench(engine, requests, dict(cfg), choices, kv_budget=budget, max_concurrency=workload.max_concurrency)

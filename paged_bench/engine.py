@@ -148,9 +148,15 @@ class Engine:
             sched.abort_all(reason, now, error)
             for req in arrivals.pending():
                 req.finish(reason, now, f"not submitted: {error}")
-        return self._result(arrivals.requests, error, interrupted)
+            # an interrupt can land mid-step, after a request left the scheduler's lists and
+            # before its blocks were freed: free whatever any request still holds (idempotent)
+            for req in arrivals.requests:
+                self.allocator.free(req)
+        return self.result(arrivals.requests, error, interrupted)
 
-    def _result(self, reqs: list[Request], error: str | None, interrupted: bool) -> EngineResult:
+    def result(self, reqs: list[Request], error: str | None, interrupted: bool) -> EngineResult:
+        """What the engine has done so far, for ``reqs``: its step records, counters and leaks
+        (``run`` ends with it; a cluster asks each replica's engine for it)."""
         sched, counters = self.scheduler, self.allocator.counters
         return EngineResult(
             requests=reqs,

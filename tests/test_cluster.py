@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from paged_bench.app import run_job
-from paged_bench.build import build_engine, build_requests
+from paged_bench.build import build_engine, build_workload, workload_requests
 from paged_bench.cluster.build import build_cluster
 from paged_bench.cluster.loop import Cluster
 from paged_bench.cluster.replica import Replica
@@ -40,9 +40,10 @@ def test_one_replica_behind_the_loop_runs_exactly_as_the_engine(config):
     cfg = config("workload=bursty", "workload.num_requests=150", "workload.rate=40", "scheduler=preemptive",
                  "num_blocks=48", "workload.shared_prefix.num_prefixes=2", "workload.shared_prefix.length=48")
     plain, _ = build_engine(cfg)
-    reference = plain.run(build_requests(cfg, plain.backend))
+    reference = plain.run(workload_requests(build_workload(cfg), plain.backend))
     engine, _ = build_engine(cfg)
-    run = Cluster([Replica(0, "colocated", engine)], RoundRobinRouter()).run(build_requests(cfg, engine.backend))
+    requests = workload_requests(build_workload(cfg), engine.backend)
+    run = Cluster([Replica(0, "colocated", engine)], RoundRobinRouter()).run(requests)
     (result,) = run.results
     assert reference.num_preemptions > 0 and reference.prefix_hit_tokens > 0
     assert _timeline(run.requests) == _timeline(reference.requests)

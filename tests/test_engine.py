@@ -95,6 +95,26 @@ def test_an_interrupted_run_ends_every_request_and_frees_the_pool():
     assert result.leaks == [] and engine.allocator.num_free_blocks == engine.allocator.layout.num_blocks
 
 
+def test_an_interrupt_inside_the_step_bookkeeping_leaks_nothing():
+    """Ctrl-C or SIGTERM can land anywhere: here after a request has finished and left the
+    running list but before its blocks are freed, where the scheduler's lists no longer reach
+    the request that holds them."""
+    rs = reqs([(0.0, 8, 3), (0.0, 8, 40), (0.02, 8, 40)])
+    engine = engine_with(ScriptedBackend())
+    real_free = engine.allocator.free
+
+    def free(req):
+        if req.is_finished and not engine.scheduler.running.count(req):
+            engine.allocator.free = real_free
+            raise KeyboardInterrupt
+        real_free(req)
+
+    engine.allocator.free = free
+    result = engine.run(rs)
+    assert result.interrupted and all(r.is_finished for r in rs)
+    assert result.leaks == [] and engine.allocator.num_free_blocks == engine.allocator.layout.num_blocks
+
+
 def test_step_records_add_up():
     rs = reqs([(0.0, 10, 3), (0.0, 6, 4)])
     result = engine_with(ScriptedBackend()).run(rs)

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from paged_bench import registry
-from paged_bench.build import PLUGIN_KINDS, build_engine, build_requests, check_top_level, plugin_section
+from paged_bench.build import (
+    PLUGIN_KINDS,
+    build_engine,
+    build_workload,
+    check_top_level,
+    plugin_section,
+    workload_requests,
+)
 from paged_bench.cluster.loop import Cluster
 from paged_bench.cluster.replica import Replica
 from paged_bench.cluster.spec import ClusterSpec
@@ -82,4 +89,7 @@ def build_cluster(cfg: Mapping[str, Any], spec: ClusterSpec) -> ClusterBench:
     else:
         cluster = Cluster(replicas, router())
     _, kv_budget = built[0]
-    return ClusterBench(cluster, build_requests(cfg, engines[0].backend), spec, choices, kv_budget)
+    workload = build_workload(cfg)
+    check(workload.max_concurrency is None, "workload.max_concurrency", workload.max_concurrency,
+          "null in a cluster run (arrivals are replayed open-loop at their times)")  # fmt: skip
+    return ClusterBench(cluster, workload_requests(workload, engines[0].backend), spec, choices, kv_budget)

@@ -111,7 +111,7 @@ class Cluster:
             self._stop(reqs, error, interrupted)
         out = self._out
         out.error, out.interrupted = error, interrupted
-        out.results = [r.engine._result(ran, error, interrupted) for r, ran in zip(self.replicas, self._ran)]
+        out.results = [r.engine.result(ran, error, interrupted) for r, ran in zip(self.replicas, self._ran)]
         return out
 
     def _next_step(self) -> tuple[Replica | None, float]:

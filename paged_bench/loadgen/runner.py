@@ -119,7 +119,8 @@ class _Run:
         async def one(req: Request) -> None:
             try:
                 async with sem:
-                    out = await send(client, self.target, request_body(self.target, self.model, req, self.decode), self.now)
+                    body = request_body(self.target, self.model, req, self.decode)
+                    out = await send(client, self.target, body, self.now)
                 rec = self.records[index[id(req)]] = record(req, out, self.count_tokens)
             finally:
                 sending.discard(id(req))

@@ -202,12 +202,20 @@ def step_work(
     attn = 4.0 * model.num_layers * shard.num_heads * model.head_dim * pairs
     swap = float((len(plan.swap_in) + len(plan.swap_out)) * block_size * kv_token)
     allreduces = 2 * model.num_layers if shard.size > 1 and new else 0
-    score_bytes = 4.0 * model.num_layers * shard.num_heads * scores
     return StepWork(
-        len(plan.req_ids), matmul, weights, attn, float((kv_read + new) * kv_token), swap,
-        allreduces, float(new * model.hidden_size * DTYPE_BYTES[dtype]), score_bytes, new, prefills,
-        float(padding * kv_token),
-    )  # fmt: skip
+        num_seqs=len(plan.req_ids),
+        matmul_flops=matmul,
+        weight_bytes=weights,
+        attn_flops=attn,
+        kv_bytes=float((kv_read + new) * kv_token),
+        swap_bytes=swap,
+        num_allreduces=allreduces,
+        allreduce_bytes=float(new * model.hidden_size * DTYPE_BYTES[dtype]),
+        score_bytes=4.0 * model.num_layers * shard.num_heads * scores,  # this rank's heads
+        num_tokens=new,
+        num_prefills=prefills,
+        padding_kv_bytes=float(padding * kv_token),
+    )
 
 
 @dataclass(frozen=True)
