@@ -93,7 +93,7 @@ def _continuing(plan: StepPlan) -> StepPlan:
 def time_shapes(
     backend: Backend, model: ModelConfig, dtype: str, shapes: Sequence[Shape], repeats: int = 3
 ) -> list[tuple[StepWork, float]]:
-    """(work, seconds: ``quiet_seconds`` of the repeats) of ``backend.execute`` for each shape.
+    """(work, seconds: ``typical_seconds`` of the repeats) of ``backend.execute`` for each shape.
 
     The repeats are rounds over every shape rather than back-to-back runs of one, so that a
     burst of load from elsewhere on a shared machine spreads over the shapes instead of
@@ -133,15 +133,14 @@ def time_shapes(
             backend.execute(StepPlan(finished_req_ids=tuple(r.request_id for r in reqs)))  # the backend lets them go
             if round_no == 0:
                 works.append(step_work(plan, model, dtype, BLOCK_SIZE))
-    return [(work, quiet_seconds(t)) for work, t in zip(works, times)]
+    return [(work, typical_seconds(t)) for work, t in zip(works, times)]
 
 
-def quiet_seconds(times: Sequence[float]) -> float:
-    """What a step costs on a machine nobody else is using: the lower quartile of its timed
-    repeats. Load from other processes only ever adds time, and a cost model cannot see it; a
-    median fits whatever load the calibration happened to run under (on a shared 2-core VM,
-    one shape's median moved by 25% between calibrations minutes apart)."""
-    return float(np.percentile(times, 25))
+def typical_seconds(times: Sequence[float]) -> float:
+    """What a step costs: the median of its timed repeats, the statistic the runs it is
+    compared with report (a lower quartile, tried, predicted a quieter machine than a run's
+    median steps meet: every step shape 5-20% fast)."""
+    return float(np.median(times))
 
 
 def lead_in(shape: Shape) -> Shape:
@@ -166,7 +165,7 @@ def time_matmuls(
 ) -> tuple[tuple[float, float, float], ...]:
     """The backend's own matmuls timed at each row count of ``curve_points``: (rows, seconds
     of every layer's QKV/output/gate-up/down, seconds of the LM head), each the
-    ``quiet_seconds`` of ``repeats`` rounds over every row count.
+    ``typical_seconds`` of ``repeats`` rounds over every row count.
 
     Run under the backend's thread settings (after ``bind``), on its weights, with its
     ``ops.linear``: what a step's matmuls cost on this BLAS, edge cases and all."""
@@ -195,7 +194,7 @@ def time_matmuls(
             ops.linear(head[0][:n], head[1])
             times[n].append((mid - start, time.perf_counter() - mid))
     return tuple(
-        (float(n), quiet_seconds([t[0] for t in ts[1:]]), quiet_seconds([t[1] for t in ts[1:]]))
+        (float(n), typical_seconds([t[0] for t in ts[1:]]), typical_seconds([t[1] for t in ts[1:]]))
         for n, ts in times.items()
     )
 
