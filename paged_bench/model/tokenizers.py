@@ -60,8 +60,7 @@ def serving_tokenizer(choice: str, backend_tokenizer: Any, vocab_size: int) -> A
     tok = bpe_tokenizer() if choice == "bpe" else ByteTokenizer()
     if tok.vocab_size > vocab_size:
         raise ConfigError(
-            "server.tokenizer",
-            choice,
+            "server.tokenizer", choice,
             f"a tokenizer whose {tok.vocab_size} ids fit the model's vocabulary of {vocab_size} "
             f"(set backend.model.vocab_size={tok.vocab_size}, or server.tokenizer=byte)",
         )
