@@ -150,8 +150,7 @@ class Engine:
                 req.finish(reason, now, f"not submitted: {error}")
             # an interrupt can land mid-step, after a request left the scheduler's lists and
             # before its blocks were freed: free whatever any request still holds (idempotent)
-            for req in arrivals.requests:
-                self.allocator.free(req)
+            self.allocator.free_all(arrivals.requests)
         return self.result(arrivals.requests, error, interrupted)
 
     def result(self, reqs: list[Request], error: str | None, interrupted: bool) -> EngineResult:

@@ -12,6 +12,7 @@ Counters are kept up to date incrementally, so reading them each step is O(1).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -101,6 +102,14 @@ class Allocator(ABC):
     @abstractmethod
     def free(self, req: Request) -> None:
         """Release everything ``req`` holds (GPU blocks and swap space). Idempotent."""
+
+    def free_all(self, reqs: Iterable[Request]) -> None:
+        """Release what any of ``reqs`` still holds after a run was cut off mid-step (Ctrl-C,
+        SIGTERM), when a request may have left the scheduler's lists before its blocks were
+        freed and counters kept incrementally may be torn. An allocator with such counters
+        recounts them here."""
+        for req in reqs:
+            self.free(req)
 
     def swap_out(self, req: Request) -> list[tuple[int, int]] | None:
         """Move ``req``'s computed K/V to CPU swap space; returns (gpu, cpu) block pairs for the

@@ -16,7 +16,7 @@ empty tail slots of the tables, which change only in ``allocate_slots`` (grow) a
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 from paged_bench.allocators.base import NO_HIT, Allocator, AllocatorCounters, KVLayout, PrefixHit
@@ -153,6 +153,12 @@ class PagedAllocator(Allocator):
                 self._release(req, seq)
         self._hashes.pop(req, None)
         self._new_blocks.pop(req.request_id, None)
+
+    def free_all(self, reqs: Iterable[Request]) -> None:
+        super().free_all([*reqs, *self._seqs])
+        # every table is gone, so no tail is unfilled: an interrupt inside allocate_rows can
+        # leave the incremental count short of a row it had already advanced
+        self._unfilled_slots = 0
 
     def swap_out(self, req: Request) -> list[tuple[int, int]] | None:
         seq = self._seqs[req]
