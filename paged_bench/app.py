@@ -137,9 +137,9 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
         bench.backend.close()
     records = RequestRecords.from_requests(result.requests) if remote is None else remote.records
     summary = summarize(result, cfg.get("slo"), records)
-    if remote is not None:
-        summary.update(remote.summary)  # engine-only figures null, server-side TTFT added
     summary.update(capacity_figures(result.layout, bench.backend.num_devices, summary.get("output_throughput")))
+    if remote is not None:
+        summary.update(remote.summary)  # engine-only figures null (the pool is the server's), server-side TTFT added
     outcome = JobOutcome(run_dir, summary, result, bench.choices, [], records)
     target_info = target if remote is None else {"name": target, "base_url": remote.target.base_url}
     info = run_info(outcome, target_info, bench.kv_budget, options)

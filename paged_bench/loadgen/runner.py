@@ -46,7 +46,7 @@ from paged_bench.request import FinishReason, Request
 ENGINE_ONLY_FIGURES = (
     "kv_live_slots_peak", "kv_reserved_slots_peak", "kv_utilization_mean", "kv_waste_pct", "kv_bytes_per_token",
     "kv_reserved_bytes_peak", "num_preemptions", "recomputed_tokens", "swapped_blocks", "prefix_cache_hit_rate",
-    "preempted_prefix_hit_tokens",
+    "preempted_prefix_hit_tokens", "kv_capacity_blocks", "kv_capacity_tokens",
 )  # fmt: skip
 
 
