@@ -31,15 +31,17 @@ class BlockPool:
         """Take ``n`` blocks from the head of the free queue (caller checked num_free)."""
         out = []
         free, ref_cnt, block_hash = self._free, self.ref_cnt, self.block_hash
+        evicted = 0
         for _ in range(n):
-            block, _ = free.popitem(last=False)
+            block = free.popitem(last=False)[0]
+            ref_cnt[block] = 1
             h = block_hash[block]
             if h is not None:  # evict: this block's cached content is overwritten
                 del self.cached[h]
                 block_hash[block] = None
-                self.num_evictions += 1
-            ref_cnt[block] = 1
+                evicted += 1
             out.append(block)
+        self.num_evictions += evicted
         return out
 
     def touch(self, block: int) -> bool:

@@ -17,7 +17,7 @@ empty tail slots of the tables, which change only in ``allocate_slots`` (grow) a
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from paged_bench.allocators.base import NO_HIT, Allocator, AllocatorCounters, KVLayout, PrefixHit
 from paged_bench.allocators.block_pool import BlockPool
@@ -38,6 +38,7 @@ class _Seq:
     cache_at: int = _NEVER  # slots at which the next block is full and can be cached
     plain_below: int = 0  # totals below this need neither a new block nor caching: the hot path
     on_cpu: bool = False
+    hashes: list[Hashable] = field(default_factory=list)  # the request's hash chain (the allocator's list)
 
 
 class PagedAllocator(Allocator):
@@ -93,26 +94,15 @@ class PagedAllocator(Allocator):
     def allocate_slots(
         self, req: Request, num_new_tokens: int, hit: PrefixHit = NO_HIT, min_free_blocks: int = 0
     ) -> bool:
-        # the hot path: called for every running request at every step
         seq = self._seqs.get(req)
+        if seq is not None:
+            return self._grow(req, seq, req.num_computed_tokens + num_new_tokens, min_free_blocks)
+        seq = self._admit(req, num_new_tokens, hit, min_free_blocks)
         if seq is None:
-            seq = self._admit(req, num_new_tokens, hit, min_free_blocks)
-            if seq is None:
-                return False
-            total, announce = req.num_computed_tokens + hit.num_tokens + num_new_tokens, False
-        else:
-            total, announce = req.num_computed_tokens + num_new_tokens, True
+            return False
+        total = req.num_computed_tokens + hit.num_tokens + num_new_tokens
         if total > seq.capacity:
-            bs = self.pool_block_slots
-            need = -(-total // bs) - len(seq.blocks)
-            if self.pool.num_free - need < min_free_blocks:
-                return False
-            new = self.pool.allocate(need)
-            seq.blocks += new
-            seq.capacity += need * bs
-            self._unfilled_slots += need * bs
-            if announce:  # a row allocates once a step, so this is its only entry
-                self._new_blocks[req.request_id] = tuple(new)
+            self._add_blocks(seq, total)
         self._unfilled_slots -= total - seq.num_slots
         seq.num_slots = total
         if total >= seq.cache_at:
@@ -122,27 +112,49 @@ class PagedAllocator(Allocator):
         return True
 
     def allocate_rows(self, reqs: list[Request], nums: list[int]) -> int:
-        # allocate_slots for running requests, inlined for the common rows: within capacity
-        # (a block to cache, at most); a row that needs blocks goes through allocate_slots
+        # allocate_slots for running requests, inlined for the plain rows (neither a new block
+        # nor a full block to index): the hot path, every row of every step
         seqs, filled = self._seqs, 0
         for req, n in zip(reqs, nums):
             seq = seqs[req]
             total = req.num_computed_tokens + n
             if total >= seq.plain_below:
-                if total <= seq.capacity:  # fills a block: index it
-                    filled += total - seq.num_slots
-                    seq.num_slots = total
-                    self._cache_full_blocks(req, seq)
-                    continue
                 self._unfilled_slots -= filled
                 filled = 0
-                if not self.allocate_slots(req, n):
+                if not self._grow(req, seq, total, 0):
                     return reqs.index(req)
                 continue
             filled += total - seq.num_slots
             seq.num_slots = total
         self._unfilled_slots -= filled
         return len(reqs)
+
+    def _grow(self, req: Request, seq: _Seq, total: int, min_free_blocks: int) -> bool:
+        """Room for ``total`` tokens in a table the request already holds: new blocks past its
+        capacity (announced in the plan), full blocks indexed."""
+        if total > seq.capacity:
+            need = -(-total // self.pool_block_slots) - len(seq.blocks)
+            if self.pool.num_free - need < min_free_blocks:
+                return False
+            # a row allocates once a step, so this is its only entry
+            self._new_blocks[req.request_id] = tuple(self._add_blocks(seq, total))
+        self._unfilled_slots -= total - seq.num_slots
+        seq.num_slots = total
+        if total >= seq.cache_at:
+            self._cache_full_blocks(req, seq)
+        else:
+            seq.plain_below = seq.capacity + 1 if seq.capacity < seq.cache_at else seq.cache_at
+        return True
+
+    def _add_blocks(self, seq: _Seq, total: int) -> list[int]:
+        """Blocks appended to ``seq`` so that it holds ``total`` slots (the caller checked room)."""
+        bs = self.pool_block_slots
+        need = -(-total // bs) - len(seq.blocks)
+        new = self.pool.allocate(need)
+        seq.blocks += new
+        seq.capacity += need * bs
+        self._unfilled_slots += need * bs
+        return new
 
     def free(self, req: Request) -> None:
         seq = self._seqs.pop(req, None)
@@ -230,7 +242,8 @@ class PagedAllocator(Allocator):
             pool.touch(block)
         num_hit = len(hit.blocks)
         cache_at = (num_hit + 1) * bs if self.prefix_caching else _NEVER
-        seq = self._seqs[req] = _Seq(list(hit.blocks), hit.num_tokens, num_hit * bs, num_hit, cache_at)
+        hashes = self._hashes.setdefault(req, [])  # memoised by lookup_prefix, if it ran
+        seq = self._seqs[req] = _Seq(list(hit.blocks), hit.num_tokens, num_hit * bs, num_hit, cache_at, hashes=hashes)
         if not req.num_computed_tokens:  # a lookup, not a swap-in
             self._count_lookup(req, hit.num_tokens)
         return seq
@@ -264,19 +277,27 @@ class PagedAllocator(Allocator):
     def _cache_full_blocks(self, req: Request, seq: _Seq) -> None:
         bs, first = self.pool_block_slots, seq.num_cached
         num_full = seq.num_slots // bs
-        self.pool.cache(seq.blocks[first:num_full], self._block_hashes(req, num_full)[first:])
+        hashes = seq.hashes
+        if len(hashes) < num_full:
+            self._extend_hashes(req, hashes, num_full)
+        self.pool.cache(seq.blocks[first:num_full], hashes[first:num_full])
         seq.num_cached = num_full
-        seq.cache_at = (num_full + 1) * bs
-        seq.plain_below = min(seq.capacity + 1, seq.cache_at)
+        seq.cache_at = cache_at = (num_full + 1) * bs
+        seq.plain_below = seq.capacity + 1 if seq.capacity < cache_at else cache_at
 
     def _block_hashes(self, req: Request, num_blocks: int) -> list[Hashable]:
-        """Hash chain over the request's first ``num_blocks`` full blocks, extended lazily."""
+        """Hash chain over the request's first ``num_blocks`` full blocks, extended lazily (kept
+        from a lookup to the admission that follows it, and while the request holds KV)."""
         hashes = self._hashes.get(req)
         if hashes is None:
             hashes = self._hashes[req] = []
+        if len(hashes) < num_blocks:
+            self._extend_hashes(req, hashes, num_blocks)
+        return hashes
+
+    def _extend_hashes(self, req: Request, hashes: list[Hashable], num_blocks: int) -> None:
         bs, tokens, hash_block = self.pool_block_slots, req.token_ids, self._hash_block
         parent = hashes[-1] if hashes else self._root_hash
         for i in range(len(hashes), num_blocks):
             parent = hash_block((parent, tuple(tokens[i * bs : (i + 1) * bs]), NO_EXTRA_KEYS))
             hashes.append(parent)
-        return hashes
