@@ -16,6 +16,9 @@ that they add up to the measured loop:
 - per request (admission with its prompt's blocks allocated, hashed and indexed, then
   finish and free): one-token outputs, 32 requests a step, less the fixed and per-row costs.
 
+Part 3 prices the prefix cache: the same job's step loop hashing every full block
+(``allocator.defer_unshared=false``, as vLLM does) and with no prefix caching at all.
+
 All times are CPU time of this process (``time.process_time``), so other work on the
 machine's other core moves them less than wall time; medians of ``--repeats`` runs. Run
 from the repository root:
@@ -135,7 +138,16 @@ def main(argv: list[str] | None = None) -> int:
         f"| sum of the parts | {parts:.1f} |\n| the rest: admitting into a running batch, mixed steps | "
         f"{loop - parts:.1f} |\n| step loop as measured in part 1 | {loop:.1f} |"
     )
-    print(f"\nMedians of {n} runs each. Rows, blocks filled and requests per step are the Poisson job's.")
+    print(f"\nMedians of {n} runs each. Rows, blocks filled and requests per step are the Poisson job's.\n")
+    print("## Part 3: what the prefix cache costs the step loop (the Poisson job, no prompt shared)\n")
+    print("| step loop of the Poisson job | CPU us per step |\n|---|---:|")
+    print(f"| as configured (blocks hashed once another chain could hit them) | {loop:.1f} |")
+    for label, knob in (
+        ("every full block hashed (`allocator.defer_unshared=false`, as vLLM)", "allocator.defer_unshared=false"),
+        ("no prefix caching (`allocator.prefix_caching=false`)", "allocator.prefix_caching=false"),
+    ):
+        seconds, loop_steps, _ = median_of(n, lambda k=knob: loop_cost([*POISSON_20K, k]))
+        print(f"| {label} | {seconds / loop_steps * 1e6:.1f} |")
     return 0
 
 

@@ -53,20 +53,20 @@ def test_pool_allocates_least_recently_freed_and_reuses_freed_blocks_at_once():
 def test_pool_evicts_uncached_blocks_before_cached_ones():
     pool = BlockPool(3)
     b0, b1, b2 = pool.allocate(3)
-    pool.cache([b0], [111])
+    pool.cache([b0], [111], root=111)
     for b in (b0, b1, b2):
         pool.release([b])
     got = pool.allocate(2)
     assert b0 not in got  # the cached block survives while worthless blocks remain
     assert pool.cached == {111: b0}
     assert pool.allocate(1) == [b0]  # now it must go: its hash is dropped
-    assert pool.cached == {} and pool.num_evictions == 1
+    assert pool.cached == {} and pool.roots == {} and pool.num_evictions == 1
 
 
 def test_pool_touch_revives_a_free_cached_block_in_o1():
     pool = BlockPool(2)
     (b,) = pool.allocate(1)
-    pool.cache([b], [7])
+    pool.cache([b], [7], root=7)
     pool.release([b])
     assert pool.is_free(b)
     assert pool.touch(b) is True and pool.num_free == 1
@@ -185,7 +185,7 @@ def test_freed_cached_blocks_are_revived_and_evicted_tail_first():
     compute(a, 8)
     table = list(alloc.block_table(a))
     alloc.free(a)
-    assert alloc.num_free_blocks == 4 and len(alloc.pool.cached) == 4
+    assert alloc.num_free_blocks == 4 and alloc.pool.num_cached_blocks == 4
     # a new unrelated request of one block evicts a's tail block first
     other = req(1, [50, 51])
     admit(alloc, other)

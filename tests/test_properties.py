@@ -10,6 +10,8 @@ bit-for-bit reproducible.
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -138,3 +140,45 @@ def test_virtual_time_runs_are_bit_for_bit_reproducible(s):
         return result.steps, [(r.token_times, r.finish_reason, r.num_preemptions) for r in requests]
 
     assert run() == run()
+
+
+@st.composite
+def sharing_scenarios(draw):
+    """Prompts over three token ids in tiny blocks: chains share roots, part ways, meet again;
+    small pools evict them piecemeal; both preemption modes re-admit requests."""
+    s = draw(scenarios())
+    vocab = st.integers(0, 2)
+    s["specs"] = [(t, draw(st.lists(vocab, min_size=1, max_size=30)), o) for t, _, o in s["specs"]]
+    s.update(allocator="paged", block_size=draw(st.sampled_from([1, 2, 4])),
+             policy=draw(st.sampled_from(["continuous", "recompute", "swap"])))  # fmt: skip
+    return s
+
+
+def cache_trace(engine: Engine, trace: list) -> None:
+    """What the prefix cache does, step by step, as anyone could observe it: which blocks
+    are free in which eviction order, who holds what, evictions, hits."""
+    alloc, sched = engine.allocator, engine.scheduler
+    pool = alloc.pool
+    tables = {r.request_id: list(alloc.block_table(r)) for r in sched.running}
+    trace.append((list(pool._free), list(pool.ref_cnt), pool.num_evictions, tables, astuple(alloc.counters)))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sharing_scenarios())
+def test_deferred_hashing_caches_exactly_as_hashing_every_block(s):
+    """Blocks of chains nobody else has shown are held unhashed (block_pool): every step, the
+    same free queue, tables, evictions and hits as an allocator that hashes every block; at
+    the end, once the deferred chains are indexed, the same index."""
+    runs = []
+    for defer in (True, False):
+        engine, requests = build(s)
+        engine.allocator.defer_unshared = defer
+        trace: list = []
+        result = engine.run(requests, on_step=lambda now, finished, e=engine, t=trace: cache_trace(e, t))
+        runs.append((engine, trace, result.steps, [(r.token_times, r.num_cached_tokens) for r in requests]))
+    (lazy, *lazy_rest), (eager, *eager_rest) = runs
+    assert lazy_rest == eager_rest
+    for run in list(lazy.allocator.pool.deferred.values()):
+        lazy.allocator._index_run(run)
+    assert lazy.allocator.pool.cached == eager.allocator.pool.cached
+    assert lazy.allocator.pool.roots == eager.allocator.pool.roots

@@ -6,20 +6,51 @@ the free queue is ordered least-recently-freed first and allocation evicts from 
 that they are reused before any cached block is evicted. The queue is an OrderedDict: a
 C-implemented doubly linked list, so popping the head, appending, and removing a block
 from the middle (a cache hit on a free block) are all O(1).
+
+Indexing a block costs a hash of its tokens, and most blocks are never shared: a chain whose
+first block (its *root*) no other chain has shown can be hit by nobody, since a hit walks a
+chain from its root. Such a chain's other full blocks may therefore be held *deferred*: in
+the cache (kept at the free queue's tail, evicted in turn like any cached block) under a
+``DeferredRun`` instead of their hashes. The allocator indexes a run (``index_deferred``)
+as soon as another chain shows the same root, before anyone could hit it, so what hits,
+what is evicted and when, is what eager indexing gives; only the hashing is saved. Roots are
+"shown" while any indexed block of their chain, or a deferred run under them, is cached
+(``root_known``).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable
+from typing import Any
+
+
+class DeferredRun:
+    """Full blocks of one chain held in the cache without their hashes: ``blocks[i]`` holds
+    chain position ``i``; positions ``1 .. end - 1`` are deferred (while ``end`` is None the
+    chain's table is still held and growing). ``owner`` is what the allocator needs to hash
+    the chain later: the request while it holds the table, then its token ids."""
+
+    __slots__ = ("blocks", "end", "num_live", "owner", "root")
+
+    def __init__(self, root: Hashable, owner: Any, blocks: list[int]) -> None:
+        self.root = root
+        self.owner = owner
+        self.blocks = blocks
+        self.end: int | None = None
+        self.num_live = 0  # deferred blocks not evicted yet
 
 
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.ref_cnt = [0] * num_blocks
-        self.block_hash: list[Hashable | None] = [None] * num_blocks
+        # what a cached block is held under: its hash (indexed), its DeferredRun, or None
+        self.block_hash: list[Hashable | DeferredRun | None] = [None] * num_blocks
+        self.block_root: list[Hashable | None] = [None] * num_blocks  # an indexed block's chain root
         self.cached: dict[Hashable, int] = {}  # block hash -> block id
+        self.roots: dict[Hashable, int] = {}  # chain root -> indexed blocks of its chains
+        self.deferred: dict[Hashable, DeferredRun] = {}  # chain root -> its (only) deferred run
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.num_evictions = 0
 
@@ -37,8 +68,11 @@ class BlockPool:
             ref_cnt[block] = 1
             h = block_hash[block]
             if h is not None:  # evict: this block's cached content is overwritten
-                del self.cached[h]
-                block_hash[block] = None
+                if h.__class__ is DeferredRun and h.num_live > 1:  # the common case, inlined
+                    h.num_live -= 1
+                    block_hash[block] = None
+                else:
+                    self._drop(block)
                 evicted += 1
             out.append(block)
         self.num_evictions += evicted
@@ -63,22 +97,70 @@ class BlockPool:
                 if block_hash[block] is None:
                     free.move_to_end(block, last=False)
 
-    def cache(self, blocks: Iterable[int], hashes: Iterable[Hashable]) -> None:
-        """Index full blocks under their hashes (first writer wins: a block whose content
-        is already indexed elsewhere stays unindexed)."""
-        cached, block_hash = self.cached, self.block_hash
+    def cache(self, blocks: Iterable[int], hashes: Iterable[Hashable], root: Hashable) -> None:
+        """Index full blocks of a chain rooted at ``root`` under their hashes (first writer
+        wins: a block whose content is already indexed elsewhere stays unindexed)."""
+        cached, block_hash, block_root = self.cached, self.block_hash, self.block_root
+        indexed = 0
         for block, h in zip(blocks, hashes):
             if h not in cached:
                 cached[h] = block
                 block_hash[block] = h
+                block_root[block] = root
+                indexed += 1
+        if indexed:
+            self.roots[root] = self.roots.get(root, 0) + indexed
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks in the cache: indexed, or deferred after their table was released."""
+        return len(self.cached) + sum(run.num_live for run in self.deferred.values())
+
+    def root_known(self, root: Hashable) -> bool:
+        """Whether a chain with this root may have blocks in the cache (indexed or deferred)."""
+        return root in self.roots or root in self.deferred
+
+    def defer(self, run: DeferredRun, end: int) -> None:
+        """Hold ``run.blocks[1:end]`` in the cache under ``run``, unhashed (the chain's root is
+        indexed, and known to no other chain)."""
+        run.end, run.num_live = end, end - 1
+        block_hash = self.block_hash
+        for block in run.blocks[1:end]:
+            block_hash[block] = run
+
+    def index_deferred(self, run: DeferredRun, hashes: list[Hashable]) -> None:
+        """Index the run's blocks still in the cache under ``hashes`` (chain positions from 0)."""
+        if self.deferred.get(run.root) is run:
+            del self.deferred[run.root]
+        block_hash = self.block_hash
+        live = [(block, h) for block, h in zip(run.blocks[1 : run.end], hashes[1:]) if block_hash[block] is run]
+        for block, _ in live:
+            block_hash[block] = None
+        self.cache([block for block, _ in live], [h for _, h in live], run.root)
 
     def uncache(self, block: int) -> None:
         """Drop a block from the index (its K/V will never be computed)."""
+        if self.block_hash[block] is not None:
+            self._drop(block)
+
+    def _drop(self, block: int) -> None:
+        """Forget what ``block`` is cached under (evicted, or never computed)."""
         h = self.block_hash[block]
-        if h is not None:
-            if self.cached.get(h) == block:
-                del self.cached[h]
-            self.block_hash[block] = None
+        self.block_hash[block] = None
+        if h.__class__ is DeferredRun:
+            h.num_live -= 1
+            if not h.num_live and self.deferred.get(h.root) is h:
+                del self.deferred[h.root]
+            return
+        if self.cached.get(h) == block:
+            del self.cached[h]
+        root = self.block_root[block]
+        self.block_root[block] = None
+        left = self.roots[root] - 1
+        if left:
+            self.roots[root] = left
+        else:
+            del self.roots[root]
 
     def is_free(self, block: int) -> bool:
         return self.ref_cnt[block] == 0

@@ -6,7 +6,8 @@ by a hash chain over (parent hash, block tokens) as soon as they are allocated f
 computation, as vLLM v1 does: a request admitted later in the same step already hits them
 (the step writes every new token's K/V before any attention reads it). A new request takes
 the longest chain already cached, and blocks freed by finished requests stay findable until
-the pool needs them (see ``block_pool``). Preemption can move a request's blocks to a
+the pool needs them (see ``block_pool``; blocks of a chain no other chain shares are held
+unhashed until one does: ``defer_unshared``). Preemption can move a request's blocks to a
 bounded CPU swap space (a second pool) and back.
 
 Live slots are derived, not counted at every change: reserved slots (held blocks) minus the
@@ -20,7 +21,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 from paged_bench.allocators.base import NO_HIT, Allocator, AllocatorCounters, KVLayout, PrefixHit
-from paged_bench.allocators.block_pool import BlockPool
+from paged_bench.allocators.block_pool import BlockPool, DeferredRun
 from paged_bench.allocators.prefix_hash import NO_EXTRA_KEYS, PREFIX_HASHES
 from paged_bench.errors import check, check_int
 from paged_bench.request import Request
@@ -39,6 +40,7 @@ class _Seq:
     plain_below: int = 0  # totals below this need neither a new block nor caching: the hot path
     on_cpu: bool = False
     hashes: list[Hashable] = field(default_factory=list)  # the request's hash chain (the allocator's list)
+    run: DeferredRun | None = None  # while its chain's root is known to no other chain: blocks past it unhashed
 
 
 class PagedAllocator(Allocator):
@@ -52,16 +54,21 @@ class PagedAllocator(Allocator):
         prefix_caching: bool = True,
         swap_blocks: int | None = None,
         prefix_hash: str = "builtin",
+        defer_unshared: bool = True,
     ) -> None:
         check_int("num_blocks", num_blocks)
         check_int("block_size", block_size)
         check(isinstance(prefix_caching, bool), "allocator.prefix_caching", prefix_caching, "true or false")
         check(prefix_hash in PREFIX_HASHES, "allocator.prefix_hash", prefix_hash, " or ".join(PREFIX_HASHES))
+        check(isinstance(defer_unshared, bool), "allocator.defer_unshared", defer_unshared, "true or false")
         swap = num_blocks if swap_blocks is None else check_int("allocator.swap_blocks", swap_blocks, 0)
         self.layout = KVLayout(num_blocks, block_size, swap)
         self.pool_block_slots = block_size  # slots per pool block: a slab for contiguous
         self.prefix_caching = prefix_caching
         self.prefix_hash = prefix_hash
+        # hash a chain's blocks past its root only once another chain shows the same root
+        # (block_pool); False hashes every full block as it is allocated: the reference
+        self.defer_unshared = defer_unshared
         self._hash_block, self._root_hash = PREFIX_HASHES[prefix_hash]
         self.pool = BlockPool(num_blocks)
         self.cpu_pool = BlockPool(swap)
@@ -82,10 +89,19 @@ class PagedAllocator(Allocator):
         # a request scoring its prompt (server echo + logprobs) must compute every position
         if not self.prefix_caching or num_full == 0 or getattr(req, "want_prompt_logprobs", False):
             return NO_HIT
-        cached = self.pool.cached
+        pool = self.pool
+        hashes = self._hashes.get(req)
+        if hashes is None:
+            hashes = self._hashes[req] = []
+            self._extend_hashes(req.token_ids, hashes, 1)
+        root = hashes[0]
+        if root not in pool.roots and root not in pool.deferred:  # no chain starts so: one hash, no hit
+            return NO_HIT
+        if root in pool.deferred:  # a chain that could be hit now: index it first
+            self._index_run(pool.deferred[root])
         blocks = []
         for h in self._block_hashes(req, num_full)[:num_full]:
-            block = cached.get(h)
+            block = pool.cached.get(h)
             if block is None:
                 break
             blocks.append(block)
@@ -261,6 +277,8 @@ class PagedAllocator(Allocator):
         """Drop a GPU table's references, tail first so that its tail is evicted first."""
         if seq.num_slots > req.num_computed_tokens and seq.num_cached:
             self._uncache_uncomputed(req, seq)
+        if seq.run is not None:
+            self._defer_run(req, seq)
         self._unfilled_slots -= seq.capacity - seq.num_slots
         self.pool.release(reversed(seq.blocks))
         seq.blocks, seq.num_slots, seq.capacity = [], 0, 0
@@ -279,11 +297,57 @@ class PagedAllocator(Allocator):
         num_full = seq.num_slots // bs
         hashes = seq.hashes
         if len(hashes) < num_full:
-            self._extend_hashes(req, hashes, num_full)
-        self.pool.cache(seq.blocks[first:num_full], hashes[first:num_full])
+            self._extend_hashes(req.token_ids, hashes, first + 1 if first == 0 and self.defer_unshared else num_full)
+        root = hashes[0]
+        if first == 0 and self.defer_unshared and not self._shown(root):
+            # a chain nobody else has shown: index its root alone and defer the rest
+            self.pool.cache(seq.blocks[:1], hashes[:1], root)
+            seq.run = self.pool.deferred[root] = DeferredRun(root, req, seq.blocks)
+            seq.num_cached, seq.cache_at = 1, _NEVER
+            seq.plain_below = seq.capacity + 1
+            return
+        if len(hashes) < num_full:
+            self._extend_hashes(req.token_ids, hashes, num_full)
+        self.pool.cache(seq.blocks[first:num_full], hashes[first:num_full], root)
         seq.num_cached = num_full
         seq.cache_at = cache_at = (num_full + 1) * bs
         seq.plain_below = seq.capacity + 1 if seq.capacity < cache_at else cache_at
+
+    def _shown(self, root: Hashable) -> bool:
+        """Whether a chain with this root may be in the cache; if one is deferred, it is
+        indexed now, so that this chain's blocks meet it as eager indexing would."""
+        pool = self.pool
+        if root in pool.deferred:
+            self._index_run(pool.deferred[root])
+        return pool.root_known(root)
+
+    def _index_run(self, run: DeferredRun) -> None:
+        """Index a deferred chain: a held table as far as it is full, or the blocks of a
+        released table still in the cache."""
+        if run.end is None:  # its request still holds the table
+            req = run.owner
+            seq = self._seqs[req]
+            seq.run = None
+            del self.pool.deferred[run.root]
+            seq.cache_at = 2 * self.pool_block_slots
+            if seq.num_slots >= seq.cache_at:
+                self._cache_full_blocks(req, seq)
+            else:
+                seq.plain_below = min(seq.capacity + 1, seq.cache_at)
+            return
+        hashes: list[Hashable] = []
+        self._extend_hashes(run.owner, hashes, run.end)
+        self.pool.index_deferred(run, hashes)
+
+    def _defer_run(self, req: Request, seq: _Seq) -> None:
+        """A released table of a deferred chain: its computed full blocks stay cached, unhashed."""
+        run, seq.run = seq.run, None
+        end = req.num_computed_tokens // self.pool_block_slots
+        if end > 1:
+            run.owner = req.token_ids  # positions below end never change: hashable later
+            self.pool.defer(run, end)
+        elif self.pool.deferred.get(run.root) is run:
+            del self.pool.deferred[run.root]
 
     def _block_hashes(self, req: Request, num_blocks: int) -> list[Hashable]:
         """Hash chain over the request's first ``num_blocks`` full blocks, extended lazily (kept
@@ -292,11 +356,12 @@ class PagedAllocator(Allocator):
         if hashes is None:
             hashes = self._hashes[req] = []
         if len(hashes) < num_blocks:
-            self._extend_hashes(req, hashes, num_blocks)
+            self._extend_hashes(req.token_ids, hashes, num_blocks)
         return hashes
 
-    def _extend_hashes(self, req: Request, hashes: list[Hashable], num_blocks: int) -> None:
-        bs, tokens, hash_block = self.pool_block_slots, req.token_ids, self._hash_block
+    def _extend_hashes(self, tokens: list[int], hashes: list[Hashable], num_blocks: int) -> None:
+        """Extend a hash chain over ``tokens`` to its first ``num_blocks`` full blocks."""
+        bs, hash_block = self.pool_block_slots, self._hash_block
         parent = hashes[-1] if hashes else self._root_hash
         for i in range(len(hashes), num_blocks):
             parent = hash_block((parent, tuple(tokens[i * bs : (i + 1) * bs]), NO_EXTRA_KEYS))
