@@ -263,18 +263,18 @@ class Scheduler:
         and allocated in one call, up to the first row that needs care; the careful pass
         takes the rest of the list from there."""
         running, reqs, nums, budget = self.running, draft.reqs, draft.num_new_tokens, draft.budget
-        add_req, add_id, add_start, add_num = reqs.append, draft.req_ids.append, draft.starts.append, nums.append
+        add_id, add_start, add_num = draft.req_ids.append, draft.starts.append, nums.append
         for req in running:
             computed = req.num_computed_tokens
             n = len(req.token_ids) - computed
             if n > budget or (n == 1 and computed < req.num_prompt_tokens):
                 break
-            add_req(req)
             add_id(req.request_id)
             add_start(computed)
             add_num(n)
             budget -= n
-        num_plain = len(reqs)
+        num_plain = len(nums)
+        reqs += running[:num_plain]  # the plain rows are the running list's head
         allocated = self.allocator.allocate_rows(reqs, nums) if num_plain else 0
         if allocated < num_plain:  # no room for reqs[allocated]: hand it to the careful pass
             budget += sum(nums[allocated:])
