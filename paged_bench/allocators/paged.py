@@ -95,7 +95,7 @@ class PagedAllocator(Allocator):
             hashes = self._hashes[req] = []
             self._extend_hashes(req.token_ids, hashes, 1)
         root = hashes[0]
-        if root not in pool.roots and root not in pool.deferred:  # no chain starts so: one hash, no hit
+        if not pool.root_known(root):  # no chain starts so: one hash, no hit
             return NO_HIT
         if root in pool.deferred:  # a chain that could be hit now: index it first
             self._index_run(pool.deferred[root])
@@ -116,16 +116,8 @@ class PagedAllocator(Allocator):
         seq = self._admit(req, num_new_tokens, hit, min_free_blocks)
         if seq is None:
             return False
-        total = req.num_computed_tokens + hit.num_tokens + num_new_tokens
-        if total > seq.capacity:
-            self._add_blocks(seq, total)
-        self._unfilled_slots -= total - seq.num_slots
-        seq.num_slots = total
-        if total >= seq.cache_at:
-            self._cache_full_blocks(req, seq)
-        else:
-            seq.plain_below = min(seq.capacity + 1, seq.cache_at)
-        return True
+        # _admit checked the room; a new table goes whole into the plan, so no announcement
+        return self._grow(req, seq, req.num_computed_tokens + hit.num_tokens + num_new_tokens, 0, announce=False)
 
     def allocate_rows(self, reqs: list[Request], nums: list[int]) -> int:
         # allocate_slots for running requests, inlined for the plain rows (neither a new block
@@ -145,15 +137,16 @@ class PagedAllocator(Allocator):
         self._unfilled_slots -= filled
         return len(reqs)
 
-    def _grow(self, req: Request, seq: _Seq, total: int, min_free_blocks: int) -> bool:
-        """Room for ``total`` tokens in a table the request already holds: new blocks past its
-        capacity (announced in the plan), full blocks indexed."""
+    def _grow(self, req: Request, seq: _Seq, total: int, min_free_blocks: int, announce: bool = True) -> bool:
+        """Room for ``total`` tokens in the request's table: new blocks past its capacity
+        (announced in the plan for a table the backend already knows), full blocks indexed."""
         if total > seq.capacity:
             need = -(-total // self.pool_block_slots) - len(seq.blocks)
             if self.pool.num_free - need < min_free_blocks:
                 return False
-            # a row allocates once a step, so this is its only entry
-            self._new_blocks[req.request_id] = tuple(self._add_blocks(seq, total))
+            new = self._add_blocks(seq, total)
+            if announce:  # a row allocates once a step, so this is its only entry
+                self._new_blocks[req.request_id] = tuple(new)
         self._unfilled_slots -= total - seq.num_slots
         seq.num_slots = total
         if total >= seq.cache_at:
