@@ -150,3 +150,78 @@ def test_a_signal_while_the_sweep_opens_leaves_no_parent_running(tmp_path):
     exp = client(uri).get_experiment_by_name("paged_bench")
     runs = client(uri).search_runs([exp.experiment_id]) if exp else []
     assert all(r.info.status != "RUNNING" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+
+
+def test_a_terminated_job_s_exception_crosses_to_the_sweep_s_process():
+    """A joblib worker sends its job's exception back pickled: one that cannot be rebuilt
+    made loky call its pool broken and SIGKILL the other workers, jobs still writing."""
+    import pickle
+
+    from paged_bench.cli.signals import Terminated
+
+    back = pickle.loads(pickle.dumps(Terminated(signal.SIGTERM)))
+    assert isinstance(back, KeyboardInterrupt) and back.signum == signal.SIGTERM and str(back) == "SIGTERM"
+
+
+def test_a_signal_while_a_run_is_written_waits_for_the_files(monkeypatch, config, tmp_path):
+    """Ctrl-C as the engine's figures are being written: the files are written whole, the run
+    ends as it did (here every request finished), and the signal is noted for the CLI."""
+    from paged_bench import app
+    from paged_bench.cli import signals
+
+    monkeypatch.setattr(signals, "_received", None)
+    write_run = app.write_run
+
+    def interrupted_write(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # delivered at the next bytecode, mid-write
+        time.sleep(0.05)
+        return write_run(*args, **kwargs)
+
+    monkeypatch.setattr(app, "write_run", interrupted_write)
+    cfg = config("workload.num_requests=20", "tracking.enabled=false")
+    try:
+        with signals.stop_on_signals(signals.WITH_CTRL_C):
+            outcome = app.run_job(cfg, tmp_path, shield=signals.deferred)
+    except signals.Terminated:
+        pytest.fail("the signal cut the writing short")
+    assert signals.received() == signal.SIGINT
+    assert outcome.status == "finished" and json.loads((tmp_path / "summary.json").read_text())["completed"] == 20
+    assert (tmp_path / "requests.csv").is_file() and (tmp_path / "run_info.json").is_file()
+
+
+def test_a_worker_notes_a_signal_between_jobs_instead_of_exiting(monkeypatch):
+    """Raised in loky's wait for the next job, a signal would end the worker, and loky would
+    SIGKILL the others; noted, it only stops the worker from starting another job."""
+    from paged_bench.cli import signals
+
+    monkeypatch.setattr(signals, "_received", None)
+    before = {s: signal.getsignal(s) for s in signals.WITH_CTRL_C}
+    try:
+        signals.note_between_jobs()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert signals.received() == signal.SIGTERM
+        with pytest.raises(signals.Terminated), signals.stop_on_signals(signals.WITH_CTRL_C):
+            monkeypatch.setattr(signals, "_received", None)
+            os.kill(os.getpid(), signal.SIGINT)  # inside a job it stops the job
+            time.sleep(0.05)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def test_a_stopped_sweep_withdraws_the_jobs_that_never_began(tmp_path):
+    """A launcher hands a job out as the sweep stops: Hydra made its folder, the job wrote
+    nothing. It is removed (counted as not run); a job that began is recorded interrupted."""
+    from paged_bench.cli import sweep
+
+    never, began = tmp_path / "2", tmp_path / "1"
+    for run_dir in (never, began):
+        (run_dir / ".hydra").mkdir(parents=True)
+        (run_dir / ".hydra" / "config.yaml").write_text("max_batch: 16\n")
+        (run_dir / "__main__.log").write_text("")
+    (began / "run_info.json").write_text(json.dumps({"run_name": "max_batch=8", "job_num": 1}))
+    sweep._record_unfinished(tmp_path, "was stopped")
+    assert not never.exists()
+    info = json.loads((began / "run_info.json").read_text())
+    assert info["status"] == "interrupted" and info["run_name"] == "max_batch=8"
