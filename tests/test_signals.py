@@ -115,7 +115,7 @@ def test_ctrl_c_on_a_joblib_sweep_logs_the_interrupted_jobs(tmp_path):
                   group=True)  # fmt: skip
     _wait_inside_engines(tmp_path, count=2)
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to every process of the command
-    out, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "leaked semaphore" not in err and "Traceback" not in err
     _, runs = runs_of(uri, "paged_bench")
