@@ -106,17 +106,25 @@ def _wait_inside_engines(tmp_path, count: int, cpu_s: float = 1.5) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads the jobs' CPU time from /proc")
-def test_ctrl_c_on_a_joblib_sweep_logs_the_interrupted_jobs(tmp_path):
-    """Both jobs running when Ctrl-C lands end KILLED with what they measured (a worker whose
-    job ends starts no other; none is SIGKILLed while it writes), the third is not run."""
+@pytest.mark.parametrize(("n_jobs", "max_batch", "how"), [
+    (2, "4,8,16", "ctrl-c"),  # the third job is handed to a worker as the sweep stops: not run
+    (3, "4,8", "ctrl-c"),  # a worker idle when Ctrl-C lands must not take the others down with it
+    (2, "4,8,16", "sigterm"),  # `kill PID`: the sweep's process passes it on to its jobs' processes
+])  # fmt: skip
+def test_ctrl_c_on_a_joblib_sweep_logs_the_interrupted_jobs(tmp_path, n_jobs, max_batch, how):
+    """Both jobs running when the signal lands end KILLED with what they measured (no worker
+    is SIGKILLed while it writes, none starts another job), the rest are not run."""
     uri = fresh_store(tmp_path)
     long = ["workload.num_requests=20000", *LONG[1:]]  # ~10 s of engine per job: neither ends first
-    proc = _start(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "max_batch=4,8,16", *long,
-                  group=True)  # fmt: skip
+    proc = _start(tmp_path, "-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={n_jobs}", f"max_batch={max_batch}",
+                  *long, group=True)  # fmt: skip
     _wait_inside_engines(tmp_path, count=2)
-    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to every process of the command
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to every process of the command
+    else:
+        proc.send_signal(signal.SIGTERM)  # to the sweep's process only
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
+    assert proc.returncode == (130 if how == "ctrl-c" else 143), err
     assert "leaked semaphore" not in err and "Traceback" not in err
     _, runs = runs_of(uri, "paged_bench")
     parent, children = _split(runs)
@@ -124,11 +132,12 @@ def test_ctrl_c_on_a_joblib_sweep_logs_the_interrupted_jobs(tmp_path):
     assert [(r.info.run_name, r.info.status) for r in children] == [("max_batch=4", "KILLED"),
                                                                       ("max_batch=8", "KILLED")]  # fmt: skip
     (sweep_dir,) = [p.parent for p in tmp_path.glob("runs/multirun/*/*/sweep.json")]
-    for child in children:  # what they measured before Ctrl-C, written whole and logged
+    for child in children:  # what they measured before the signal, written whole and logged
         summary = json.loads((sweep_dir / child.data.tags["job_num"] / "summary.json").read_text())
         assert 0 < child.data.metrics["completed"] == summary["completed"] < 20000
-    assert parent.data.tags["failed_jobs"] == "2" and parent.data.tags["jobs_not_run"] == "1"
-    assert not (sweep_dir / "2").exists()  # handed to a worker as the sweep stopped: withdrawn, not run
+    not_run = len(max_batch.split(",")) - 2
+    assert parent.data.tags["failed_jobs"] == "2" and parent.data.tags["jobs_not_run"] == str(not_run)
+    assert not (sweep_dir / "2").exists()  # one handed to a worker as the sweep stopped is withdrawn
 
 
 @pytest.mark.slow
