@@ -234,3 +234,13 @@ def test_a_stopped_sweep_withdraws_the_jobs_that_never_began(tmp_path):
     assert not never.exists()
     info = json.loads((began / "run_info.json").read_text())
     assert info["status"] == "interrupted" and info["run_name"] == "max_batch=8"
+
+
+def test_a_signal_noted_as_a_job_starts_stops_it_on_entry(monkeypatch):
+    """Noted between the worker's check and the job's own handlers, a signal would otherwise
+    let the job run to its end, unstoppable, until the launcher kills it."""
+    from paged_bench.cli import signals
+
+    monkeypatch.setattr(signals, "_received", signal.SIGINT)
+    with pytest.raises(signals.Terminated), signals.stop_on_signals(signals.WITH_CTRL_C):
+        pytest.fail("the job ran")

@@ -40,7 +40,7 @@ class Terminated(KeyboardInterrupt):
 
 
 _received: int | None = None
-_deferred = False  # while a sweep is being closed, a signal is noted, not raised
+_deferred = False  # while a sweep opens or closes, or a job writes its figures: a signal is noted, not raised
 
 
 def received() -> int | None:
@@ -50,9 +50,9 @@ def received() -> int | None:
 
 @contextlib.contextmanager
 def deferred(raise_after: bool = False) -> Iterator[None]:
-    """Inside, a signal does not interrupt (opening or closing a sweep must not be cut short);
-    with ``raise_after`` it is raised when the block is done, else the command exits with its
-    status afterwards."""
+    """Inside, a signal does not interrupt (opening or closing a sweep, writing what a job
+    measured, must not be cut short); with ``raise_after`` it is raised when the block is
+    done, else the caller acts on ``received()`` afterwards."""
     global _deferred
     before, _deferred = _received, True
     try:
@@ -113,13 +113,16 @@ def _handler(on_stop: Callable[[int], None] | None) -> Callable:
 
 @contextlib.contextmanager
 def stop_on_signals(signums: tuple[int, ...] = HANDLED, on_stop: Callable[[int], None] | None = None) -> Iterator[None]:
-    """While inside, ``signums`` raise ``Terminated`` (in the main thread only)."""
+    """While inside, ``signums`` raise ``Terminated`` (in the main thread only); one noted
+    before (between a worker's jobs, as this job started) is raised on entry."""
     try:
         previous = {s: signal.signal(s, _handler(on_stop)) for s in signums}
     except ValueError:  # not the main thread: the launcher's own process handles signals
         yield
         return
     try:
+        if _received is not None:
+            raise Terminated(_received)
         yield
     finally:
         for s, old in previous.items():
