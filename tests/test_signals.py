@@ -244,3 +244,23 @@ def test_a_signal_noted_as_a_job_starts_stops_it_on_entry(monkeypatch):
     monkeypatch.setattr(signals, "_received", signal.SIGINT)
     with pytest.raises(signals.Terminated), signals.stop_on_signals(signals.WITH_CTRL_C):
         pytest.fail("the job ran")
+
+
+def test_a_job_stopped_before_its_engine_ran_says_nothing_was_measured(monkeypatch, config, tmp_path):
+    from omegaconf import OmegaConf
+
+    from paged_bench.cli import job as job_module
+    from paged_bench.cli import signals
+
+    def building(*args, **kwargs):
+        raise signals.Terminated(signal.SIGTERM)  # as the handler does while the engine is built
+
+    monkeypatch.setattr(job_module, "run_job", building)
+    monkeypatch.setattr(job_module.Job, "current", classmethod(
+        lambda cls: job_module.Job(run_dir=tmp_path, multirun=False, sweep_dir=None, num=None, name="default")))  # fmt: skip
+    monkeypatch.setattr(job_module, "_track", lambda *a, **k: None)
+    with pytest.raises(signals.Terminated):
+        job_module.run(OmegaConf.create(config("tracking.enabled=false")))
+    info = json.loads((tmp_path / "run_info.json").read_text())
+    assert info["status"] == "interrupted"
+    assert info["error"] == "interrupted by SIGTERM before the engine ran: nothing was measured"
