@@ -7,11 +7,12 @@ offline mode). Whatever happens during the run, what was measured is written out
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from paged_bench.build import build
+from paged_bench.build import Bench, build
 from paged_bench.cluster.spec import cluster_spec
 from paged_bench.engine import EngineResult
 from paged_bench.metrics import summarize
@@ -111,11 +112,13 @@ def capacity_figures(layout: Any, num_gpus: int, output_throughput: float | None
 
 
 def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback | None = None,
-            options: Mapping[str, str] | None = None) -> JobOutcome:  # fmt: skip
+            options: Mapping[str, str] | None = None,
+            shield: Callable[[], AbstractContextManager[Any]] = nullcontext) -> JobOutcome:  # fmt: skip
     """Build and run one job from a resolved config; raises ConfigError/PluginError before
     anything runs, never after (a run that stops early is reported in the outcome).
     ``options``: the config option picked per group (Hydra's choices: ``workload=seed``), which
-    ``run_info.json`` records beside the plugin each one selected (``poisson``)."""
+    ``run_info.json`` records beside the plugin each one selected (``poisson``). What the run
+    measured is summarized and written inside ``shield()`` (the CLI's defers a Ctrl-C)."""
     if (spec := cluster_spec(cfg)) is not None:  # more than one replica: paged_bench.cluster
         from paged_bench.cluster.job import run_cluster_job
 
@@ -135,6 +138,12 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
             result = remote.result
     finally:
         bench.backend.close()
+    with shield():
+        return _write_outcome(cfg, run_dir, bench, result, remote, target, options)
+
+
+def _write_outcome(cfg: Mapping[str, Any], run_dir: Path, bench: Bench, result: EngineResult, remote: Any,
+                   target: str, options: Mapping[str, str] | None) -> JobOutcome:  # fmt: skip
     records = RequestRecords.from_requests(result.requests) if remote is None else remote.records
     summary = summarize(result, cfg.get("slo"), records)
     summary.update(capacity_figures(result.layout, bench.backend.num_devices, summary.get("output_throughput")))

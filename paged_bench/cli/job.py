@@ -10,6 +10,8 @@ exit status says it failed). A job that measured nothing still leaves its status
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -74,6 +76,13 @@ def _fail(message: str, code: int, job: Job) -> None:
         sys.exit(code)
 
 
+def _interrupted_before_measuring(job: Job, e: KeyboardInterrupt) -> str:
+    name = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
+    if (job.run_dir / "summary.json").is_file():
+        return f"interrupted by {name}"
+    return f"interrupted by {name} before the engine ran: nothing was measured"
+
+
 def _sweep_without_multirun(params: dict[str, str], overrides: list[str]) -> str | None:
     """A config that defines a sweep (``+experiment=X``) run without ``-m`` would silently be
     one run of its defaults: say so, unless every swept key was given one value."""
@@ -129,21 +138,30 @@ def run(cfg: DictConfig) -> None:
     started = time.time()
     if job.unswept:
         return _fail(job.unswept, 2, job)
+    in_sweep_process = job.sweep_dir is not None and sweep.sweep_info(job.sweep_dir).get("pid") == os.getpid()
+    if job.multirun and not in_sweep_process:
+        signals.note_between_jobs()
+        _thread_lock_for_tqdm()
+    if job.multirun and (signals.received() is not None or sweep.stopping(job.sweep_dir)):
+        # handed out as the sweep stopped: not run (it writes nothing; the sweep withdraws
+        # Hydra's folder for it), and the worker tells its launcher to stop
+        raise KeyboardInterrupt
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
         _record(job, started, "failed", str(e).splitlines()[0])
         return _fail(str(e).splitlines()[0], 2, job)
     save_config(job.run_dir, config)
-    # who the job is, before it runs: a job cut off with its process is still logged by name
-    update_run_info(job.run_dir, {"run_name": job.name, "job_num": job.num, "start_time": started})
-    in_sweep_process = job.sweep_dir is not None and sweep.sweep_info(job.sweep_dir).get("pid") == os.getpid()
+    # who the job is, before it runs: a job cut off with its process is still logged by name,
+    # and the sweep's process passes a signal on to the process running it
+    update_run_info(job.run_dir, {"run_name": job.name, "job_num": job.num, "start_time": started,
+                                  "pid": os.getpid(), "host": socket.gethostname()})  # fmt: skip
     bar = JobBar(enabled=not job.multirun or in_sweep_process, nested=job.multirun)
-    if job.multirun and not in_sweep_process:
-        _thread_lock_for_tqdm()
     try:
         with signals.stop_on_signals(signals.WITH_CTRL_C):
-            outcome = run_job(config, job.run_dir, bar if bar.shown else None, options=job.options)
+            # what the engine measured is written whole: a signal meanwhile waits for it
+            outcome = run_job(config, job.run_dir, bar if bar.shown else None, options=job.options,
+                              shield=signals.deferred)  # fmt: skip
     except PagedBenchError as e:  # bad config or plugin: nothing ran
         bar.close()
         if job.multirun:  # the sweep's table in MLflow shows which combination failed
@@ -151,10 +169,12 @@ def run(cfg: DictConfig) -> None:
         else:
             _record(job, started, "failed", str(e))
         return _fail(str(e), e.exit_code, job)
-    except BaseException as e:  # Ctrl-C outside the engine loop, or a bug: record it, let it through
+    except BaseException as e:  # Ctrl-C before the engine loop, or a bug: record it, let it through
         bar.close()
-        status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
-        _end(config, job, started, status, f"{type(e).__name__}: {e}")
+        if isinstance(e, KeyboardInterrupt):
+            _end(config, job, started, "interrupted", _interrupted_before_measuring(job, e))
+        else:
+            _end(config, job, started, "failed", f"{type(e).__name__}: {e}")
         raise
     bar.close()
     if job.multirun:
@@ -166,6 +186,8 @@ def run(cfg: DictConfig) -> None:
         except BrokenPipeError:  # `| head`: the reader is gone; the run is still logged
             quiet_stdout()
     _end(config, job, started, outcome.status, outcome.error)
+    if signals.received() is not None and outcome.status != "interrupted":
+        raise KeyboardInterrupt  # it came as the job wrote what it measured: recorded as it ended, now stop
     if outcome.error:
         if outcome.status == "interrupted" and job.multirun:
             raise KeyboardInterrupt  # Ctrl-C stops the whole sweep, not just this job

@@ -5,7 +5,8 @@ A sweep whose launcher runs jobs in parallel on this machine (``joblib``, ``subm
 a local Ray) tells its jobs how many run at once (``threads.PARALLEL_JOBS_ENV``), so that a
 real model takes its share of the cores instead of one thread per core each. A sweep that
 would put more wall-clock threads on the cores than there are cores is refused before any job
-runs: its timings would measure the jobs' contention, not the engines.
+runs: its timings would measure the jobs' contention, not the engines. joblib's workers note a
+signal that lands while they wait for a job instead of dying of it (``signals.note_between_jobs``).
 """
 
 from __future__ import annotations
@@ -60,8 +61,28 @@ def _wall_clock(backend: str, config: DictConfig) -> bool:
         return False
 
 
+def _joblib_workers_note_signals() -> None:
+    """joblib's worker processes (loky) start by installing ``signals.note_between_jobs``. A
+    Ctrl-C that finds one idle (more workers than jobs left) would otherwise end it in its wait
+    for a job, and loky, its pool broken, would SIGKILL the workers whose jobs are writing
+    what they measured."""
+    from joblib import register_parallel_backend
+    from joblib._parallel_backends import LokyBackend
+
+    from paged_bench.cli import signals
+
+    class NotingLokyBackend(LokyBackend):
+        def configure(self, *args: Any, **kwargs: Any) -> int:
+            kwargs.setdefault("initializer", signals.note_between_jobs)
+            return super().configure(*args, **kwargs)
+
+    register_parallel_backend("loky", NotingLokyBackend)
+
+
 def prepare(config: DictConfig, jobs: list[list[str]], total: int | None) -> None:
     """Tell the jobs how many run at once; refuse a sweep that oversubscribes the cores."""
+    if str(OmegaConf.select(config, "hydra.launcher._target_") or "").endswith("JoblibLauncher"):
+        _joblib_workers_note_signals()
     parallel, knob = side_by_side(config, total)
     os.environ[PARALLEL_JOBS_ENV] = str(parallel)
     if parallel <= 1:

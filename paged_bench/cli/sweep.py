@@ -17,8 +17,11 @@ a parent run is never left RUNNING.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
+import shutil
+import signal
 import socket
 import sys
 import time
@@ -143,10 +146,23 @@ def _on_stop(signum: int) -> None:
     moment to record what they measured (jobs that start meanwhile are not waited for)."""
     sweep = _active
     if sweep is not None:
-        from paged_bench.tracking import uploader
+        write_info(sweep.sweep_dir, {**sweep_info(sweep.sweep_dir), "stopping": signal.Signals(signum).name})
+        # jobs whose process recorded who it is: those that are not yet importing, building
+        running = [d for d in _started_jobs(sweep.sweep_dir) if "pid" in sweep_info_of_job(d)]
+        signals.pass_on(signum, _job_pids(running), lambda: all("status" in sweep_info_of_job(d) for d in running))
 
-        running = _started_jobs(sweep.sweep_dir)
-        signals.pass_on(signum, lambda: all("status" in sweep_info_of_job(d) for d in running), uploader.helper_pids())
+
+def stopping(sweep_dir: Path) -> bool:
+    """Whether the sweep was asked to stop: its jobs not started yet must not start."""
+    return "stopping" in sweep_info(sweep_dir)
+
+
+def _job_pids(run_dirs: list[Path]) -> list[int]:
+    """The processes on this host, other than this one, that run these jobs (each job
+    records its own: ``job.run``)."""
+    host, me = socket.gethostname(), os.getpid()
+    infos = [sweep_info_of_job(d) for d in run_dirs]
+    return [i["pid"] for i in infos if i.get("host") == host and isinstance(i.get("pid"), int) and i["pid"] != me]
 
 
 def _started_jobs(sweep_dir: Path) -> list[Path]:
@@ -188,7 +204,11 @@ def _check_parallel(config: DictConfig, total: int | None) -> None:
 
 
 def write_info(sweep_dir: Path, info: dict[str, Any]) -> None:
-    (sweep_dir / SWEEP_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    """Write ``sweep.json`` whole (jobs in other processes read it as they start)."""
+    path = sweep_dir / SWEEP_FILE
+    part = path.with_name(f".{SWEEP_FILE}.{os.getpid()}")
+    part.write_text(json.dumps(info, indent=2) + "\n")
+    os.replace(part, path)
 
 
 def _open_parent(settings: dict[str, Any], info: dict[str, Any]) -> dict[str, str] | None:
@@ -274,15 +294,32 @@ def _finish(sweep: _Sweep, status: str | None) -> tuple[int, int]:
 
 
 def _record_unfinished(sweep_dir: Path, how: str) -> None:
-    """A job that started (its config is written) but never recorded how it ended was cut off
-    with its process: it is recorded as interrupted, so it is logged and counted."""
+    """A job that started (Hydra made its folder) but never recorded how it ended was cut off
+    with its process: it is recorded as interrupted, so it is logged and counted; in a stopped
+    sweep, one that never began (only Hydra's files) is withdrawn, and counted as not run."""
     from paged_bench.report.load import update_run_info
 
     for run_dir in _started_jobs(sweep_dir):
         fields = {"status": "interrupted", "error": f"the sweep {how} before the job did", "end_time": time.time()}
         if "run_name" not in sweep_info_of_job(run_dir):  # cut off before it knew its name
+            if how == "was stopped" and _withdraw(run_dir):
+                continue
             fields.update(run_name=job_name(_hydra_overrides(run_dir), sweep_dir), job_num=int(run_dir.name))
         update_run_info(run_dir, fields)
+
+
+def _withdraw(run_dir: Path) -> bool:
+    """Remove the folder Hydra made for a job that never began (a launcher handed it out as
+    the sweep stopped: only Hydra's files, its log empty), so that it counts as not run."""
+    logs = list(run_dir.glob("*.log"))
+    if {p.name for p in run_dir.iterdir()} - {".hydra", *(p.name for p in logs)} or any(p.stat().st_size for p in logs):
+        return False
+    for path in logs:
+        path.unlink()
+    shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
+    with contextlib.suppress(OSError):
+        run_dir.rmdir()
+    return not run_dir.exists()
 
 
 def _hydra_overrides(run_dir: Path) -> list[str]:

@@ -27,7 +27,7 @@ from typing import Any
 from paged_bench.tracking import store
 
 START_TIMEOUT_S = 60.0
-_started: list[subprocess.Popen] = []  # helpers this process started (it outlives the command)
+_started: list[subprocess.Popen] = []  # helpers this process started (kept: each outlives the command)
 
 
 class UploadError(Exception):
@@ -174,8 +174,3 @@ def close_shared() -> None:
         failures = uploader.close()
         if failures:
             store.report_failure(UploadError(failures[0]), "their run folders")
-
-
-def helper_pids() -> set[int]:
-    """Child processes a signal must not be passed on to: the helpers this command started."""
-    return {p.pid for p in _started}
