@@ -135,6 +135,32 @@ def test_an_interrupt_inside_a_batched_allocation_leaves_no_torn_count():
     assert result.leaks == [] and alloc.num_free_blocks == alloc.layout.num_blocks
 
 
+@pytest.mark.parametrize(("operation", "on_call"), [("allocate", 4), ("release", 2)])
+def test_an_interrupt_inside_a_pool_operation_leaks_nothing(operation, on_call):
+    """An interrupt inside the block pool: after an allocation took its blocks and before any
+    table records them, or halfway through a table's release (its table already dropped)."""
+    rs = reqs([(0.0, 8, 40), (0.0, 8, 40), (0.01, 8, 40)])
+    engine = engine_with(ScriptedBackend())
+    pool, calls = engine.allocator.pool, {"n": 0}
+    real = getattr(pool, operation)
+
+    def torn(arg):
+        calls["n"] += 1
+        if calls["n"] != on_call:  # the signal lands once
+            return real(arg)
+        if operation == "allocate":
+            real(arg)  # blocks taken, then the signal: the caller never sees them
+        else:
+            blocks = list(arg)
+            real(blocks[: len(blocks) // 2 + 1])  # half released, then the signal
+        raise KeyboardInterrupt
+
+    setattr(pool, operation, torn)
+    result = engine.run(rs)
+    assert result.interrupted and calls["n"] >= on_call
+    assert result.leaks == [] and engine.allocator.num_free_blocks == engine.allocator.layout.num_blocks
+
+
 def test_step_records_add_up():
     rs = reqs([(0.0, 10, 3), (0.0, 6, 4)])
     result = engine_with(ScriptedBackend()).run(rs)

@@ -162,6 +162,16 @@ class BlockPool:
         else:
             del self.roots[root]
 
+    def reclaim(self) -> None:
+        """Take every block back into the free queue. For a run cut off mid-operation (Ctrl-C,
+        SIGTERM) once every table is freed: an allocation or a release the signal interrupted
+        may hold references that no table records."""
+        ref_cnt, free = self.ref_cnt, self._free
+        for block, n in enumerate(ref_cnt):
+            if n:
+                ref_cnt[block] = 0
+                free[block] = None
+
     def is_free(self, block: int) -> bool:
         return self.ref_cnt[block] == 0
 

@@ -177,9 +177,12 @@ class PagedAllocator(Allocator):
 
     def free_all(self, reqs: Iterable[Request]) -> None:
         super().free_all([*reqs, *self._seqs])
-        # every table is gone, so no tail is unfilled: an interrupt inside allocate_rows can
-        # leave the incremental count short of a row it had already advanced
+        # every table is gone, so no tail is unfilled and no block is held: an interrupt inside
+        # allocate_rows can leave the incremental count short of a row it had already advanced,
+        # one inside a pool's allocate or release references no table records
         self._unfilled_slots = 0
+        self.pool.reclaim()
+        self.cpu_pool.reclaim()
 
     def swap_out(self, req: Request) -> list[tuple[int, int]] | None:
         seq = self._seqs[req]
