@@ -35,6 +35,8 @@ from paged_bench.request import Request
 from paged_bench.step import NewRequestData, StepPlan
 
 BLOCK_SIZE = 16
+WARM_STEPS = 3  # untimed steps a timed one follows (decodes of the batch, or of the lead-in)
+TIMED_STEPS = 3  # a decode batch's steps timed in a row, per round (their median)
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,8 @@ def default_shapes(max_len: int = 512) -> list[Shape]:
     # chunks, alone, two at once, and beside decodes (an eager attention's score matrices
     # then outgrow the caches)
     longs = [c for c in (1024, 3072) if c + 512 < max_len]
-    shapes += [Shape(b, 0, 0, c) for b, c in itertools.product((1, 4, 16), longs)]
+    decode_longs = [c for c in (1024, 2048, 3072) if c + 512 < max_len]
+    shapes += [Shape(b, 0, 0, c) for b, c in itertools.product((1, 2, 4, 16), decode_longs)]
     shapes += [Shape(b, p, 512, c) for b, p, c in itertools.product((0, 8), (1, 2), longs) if b or p == 1]
     return shapes
 
@@ -100,10 +103,12 @@ def time_shapes(
     skewing the few it lands on (a skewed shape bends the whole fit).
 
     Each shape is timed as a run meets it, since that changes its cost by as much as its
-    shape does: its decoding requests already running (``_continuing``), after the step a run
-    puts before it: a decode batch after the same batch (a run decodes step after step), a
-    step with a prompt chunk after a decode step (``lead_in``: prompts arrive amid decodes),
-    not after itself (which finds its activations and K/V still in cache)."""
+    shape does: its decoding requests already running (``_continuing``), after the steps a run
+    puts before it: a decode batch after ``WARM_STEPS`` of the same batch (a run decodes step
+    after step: one warm step left a one-sequence decode 10% slower than in a run), then the
+    median of ``TIMED_STEPS`` in a row; a step with a prompt chunk after ``WARM_STEPS`` decode
+    steps (``lead_in``: prompts arrive amid decodes), not after itself (which finds its
+    activations and K/V still in cache)."""
     need = (
         2
         * max(s.decodes + s.prefills for s in shapes)
@@ -122,18 +127,26 @@ def time_shapes(
             if shape.prefills:
                 lead_plan, lead_reqs = _plan(lead_in(shape), allocator, rng, model.vocab_size, len(reqs))
                 backend.execute(lead_plan)
+                for _ in range(WARM_STEPS - 1):
+                    backend.execute(_continuing(lead_plan))
                 reqs += lead_reqs
+                times[i].append(_seconds(backend, timed))
             else:
-                backend.execute(timed)
-            start = time.perf_counter()
-            backend.execute(timed)
-            times[i].append(time.perf_counter() - start)
+                for _ in range(WARM_STEPS):
+                    backend.execute(timed)
+                times[i].append(float(np.median([_seconds(backend, timed) for _ in range(TIMED_STEPS)])))
             for req in reqs:
                 allocator.free(req)
             backend.execute(StepPlan(finished_req_ids=tuple(r.request_id for r in reqs)))  # the backend lets them go
             if round_no == 0:
                 works.append(step_work(plan, model, dtype, BLOCK_SIZE))
     return [(work, typical_seconds(t)) for work, t in zip(works, times)]
+
+
+def _seconds(backend: Backend, plan: StepPlan) -> float:
+    start = time.perf_counter()
+    backend.execute(plan)
+    return time.perf_counter() - start
 
 
 def typical_seconds(times: Sequence[float]) -> float:
@@ -181,20 +194,27 @@ def time_matmuls(
                   (model.intermediate_size, lw.down))]  # fmt: skip
     head = (inputs[model.hidden_size], w.lm_head)
     times: dict[int, list[tuple[float, float]]] = {n: [] for n in points}
-    for _ in range(repeats + 1):  # the first round warms up
+    for round_no in range(repeats + 1):  # the first round warms up
         for n in points:
-            # untimed first, as a run's step follows another that read the same weights (else
-            # a point after the largest finds them evicted: 30% slower at one row)
-            for x, m in layer_ops:
-                ops.linear(x[:n], m)
-            start = time.perf_counter()
-            for x, m in layer_ops:
-                ops.linear(x[:n], m)
-            mid = time.perf_counter()
-            ops.linear(head[0][:n], head[1])
-            times[n].append((mid - start, time.perf_counter() - mid))
+            # a run's decode step follows others of about its size, which left the weights
+            # and the BLAS's state as it needs them: a point timed after one untimed pass,
+            # right after the largest point, costs 40% more at one row than in a run (0.29
+            # against 0.20 ms here). So a few untimed passes first, then several timed ones
+            # (a decode batch's row counts, a millisecond or so a pass), their median
+            passes = 5 if n <= 32 else 1
+            for _ in range(passes):
+                for x, m in layer_ops:
+                    ops.linear(x[:n], m)
+            for _ in range(passes):
+                start = time.perf_counter()
+                for x, m in layer_ops:
+                    ops.linear(x[:n], m)
+                mid = time.perf_counter()
+                ops.linear(head[0][:n], head[1])
+                if round_no:
+                    times[n].append((mid - start, time.perf_counter() - mid))
     return tuple(
-        (float(n), typical_seconds([t[0] for t in ts[1:]]), typical_seconds([t[1] for t in ts[1:]]))
+        (float(n), typical_seconds([t[0] for t in ts]), typical_seconds([t[1] for t in ts]))
         for n, ts in times.items()
     )
 
@@ -218,8 +238,8 @@ _EFFS = ("compute_eff", "memory_eff", "attn_eff", "kv_eff")
 
 
 def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iterations: int = 30) -> RooflineCost:
-    """Fit overhead, per_seq, per_prefill, the four efficiencies and per_score_byte of
-    ``cost`` to measured step times (with a measured ``matmul_curve``, the matmuls are known
+    """Fit overhead, per_seq, per_prefill, the four efficiencies, per_score_byte and the two
+    cache-spill rates of ``cost`` to measured step times (with a measured ``matmul_curve``, the matmuls are known
     and the rest is fitted to what they leave).
 
     Each roofline is a max, so this alternates: given which side bounds each kernel class of
@@ -248,18 +268,19 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
     scores = np.array([w.score_bytes for w, _ in samples])
     prefills = np.array([w.num_prefills for w, _ in samples], float)
     spilled = np.array([cost.spilled_kv_bytes(w) for w, _ in samples])
+    llc_spilled = np.array([cost.llc_spilled_kv_bytes(w) for w, _ in samples])
     prior = [1 / getattr(hw, name) for name in _EFFS]
 
     def decide(inv: list[float]) -> list[np.ndarray]:
         return [c * inv[2 * k] >= m * inv[2 * k + 1] for k, (c, m) in enumerate(sides)]
 
     def alternate(bound: list[np.ndarray]) -> RooflineCost:
-        inv, x = list(prior), np.zeros(9)
+        inv, x = list(prior), np.zeros(10)
         for _ in range(iterations):
             cols = [np.ones_like(t), seqs]
             for (c, m), b in zip(sides, bound):
                 cols += [c * b, m * ~b]
-            cols += [scores, prefills, spilled]  # additive: on top of either bound
+            cols += [scores, prefills, spilled, llc_spilled]  # additive: on top of either bound
             a = np.stack(cols, axis=1) / t[:, None]
             x = _nnls(a, 1 - known / t)
             # a side no step is bound by keeps the prior; one the fit finds free costs ~nothing
@@ -270,7 +291,7 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
             bound = new_bound
         effs = {name: float(1 / v) for name, v in zip(_EFFS, inv)}
         fitted = {"overhead": x[0], "per_seq": x[1], "per_score_byte": x[6], "per_prefill": x[7],
-                  "per_spilled_kv_byte": x[8]}  # fmt: skip
+                  "per_spilled_kv_byte": x[8], "per_llc_spilled_byte": x[9]}  # fmt: skip
         return cost.with_fit(**{k: float(v) for k, v in fitted.items()}, **effs)
 
     ones, zeros = np.ones_like(t, bool), np.zeros_like(t, bool)

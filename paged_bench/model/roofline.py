@@ -70,6 +70,13 @@ class Hardware:
     # cache or memory at per_spilled_kv_byte seconds a byte more (calibrated CPU presets)
     cache_bytes: float | None = None
     per_spilled_kv_byte: float = 0.0
+    # the shared last-level cache (L3, measured): a step re-reads the weights and every K/V
+    # byte its requests hold, step after step; what of that exceeds the LLC comes from memory
+    # at per_llc_spilled_byte seconds a byte more (the K/V rate of one sequence's L3-resident
+    # context is 1.5x a large batch's: one K/V rate for both misprices the one-sequence decode
+    # steps of a long-prompt workload by 20%)
+    llc_bytes: float | None = None
+    per_llc_spilled_byte: float = 0.0
     # measured matmul seconds by the step's token count, (tokens, every layer's matmuls, the LM
     # head on that many rows), ascending: replaces the matmul roofline where a calibration
     # found one. A CPU BLAS at one thread is no roofline for the few rows of a decode step:
@@ -125,15 +132,18 @@ def measure_cpu(seconds: float = 1.0, nbytes: int = 512 << 20) -> Hardware:
     src = np.ones(nbytes // 4, np.float32)
     dst = np.empty_like(src)
     bandwidth = _best_rate(lambda: np.copyto(dst, src), 2 * src.nbytes, seconds / 2)
-    return Hardware("measured-cpu", flops, bandwidth, bandwidth / 2, cache_bytes=core_cache_bytes())
+    return Hardware(
+        "measured-cpu", flops, bandwidth, bandwidth / 2, cache_bytes=core_cache_bytes(), llc_bytes=core_cache_bytes(3)
+    )
 
 
-def core_cache_bytes(cpu: int = 0) -> float | None:
-    """This machine's per-core (level 2) cache in bytes, from sysfs; None where it says nothing."""
+def core_cache_bytes(level: int = 2, cpu: int = 0) -> float | None:
+    """This machine's cache of ``level`` (2: the per-core one, 3: the shared last level) seen by
+    ``cpu``, in bytes, from sysfs; None where it says nothing."""
     root = Path(f"/sys/devices/system/cpu/cpu{cpu}/cache")
     for index in sorted(root.glob("index*")):
         try:
-            if (index / "level").read_text().strip() == "2":
+            if (index / "level").read_text().strip() == str(level):
                 size = (index / "size").read_text().strip()
                 units = {"K": 1 << 10, "M": 1 << 20}
                 return float(int(size.rstrip("KM")) * units.get(size[-1], 1))
@@ -261,12 +271,21 @@ class RooflineCost:
         layers = self.model.num_layers
         return layers * max(0.0, (w.kv_bytes + w.padding_kv_bytes) / layers - cache)
 
+    def llc_spilled_kv_bytes(self, w: StepWork) -> float:
+        """K/V bytes the step gathers beyond what the last-level cache holds beside its weights
+        (0 without an LLC figure)."""
+        llc = self.hardware.llc_bytes
+        if llc is None:
+            return 0.0
+        return max(0.0, w.kv_bytes + w.padding_kv_bytes - max(llc - w.weight_bytes, 0.0))
+
     def seconds(self, w: StepWork) -> float:
         hw = self.hardware
         matmuls = self.matmul_seconds(w)
         kv_bytes = w.kv_bytes + w.padding_kv_bytes if hw.eager_attention else w.kv_bytes
         attention = max(w.attn_flops / (hw.peak_flops * hw.attn_eff), kv_bytes / (hw.mem_bandwidth * hw.kv_eff))
         attention += self.spilled_kv_bytes(w) * hw.per_spilled_kv_byte
+        attention += self.llc_spilled_kv_bytes(w) * hw.per_llc_spilled_byte
         comm = w.num_allreduces * self.link.allreduce_seconds(w.allreduce_bytes, self.tp) if w.num_allreduces else 0.0
         scores = w.score_bytes * hw.per_score_byte
         per_request = hw.per_seq * w.num_seqs + hw.per_prefill * w.num_prefills
