@@ -37,6 +37,10 @@ from paged_bench.step import NewRequestData, StepPlan
 BLOCK_SIZE = 16
 WARM_STEPS = 3  # untimed steps a timed one follows (decodes of the batch, or of the lead-in)
 TIMED_STEPS = 3  # a decode batch's steps timed in a row, per round (their median)
+# an engine with nothing to run sleeps until the next arrival (tens of ms at the seeds' 25
+# req/s); the step it then starts finds its weights and code evicted from the caches by
+# whatever ran meanwhile: on this 2-core VM +0.3-0.5 ms on a 3-7 ms prompt step
+IDLE_SECONDS = 0.02
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,8 @@ def _continuing(plan: StepPlan) -> StepPlan:
 def time_shapes(
     backend: Backend, model: ModelConfig, dtype: str, shapes: Sequence[Shape], repeats: int = 3
 ) -> list[tuple[StepWork, float]]:
-    """(work, seconds: ``typical_seconds`` of the repeats) of ``backend.execute`` for each shape.
+    """(work, seconds: ``typical_seconds`` of the repeats) of ``backend.execute`` for each shape,
+    then for each ``is_idle_probe`` shape the same after an idle gap (its work ``cold``).
 
     The repeats are rounds over every shape rather than back-to-back runs of one, so that a
     burst of load from elsewhere on a shared machine spreads over the shapes instead of
@@ -119,6 +124,7 @@ def time_shapes(
     rng = np.random.default_rng(0)
     times: list[list[float]] = [[] for _ in shapes]
     works: list[StepWork] = []
+    idle: dict[int, list[float]] = {i: [] for i, s in enumerate(shapes) if is_idle_probe(s)}
     for round_no in range(repeats):
         for i, shape in enumerate(shapes):
             plan, reqs = _plan(shape, allocator, rng, model.vocab_size)
@@ -131,6 +137,11 @@ def time_shapes(
                     backend.execute(_continuing(lead_plan))
                 reqs += lead_reqs
                 times[i].append(_seconds(backend, timed))
+                if i in idle:  # again, after the engine idled as it does waiting for arrivals
+                    for _ in range(WARM_STEPS):
+                        backend.execute(_continuing(lead_plan))
+                    time.sleep(IDLE_SECONDS)
+                    idle[i].append(_seconds(backend, timed))
             else:
                 for _ in range(WARM_STEPS):
                     backend.execute(timed)
@@ -138,9 +149,16 @@ def time_shapes(
             for req in reqs:
                 allocator.free(req)
             backend.execute(StepPlan(finished_req_ids=tuple(r.request_id for r in reqs)))  # the backend lets them go
-            if round_no == 0:
-                works.append(step_work(plan, model, dtype, BLOCK_SIZE))
-    return [(work, typical_seconds(t)) for work, t in zip(works, times)]
+            if round_no == 0:  # timed warm, whatever its plan says (all of its requests new)
+                works.append(replace(step_work(plan, model, dtype, BLOCK_SIZE), cold=False))
+    warm = [(work, typical_seconds(t)) for work, t in zip(works, times)]
+    return warm + [(replace(works[i], cold=True), typical_seconds(t)) for i, t in idle.items()]
+
+
+def is_idle_probe(shape: Shape) -> bool:
+    """Shapes also timed after an idle gap: a short prompt alone (what an idle engine starts
+    with), where the cold start is a large share of the step."""
+    return shape.decodes == 0 and shape.context == 0 and shape.chunk <= 128
 
 
 def _seconds(backend: Backend, plan: StepPlan) -> float:
@@ -219,27 +237,35 @@ def time_matmuls(
     )
 
 
-def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Non-negative least squares for a handful of columns: the best of every column subset."""
-    best, best_x = float("inf"), np.zeros(a.shape[1])
-    for k in range(1, a.shape[1] + 1):
-        for cols in itertools.combinations(range(a.shape[1]), k):
-            x, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
-            if (x < 0).any():
-                continue
-            err = float(np.sum((a[:, cols] @ x - b) ** 2))
-            if err < best:
-                best, best_x = err, np.zeros(a.shape[1])
-                best_x[list(cols)] = x
-    return best_x
+def _nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) -> np.ndarray:
+    """Non-negative least squares (Lawson and Hanson's active set method): min |a x - b|, x >= 0."""
+    n = a.shape[1]
+    x, free = np.zeros(n), np.zeros(n, bool)
+    for _ in range(3 * n):
+        gradient = a.T @ (b - a @ x)
+        if free.all() or gradient[~free].max() <= tol:
+            break
+        free[np.argmax(np.where(free, -np.inf, gradient))] = True
+        while True:  # solve on the free set; step back to the boundary while a value goes negative
+            z = np.zeros(n)
+            z[free] = np.linalg.lstsq(a[:, free], b, rcond=None)[0]
+            if (z[free] > tol).all():
+                x = z
+                break
+            neg = free & (z <= tol)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            free &= x > tol
+            x[~free] = 0.0
+    return x
 
 
 _EFFS = ("compute_eff", "memory_eff", "attn_eff", "kv_eff")
 
 
 def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iterations: int = 30) -> RooflineCost:
-    """Fit overhead, per_seq, per_prefill, the four efficiencies, per_score_byte and the two
-    cache-spill rates of ``cost`` to measured step times (with a measured ``matmul_curve``, the matmuls are known
+    """Fit overhead, per_seq, per_prefill, the four efficiencies, per_score_byte, the two
+    cache-spill rates, the cold step and the per-attention-group cost of ``cost`` to measured step times (with a measured ``matmul_curve``, the matmuls are known
     and the rest is fitted to what they leave).
 
     Each roofline is a max, so this alternates: given which side bounds each kernel class of
@@ -269,18 +295,20 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
     prefills = np.array([w.num_prefills for w, _ in samples], float)
     spilled = np.array([cost.spilled_kv_bytes(w) for w, _ in samples])
     llc_spilled = np.array([cost.llc_spilled_kv_bytes(w) for w, _ in samples])
+    cold = np.array([w.cold for w, _ in samples], float)
+    groups = np.array([w.num_attention_groups for w, _ in samples], float)
     prior = [1 / getattr(hw, name) for name in _EFFS]
 
     def decide(inv: list[float]) -> list[np.ndarray]:
         return [c * inv[2 * k] >= m * inv[2 * k + 1] for k, (c, m) in enumerate(sides)]
 
     def alternate(bound: list[np.ndarray]) -> RooflineCost:
-        inv, x = list(prior), np.zeros(10)
+        inv, x = list(prior), np.zeros(12)
         for _ in range(iterations):
             cols = [np.ones_like(t), seqs]
             for (c, m), b in zip(sides, bound):
                 cols += [c * b, m * ~b]
-            cols += [scores, prefills, spilled, llc_spilled]  # additive: on top of either bound
+            cols += [scores, prefills, spilled, llc_spilled, cold, groups]  # additive: on top of either bound
             a = np.stack(cols, axis=1) / t[:, None]
             x = _nnls(a, 1 - known / t)
             # a side no step is bound by keeps the prior; one the fit finds free costs ~nothing
@@ -291,7 +319,8 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
             bound = new_bound
         effs = {name: float(1 / v) for name, v in zip(_EFFS, inv)}
         fitted = {"overhead": x[0], "per_seq": x[1], "per_score_byte": x[6], "per_prefill": x[7],
-                  "per_spilled_kv_byte": x[8], "per_llc_spilled_byte": x[9]}  # fmt: skip
+                  "per_spilled_kv_byte": x[8], "per_llc_spilled_byte": x[9], "cold_step": x[10],
+                  "per_attention_group": x[11]}  # fmt: skip
         return cost.with_fit(**{k: float(v) for k, v in fitted.items()}, **effs)
 
     ones, zeros = np.ones_like(t, bool), np.zeros_like(t, bool)
@@ -328,7 +357,9 @@ def calibrate(cfg: dict[str, Any], hw: Hardware, shapes: Sequence[Shape], repeat
     cost = fit(RooflineCost(model, hw, dtype), samples)
     info = {"backend": name, "backend_options": options, "fit": fit_errors(cost, samples),
             "shapes": [{**asdict(shape), "measured_ms": t * 1e3, "fitted_ms": cost.seconds(w) * 1e3}
-                       for shape, (w, t) in zip(shapes, samples)]}  # fmt: skip
+                       for shape, (w, t) in zip(shapes, samples)],
+            "idle_shapes": [{**asdict(shape), "measured_ms": t * 1e3, "fitted_ms": cost.seconds(w) * 1e3}
+                            for shape, (w, t) in zip(filter(is_idle_probe, shapes), samples[len(shapes):])]}  # fmt: skip
     # a real run also pays the engine's own work per step (scheduling, allocation, update),
     # which timing backend.execute alone leaves out
     engine = measure_engine_cost(repeats=repeats)

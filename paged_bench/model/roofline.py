@@ -77,6 +77,12 @@ class Hardware:
     # steps of a long-prompt workload by 20%)
     llc_bytes: float | None = None
     per_llc_spilled_byte: float = 0.0
+    # seconds a ``cold`` step pays (the first after the engine idled): its weights and code
+    # fetched back from memory into caches that other work used meanwhile (calibrated CPU presets)
+    cold_step: float = 0.0
+    # seconds per attention group of an eager attention (decodes in one, prompt chunks in
+    # another: a step mixing both pays two groups' masks, gathers and softmax calls per layer)
+    per_attention_group: float = 0.0
     # measured matmul seconds by the step's token count, (tokens, every layer's matmuls, the LM
     # head on that many rows), ascending: replaces the matmul roofline where a calibration
     # found one. A CPU BLAS at one thread is no roofline for the few rows of a decode step:
@@ -179,6 +185,10 @@ class StepWork:
     num_tokens: int = 0  # new tokens: the rows of every layer's matmuls
     num_prefills: int = 0  # sequences computing a chunk of more than one token
     padding_kv_bytes: float = 0.0  # K/V an eager attention gathers past a request's end (its group's longest)
+    # no request of the step ran in the step before (all are new): the engine had nothing to
+    # run, so it idled until an arrival (or it has just started), and the caches went cold
+    cold: bool = False
+    num_attention_groups: int = 0  # an eager attention's padded groups: decodes, prompt chunks (0-2)
 
 
 def step_work(
@@ -225,6 +235,8 @@ def step_work(
         num_tokens=new,
         num_prefills=prefills,
         padding_kv_bytes=float(padding * kv_token),
+        cold=0 < len(plan.req_ids) <= len(plan.new_reqs),
+        num_attention_groups=(decodes > 0) + (prefills > 0),
     )
 
 
@@ -289,7 +301,9 @@ class RooflineCost:
         comm = w.num_allreduces * self.link.allreduce_seconds(w.allreduce_bytes, self.tp) if w.num_allreduces else 0.0
         scores = w.score_bytes * hw.per_score_byte
         per_request = hw.per_seq * w.num_seqs + hw.per_prefill * w.num_prefills
-        return hw.overhead + per_request + matmuls + attention + scores + w.swap_bytes / hw.host_link + comm
+        per_request += hw.per_attention_group * w.num_attention_groups
+        overhead = hw.overhead + hw.cold_step if w.cold else hw.overhead
+        return overhead + per_request + matmuls + attention + scores + w.swap_bytes / hw.host_link + comm
 
     def duration(self, plan: StepPlan, block_size: int) -> float:
         return self.seconds(step_work(plan, self.model, self.dtype, block_size, self.shard))
