@@ -28,6 +28,8 @@ import numpy as np
 from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.backends.base import Backend
 from paged_bench.errors import ConfigError, PagedBenchError, check
+from paged_bench.model.calibrate_heap import time_heap_growth
+from paged_bench.model.calibrate_run import run_prompt_step
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.engine_cost import measure_engine_cost
 from paged_bench.model.roofline import Hardware, RooflineCost, StepWork, hardware, measure_cpu, save_preset, step_work
@@ -349,6 +351,7 @@ def calibrate(cfg: dict[str, Any], hw: Hardware, shapes: Sequence[Shape], repeat
     check(model is not None, "backend", name, "a real model backend (numpy, torch)")
     dtype = getattr(backend, "compute_dtype", "float32")
     try:
+        per_score, per_growth = _heap_growth(backend, model, shapes)
         samples = time_shapes(backend, model, dtype, shapes, repeats)
         longest = max(max(s.decodes + s.prefills * s.chunk for s in shapes), 1)
         hw = replace(hw, matmul_curve=time_matmuls(backend, model, longest, max(repeats, 3)), eager_attention=True)
@@ -364,9 +367,23 @@ def calibrate(cfg: dict[str, Any], hw: Hardware, shapes: Sequence[Shape], repeat
     # which timing backend.execute alone leaves out
     engine = measure_engine_cost(repeats=repeats)
     h = cost.hardware
-    cost = cost.with_fit(overhead=h.overhead + engine.per_step, per_seq=h.per_seq + engine.per_seq)
+    cost = cost.with_fit(overhead=h.overhead + engine.per_step, per_seq=h.per_seq + engine.per_seq,
+                         heap_bytes_per_score_byte=per_score, per_heap_growth_byte=per_growth)  # fmt: skip
     info["engine"] = {"per_step_s": engine.per_step, "per_seq_s": engine.per_seq}
+    # and a prompt step in a run costs more than its shape timed alone: measured on a real run
+    cost, info["run"] = run_prompt_step(cfg, cost)
     return cost, info
+
+
+def _heap_growth(backend: Backend, model: ModelConfig, shapes: Sequence[Shape]) -> tuple[float, float]:
+    """``calibrate_heap.time_heap_growth`` on a fresh heap (before any shape), over the longest
+    prompt the shapes reach in their largest chunks (up to 512 tokens, as long prompts run)."""
+    chunk = min(512, max((s.chunk for s in shapes if s.prefills), default=16))
+    tokens = chunk * max(1, max(s.context + s.chunk for s in shapes) // chunk)
+    allocator = PagedAllocator(num_blocks=-(-tokens // BLOCK_SIZE) + 1, block_size=BLOCK_SIZE,
+                               prefix_caching=False, swap_blocks=0)  # fmt: skip
+    backend.bind(allocator)
+    return time_heap_growth(backend, allocator, model, tokens, chunk)
 
 
 def _pct(eff: float) -> str:

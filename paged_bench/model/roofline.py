@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,14 @@ class Hardware:
     # seconds per attention group of an eager attention (decodes in one, prompt chunks in
     # another: a step mixing both pays two groups' masks, gathers and softmax calls per layer)
     per_attention_group: float = 0.0
+    # the process heap an eager attention's step holds per byte of one layer's score matrices,
+    # and the seconds a byte of it costs the first time a run's step needs it (``model.heap``:
+    # held memory is reused, growth is faulted in); calibrated CPU presets only
+    heap_bytes_per_score_byte: float = 0.0
+    per_heap_growth_byte: float = 0.0
+    # seconds a step with a prompt chunk pays in a real run beyond its shape timed alone
+    # (measured on a calibration run: ``calibrate_run``); calibrated CPU presets only
+    run_prompt_step: float = 0.0
     # measured matmul seconds by the step's token count, (tokens, every layer's matmuls, the LM
     # head on that many rows), ascending: replaces the matmul roofline where a calibration
     # found one. A CPU BLAS at one thread is no roofline for the few rows of a decode step:
@@ -247,6 +255,8 @@ class RooflineCost:
     dtype: str
     tp: int = 1  # tensor-parallel ranks
     interconnect: str | None = None  # a tp_link preset; None = the hardware's
+    # the run's heap high-water mark (bytes) so far: ``duration`` prices steps in run order
+    heap_peak: list[float] = field(default_factory=lambda: [0.0], compare=False, repr=False)
 
     def __post_init__(self) -> None:
         tp_shard(self.model, self.tp)  # a one-line error when the model does not split
@@ -302,11 +312,28 @@ class RooflineCost:
         scores = w.score_bytes * hw.per_score_byte
         per_request = hw.per_seq * w.num_seqs + hw.per_prefill * w.num_prefills
         per_request += hw.per_attention_group * w.num_attention_groups
+        if w.num_prefills:
+            per_request += hw.run_prompt_step
         overhead = hw.overhead + hw.cold_step if w.cold else hw.overhead
         return overhead + per_request + matmuls + attention + scores + w.swap_bytes / hw.host_link + comm
 
     def duration(self, plan: StepPlan, block_size: int) -> float:
-        return self.seconds(step_work(plan, self.model, self.dtype, block_size, self.shard))
+        """The seconds of ``plan``, the next step of a run: ``seconds`` and, where a calibration
+        measured it, the heap growth it is the first to need."""
+        work = step_work(plan, self.model, self.dtype, block_size, self.shard)
+        return self.seconds(work) + self.heap_growth_seconds(work)
+
+    def heap_growth_seconds(self, w: StepWork) -> float:
+        """What ``w`` pays to grow the run's heap past its high-water mark (and moves the mark)."""
+        hw = self.hardware
+        if not hw.per_heap_growth_byte:
+            return 0.0
+        need = hw.heap_bytes_per_score_byte * w.score_bytes / self.model.num_layers
+        growth = need - self.heap_peak[0]
+        if growth <= 0:
+            return 0.0
+        self.heap_peak[0] = need
+        return growth * hw.per_heap_growth_byte
 
     def with_fit(self, **coefficients: float) -> RooflineCost:
         return replace(self, hardware=replace(self.hardware, **coefficients))
