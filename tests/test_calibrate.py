@@ -108,6 +108,7 @@ def test_calibrate_command_end_to_end(tmp_path, capsys):
     # every shape, and the short prompts alone again after an idle gap
     assert data["fit"]["samples"] == len(shapes) + sum(map(cal.is_idle_probe, shapes)) > len(shapes)
     assert len(data["idle_shapes"]) == sum(map(cal.is_idle_probe, shapes))
+    assert data["run"]["prompt_steps"] > 0 and data["run"]["decode_steps"] > 0  # checked on a real run
     assert data["hardware"]["overhead"] > 0
     assert f"backend.preset={out}" in capsys.readouterr().out
     sim = build(compose_config("backend=sim", f"backend.preset={out}", "workload.num_requests=4"))

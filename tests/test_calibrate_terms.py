@@ -1,6 +1,6 @@
 """The calibrated roofline's CPU terms, each on a step built to need it: a cold step after
 idling, one cost per attention group, K/V past the last-level cache, the heap a run's first
-large steps grow (priced once, in run order), a prompt step's in-run excess; the NNLS the fit
+large steps grow (priced once, in run order), the calibration run's workload; the NNLS the fit
 solves with; and the numpy backend holding its freed temporaries while bound."""
 
 from __future__ import annotations
@@ -56,13 +56,13 @@ def test_a_step_is_cold_only_when_no_request_ran_before_it():
     assert cold.seconds(beside) == _cost().seconds(beside)
 
 
-def test_each_attention_group_and_each_prompt_step_in_a_run_cost_their_own():
+def test_each_attention_group_costs_its_own():
     decodes = step_work(_plan(cal.Shape(4, 0, 0, 64), continuing=True), MODEL, "float32", 16)
     mixed = step_work(_plan(cal.Shape(4, 1, 64, 64), continuing=True), MODEL, "float32", 16)
     assert (decodes.num_attention_groups, mixed.num_attention_groups) == (1, 2)
-    cost = _cost(per_attention_group=2e-4, run_prompt_step=1e-3)
+    cost = _cost(per_attention_group=2e-4)
     assert cost.seconds(decodes) - _cost().seconds(decodes) == pytest.approx(2e-4)
-    assert cost.seconds(mixed) - _cost().seconds(mixed) == pytest.approx(2 * 2e-4 + 1e-3)
+    assert cost.seconds(mixed) - _cost().seconds(mixed) == pytest.approx(2 * 2e-4)
 
 
 def test_kv_past_the_last_level_cache_beside_the_weights_is_priced_apart():

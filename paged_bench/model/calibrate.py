@@ -30,7 +30,7 @@ from paged_bench.backends.base import Backend
 from paged_bench.errors import ConfigError, PagedBenchError, check
 from paged_bench.model.calibrate_fit import _nnls, fit, fit_errors  # noqa: F401 (_nnls: the tests')
 from paged_bench.model.calibrate_heap import time_heap_growth
-from paged_bench.model.calibrate_run import run_prompt_step
+from paged_bench.model.calibrate_run import run_check
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.engine_cost import measure_engine_cost
 from paged_bench.model.roofline import Hardware, RooflineCost, StepWork, hardware, measure_cpu, save_preset, step_work
@@ -269,8 +269,8 @@ def calibrate(cfg: dict[str, Any], hw: Hardware, shapes: Sequence[Shape], repeat
     cost = cost.with_fit(overhead=h.overhead + engine.per_step, per_seq=h.per_seq + engine.per_seq,
                          heap_bytes_per_score_byte=per_score, per_heap_growth_byte=per_growth)  # fmt: skip
     info["engine"] = {"per_step_s": engine.per_step, "per_seq_s": engine.per_seq}
-    # and a prompt step in a run costs more than its shape timed alone: measured on a real run
-    cost, info["run"] = run_prompt_step(cfg, cost)
+    # checked where it will be used: a real run of a workload of its own, step by step
+    info["run"] = run_check(cfg, cost)
     return cost, info
 
 

@@ -88,9 +88,6 @@ class Hardware:
     # held memory is reused, growth is faulted in); calibrated CPU presets only
     heap_bytes_per_score_byte: float = 0.0
     per_heap_growth_byte: float = 0.0
-    # seconds a step with a prompt chunk pays in a real run beyond its shape timed alone
-    # (measured on a calibration run: ``calibrate_run``); calibrated CPU presets only
-    run_prompt_step: float = 0.0
     # measured matmul seconds by the step's token count, (tokens, every layer's matmuls, the LM
     # head on that many rows), ascending: replaces the matmul roofline where a calibration
     # found one. A CPU BLAS at one thread is no roofline for the few rows of a decode step:
@@ -312,8 +309,6 @@ class RooflineCost:
         scores = w.score_bytes * hw.per_score_byte
         per_request = hw.per_seq * w.num_seqs + hw.per_prefill * w.num_prefills
         per_request += hw.per_attention_group * w.num_attention_groups
-        if w.num_prefills:
-            per_request += hw.run_prompt_step
         overhead = hw.overhead + hw.cold_step if w.cold else hw.overhead
         return overhead + per_request + matmuls + attention + scores + w.swap_bytes / hw.host_link + comm
 
