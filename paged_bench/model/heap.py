@@ -75,13 +75,30 @@ def release() -> None:
     libc.malloc_trim(0)
 
 
-def heap_size() -> int | None:
-    """Bytes the main heap holds from the system now (glibc 2.33+), else None."""
+def _mallinfo() -> _MallInfo2 | None:
     libc = _glibc()
     if libc is None or not hasattr(libc, "mallinfo2"):
         return None
     libc.mallinfo2.restype = _MallInfo2
-    return int(libc.mallinfo2().arena)
+    return libc.mallinfo2()
+
+
+def heap_size() -> int | None:
+    """Bytes the main heap holds from the system now (glibc 2.33+), else None."""
+    info = _mallinfo()
+    return None if info is None else int(info.arena)
+
+
+def free_bytes() -> int | None:
+    """Bytes free inside the heap (its bins and top) now (glibc 2.33+), else None."""
+    info = _mallinfo()
+    return None if info is None else int(info.fordblks)
+
+
+def mmapped_bytes() -> int | None:
+    """Bytes of blocks malloc serves with their own ``mmap`` now (glibc 2.33+), else None."""
+    info = _mallinfo()
+    return None if info is None else int(info.hblkhd)
 
 
 def trim() -> None:
