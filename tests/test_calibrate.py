@@ -28,7 +28,7 @@ def _works(model, shapes, dtype="float32"):
     works = []
     for shape in shapes:
         plan, reqs = cal._plan(shape, alloc, rng, model.vocab_size)
-        works.append(step_work(plan, model, dtype, 16))
+        works.append(replace(step_work(plan, model, dtype, 16), cold=False))  # timed warm, as calibrate does
         for r in reqs:
             alloc.free(r)
     return works
@@ -104,7 +104,11 @@ def test_calibrate_command_end_to_end(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     data = json.loads(out.read_text())
     assert data["backend"] == "numpy" and data["model"]["num_layers"] == PRESETS["tiny"].num_layers
-    assert data["fit"]["samples"] == len(cal.default_shapes(160))
+    shapes = cal.default_shapes(160)
+    # every shape, and the short prompts alone again after an idle gap
+    assert data["fit"]["samples"] == len(shapes) + sum(map(cal.is_idle_probe, shapes)) > len(shapes)
+    assert len(data["idle_shapes"]) == sum(map(cal.is_idle_probe, shapes))
+    assert data["run"]["prompt_steps"] > 0 and data["run"]["decode_steps"] > 0  # checked on a real run
     assert data["hardware"]["overhead"] > 0
     assert f"backend.preset={out}" in capsys.readouterr().out
     sim = build(compose_config("backend=sim", f"backend.preset={out}", "workload.num_requests=4"))
@@ -138,13 +142,16 @@ def test_a_measured_matmul_curve_prices_the_matmuls_instead_of_the_roofline():
 def test_fit_with_a_curve_recovers_the_per_step_and_per_prefill_costs():
     model = PRESETS["small"]
     truth = RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9, 4e-4, 3e-5, 1.0, 1.0, 0.25, 0.12,
-                                         per_prefill=3e-4, matmul_curve=CURVE), "float32")  # fmt: skip
-    works = _works(model, cal.default_shapes())
+                                         per_prefill=3e-4, cold_step=5e-4, matmul_curve=CURVE), "float32")  # fmt: skip
+    shapes = cal.default_shapes()
+    works = _works(model, shapes)
+    # the short prompts timed again after an idle gap, as time_shapes does
+    works += [replace(w, cold=True) for w, shape in zip(works, shapes) if cal.is_idle_probe(shape)]
     rng = np.random.default_rng(1)
     samples = [(w, truth.seconds(w) * rng.uniform(0.99, 1.01)) for w in works]
     fitted = cal.fit(RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9, matmul_curve=CURVE), "float32"), samples)
     assert cal.fit_errors(fitted, samples)["median_abs_rel_err"] < 0.02
-    for name in ("overhead", "per_prefill"):
+    for name in ("overhead", "per_prefill", "cold_step"):
         assert getattr(fitted.hardware, name) == pytest.approx(getattr(truth.hardware, name), rel=0.15), name
 
 

@@ -5,7 +5,9 @@ Random weights from the run's seed (``backend.model`` picks the shape: a preset 
 (``backend.model_path=DIR``). Runs on the wall clock; a step of the default ``small``
 model costs a few milliseconds on two CPU cores. ``threads`` caps BLAS threads while the
 backend runs: a decode step's small matmuls lose more to thread hand-offs (and to cores
-shared with other work) than they gain from a second thread.
+shared with other work) than they gain from a second thread. While bound, freed temporaries
+stay in the process for reuse (``model.heap``): else a step's cost depends on what glibc's
+malloc happened to unmap before it (up to 40% on a long prompt chunk).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from threadpoolctl import threadpool_limits
 
 from paged_bench.allocators.base import Allocator
 from paged_bench.errors import check_int
+from paged_bench.model import heap
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.ops_numpy import NumpyOps
 from paged_bench.model.runner import ModelBackend
@@ -35,6 +38,7 @@ class NumpyBackend(ModelBackend):
     ) -> None:
         self.threads = None if threads is None else check_int("backend.threads", threads)
         self._limits: Any = None
+        self._holding = False  # freed memory held for reuse (model.heap) while bound
         super().__init__(model=model, model_path=model_path, seed=seed)
 
     def make_ops(self, cfg: ModelConfig) -> NumpyOps:
@@ -44,6 +48,8 @@ class NumpyBackend(ModelBackend):
         if self.threads is not None and self._limits is None:
             # process-wide until close(): a per-step switch costs more than a small step
             self._limits = threadpool_limits(self.threads, user_api="blas")
+        if not self._holding:
+            self._holding = heap.hold_freed_memory()
         super().bind(allocator)
 
     def close(self) -> None:
@@ -51,3 +57,6 @@ class NumpyBackend(ModelBackend):
         if self._limits is not None:
             self._limits.restore_original_limits()
             self._limits = None
+        if self._holding:
+            heap.release()
+            self._holding = False

@@ -28,6 +28,9 @@ import numpy as np
 from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.backends.base import Backend
 from paged_bench.errors import ConfigError, PagedBenchError, check
+from paged_bench.model.calibrate_fit import _nnls, fit, fit_errors  # noqa: F401 (_nnls: the tests')
+from paged_bench.model.calibrate_heap import time_heap_growth
+from paged_bench.model.calibrate_run import run_check
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.engine_cost import measure_engine_cost
 from paged_bench.model.roofline import Hardware, RooflineCost, StepWork, hardware, measure_cpu, save_preset, step_work
@@ -35,6 +38,12 @@ from paged_bench.request import Request
 from paged_bench.step import NewRequestData, StepPlan
 
 BLOCK_SIZE = 16
+WARM_STEPS = 3  # untimed steps a timed one follows (decodes of the batch, or of the lead-in)
+TIMED_STEPS = 3  # a decode batch's steps timed in a row, per round (their median)
+# an engine with nothing to run sleeps until the next arrival (tens of ms at the seeds' 25
+# req/s); the step it then starts finds its weights and code evicted from the caches by
+# whatever ran meanwhile: on this 2-core VM +0.3-0.5 ms on a 3-7 ms prompt step
+IDLE_SECONDS = 0.02
 
 
 @dataclass(frozen=True)
@@ -63,7 +72,8 @@ def default_shapes(max_len: int = 512) -> list[Shape]:
     # chunks, alone, two at once, and beside decodes (an eager attention's score matrices
     # then outgrow the caches)
     longs = [c for c in (1024, 3072) if c + 512 < max_len]
-    shapes += [Shape(b, 0, 0, c) for b, c in itertools.product((1, 4, 16), longs)]
+    decode_longs = [c for c in (1024, 2048, 3072) if c + 512 < max_len]
+    shapes += [Shape(b, 0, 0, c) for b, c in itertools.product((1, 2, 4, 16), decode_longs)]
     shapes += [Shape(b, p, 512, c) for b, p, c in itertools.product((0, 8), (1, 2), longs) if b or p == 1]
     return shapes
 
@@ -93,17 +103,20 @@ def _continuing(plan: StepPlan) -> StepPlan:
 def time_shapes(
     backend: Backend, model: ModelConfig, dtype: str, shapes: Sequence[Shape], repeats: int = 3
 ) -> list[tuple[StepWork, float]]:
-    """(work, seconds: ``typical_seconds`` of the repeats) of ``backend.execute`` for each shape.
+    """(work, seconds: ``typical_seconds`` of the repeats) of ``backend.execute`` for each shape,
+    then for each ``is_idle_probe`` shape the same after an idle gap (its work ``cold``).
 
     The repeats are rounds over every shape rather than back-to-back runs of one, so that a
     burst of load from elsewhere on a shared machine spreads over the shapes instead of
     skewing the few it lands on (a skewed shape bends the whole fit).
 
     Each shape is timed as a run meets it, since that changes its cost by as much as its
-    shape does: its decoding requests already running (``_continuing``), after the step a run
-    puts before it: a decode batch after the same batch (a run decodes step after step), a
-    step with a prompt chunk after a decode step (``lead_in``: prompts arrive amid decodes),
-    not after itself (which finds its activations and K/V still in cache)."""
+    shape does: its decoding requests already running (``_continuing``), after the steps a run
+    puts before it: a decode batch after ``WARM_STEPS`` of the same batch (a run decodes step
+    after step: one warm step left a one-sequence decode 10% slower than in a run), then the
+    median of ``TIMED_STEPS`` in a row; a step with a prompt chunk after ``WARM_STEPS`` decode
+    steps (``lead_in``: prompts arrive amid decodes), not after itself (which finds its
+    activations and K/V still in cache)."""
     need = (
         2
         * max(s.decodes + s.prefills for s in shapes)
@@ -114,6 +127,7 @@ def time_shapes(
     rng = np.random.default_rng(0)
     times: list[list[float]] = [[] for _ in shapes]
     works: list[StepWork] = []
+    idle: dict[int, list[float]] = {i: [] for i, s in enumerate(shapes) if is_idle_probe(s)}
     for round_no in range(repeats):
         for i, shape in enumerate(shapes):
             plan, reqs = _plan(shape, allocator, rng, model.vocab_size)
@@ -122,18 +136,38 @@ def time_shapes(
             if shape.prefills:
                 lead_plan, lead_reqs = _plan(lead_in(shape), allocator, rng, model.vocab_size, len(reqs))
                 backend.execute(lead_plan)
+                for _ in range(WARM_STEPS - 1):
+                    backend.execute(_continuing(lead_plan))
                 reqs += lead_reqs
+                times[i].append(_seconds(backend, timed))
+                if i in idle:  # again, after the engine idled as it does waiting for arrivals
+                    for _ in range(WARM_STEPS):
+                        backend.execute(_continuing(lead_plan))
+                    time.sleep(IDLE_SECONDS)
+                    idle[i].append(_seconds(backend, timed))
             else:
-                backend.execute(timed)
-            start = time.perf_counter()
-            backend.execute(timed)
-            times[i].append(time.perf_counter() - start)
+                for _ in range(WARM_STEPS):
+                    backend.execute(timed)
+                times[i].append(float(np.median([_seconds(backend, timed) for _ in range(TIMED_STEPS)])))
             for req in reqs:
                 allocator.free(req)
             backend.execute(StepPlan(finished_req_ids=tuple(r.request_id for r in reqs)))  # the backend lets them go
-            if round_no == 0:
-                works.append(step_work(plan, model, dtype, BLOCK_SIZE))
-    return [(work, typical_seconds(t)) for work, t in zip(works, times)]
+            if round_no == 0:  # timed warm, whatever its plan says (all of its requests new)
+                works.append(replace(step_work(plan, model, dtype, BLOCK_SIZE), cold=False))
+    warm = [(work, typical_seconds(t)) for work, t in zip(works, times)]
+    return warm + [(replace(works[i], cold=True), typical_seconds(t)) for i, t in idle.items()]
+
+
+def is_idle_probe(shape: Shape) -> bool:
+    """Shapes also timed after an idle gap: a short prompt alone (what an idle engine starts
+    with), where the cold start is a large share of the step."""
+    return shape.decodes == 0 and shape.context == 0 and shape.chunk <= 128
+
+
+def _seconds(backend: Backend, plan: StepPlan) -> float:
+    start = time.perf_counter()
+    backend.execute(plan)
+    return time.perf_counter() - start
 
 
 def typical_seconds(times: Sequence[float]) -> float:
@@ -181,111 +215,28 @@ def time_matmuls(
                   (model.intermediate_size, lw.down))]  # fmt: skip
     head = (inputs[model.hidden_size], w.lm_head)
     times: dict[int, list[tuple[float, float]]] = {n: [] for n in points}
-    for _ in range(repeats + 1):  # the first round warms up
+    for round_no in range(repeats + 1):  # the first round warms up
         for n in points:
-            # untimed first, as a run's step follows another that read the same weights (else
-            # a point after the largest finds them evicted: 30% slower at one row)
-            for x, m in layer_ops:
-                ops.linear(x[:n], m)
-            start = time.perf_counter()
-            for x, m in layer_ops:
-                ops.linear(x[:n], m)
-            mid = time.perf_counter()
-            ops.linear(head[0][:n], head[1])
-            times[n].append((mid - start, time.perf_counter() - mid))
+            # a run's decode step follows others of about its size, which left the weights
+            # and the BLAS's state as it needs them: a point timed after one untimed pass,
+            # right after the largest point, costs 40% more at one row than in a run (0.29
+            # against 0.20 ms here). So a few untimed passes first, then several timed ones
+            # (a decode batch's row counts, a millisecond or so a pass), their median
+            passes = 5 if n <= 32 else 1
+            for _ in range(passes):
+                for x, m in layer_ops:
+                    ops.linear(x[:n], m)
+            for _ in range(passes):
+                start = time.perf_counter()
+                for x, m in layer_ops:
+                    ops.linear(x[:n], m)
+                mid = time.perf_counter()
+                ops.linear(head[0][:n], head[1])
+                if round_no:
+                    times[n].append((mid - start, time.perf_counter() - mid))
     return tuple(
-        (float(n), typical_seconds([t[0] for t in ts[1:]]), typical_seconds([t[1] for t in ts[1:]]))
-        for n, ts in times.items()
+        (float(n), typical_seconds([t[0] for t in ts]), typical_seconds([t[1] for t in ts])) for n, ts in times.items()
     )
-
-
-def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Non-negative least squares for a handful of columns: the best of every column subset."""
-    best, best_x = float("inf"), np.zeros(a.shape[1])
-    for k in range(1, a.shape[1] + 1):
-        for cols in itertools.combinations(range(a.shape[1]), k):
-            x, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
-            if (x < 0).any():
-                continue
-            err = float(np.sum((a[:, cols] @ x - b) ** 2))
-            if err < best:
-                best, best_x = err, np.zeros(a.shape[1])
-                best_x[list(cols)] = x
-    return best_x
-
-
-_EFFS = ("compute_eff", "memory_eff", "attn_eff", "kv_eff")
-
-
-def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iterations: int = 30) -> RooflineCost:
-    """Fit overhead, per_seq, per_prefill, the four efficiencies and per_score_byte of
-    ``cost`` to measured step times (with a measured ``matmul_curve``, the matmuls are known
-    and the rest is fitted to what they leave).
-
-    Each roofline is a max, so this alternates: given which side bounds each kernel class of
-    each step, the time is linear in (1, sequences, and the bounding side's FLOPs/peak or
-    bytes/bandwidth); solve that (non-negative, on relative error so short and long steps
-    count alike); re-decide the sides with the new efficiencies; until nothing changes.
-    Alternation can settle in a local optimum, so it starts from every way of bounding the
-    two kernel classes (and from the preset's own efficiencies) and keeps the best fit."""
-    hw = cost.hardware
-    t = np.array([s for _, s in samples])
-    # with a measured matmul curve the matmuls are known: the rest is fitted to what is left
-    curve = hw.matmul_curve is not None
-    known = np.array([cost.matmul_seconds(w) if curve else 0.0 for w, _ in samples])
-    seqs = np.array([w.num_seqs for w, _ in samples], float)
-    # per kernel class: (compute seconds at peak, memory seconds at full bandwidth)
-    sides = [
-        (
-            np.array([0.0 if curve else w.matmul_flops for w, _ in samples]) / hw.peak_flops,
-            np.array([0.0 if curve else w.weight_bytes for w, _ in samples]) / hw.mem_bandwidth,
-        ),
-        (
-            np.array([w.attn_flops for w, _ in samples]) / hw.peak_flops,
-            np.array([w.kv_bytes + w.padding_kv_bytes * hw.eager_attention for w, _ in samples]) / hw.mem_bandwidth,
-        ),
-    ]
-    scores = np.array([w.score_bytes for w, _ in samples])
-    prefills = np.array([w.num_prefills for w, _ in samples], float)
-    spilled = np.array([cost.spilled_kv_bytes(w) for w, _ in samples])
-    prior = [1 / getattr(hw, name) for name in _EFFS]
-
-    def decide(inv: list[float]) -> list[np.ndarray]:
-        return [c * inv[2 * k] >= m * inv[2 * k + 1] for k, (c, m) in enumerate(sides)]
-
-    def alternate(bound: list[np.ndarray]) -> RooflineCost:
-        inv, x = list(prior), np.zeros(9)
-        for _ in range(iterations):
-            cols = [np.ones_like(t), seqs]
-            for (c, m), b in zip(sides, bound):
-                cols += [c * b, m * ~b]
-            cols += [scores, prefills, spilled]  # additive: on top of either bound
-            a = np.stack(cols, axis=1) / t[:, None]
-            x = _nnls(a, 1 - known / t)
-            # a side no step is bound by keeps the prior; one the fit finds free costs ~nothing
-            inv = [max(x[2 + i], 1e-6) if a[:, 2 + i].any() else inv[i] for i in range(4)]
-            new_bound = decide(inv)
-            if all((a == b).all() for a, b in zip(new_bound, bound)):
-                break
-            bound = new_bound
-        effs = {name: float(1 / v) for name, v in zip(_EFFS, inv)}
-        fitted = {"overhead": x[0], "per_seq": x[1], "per_score_byte": x[6], "per_prefill": x[7],
-                  "per_spilled_kv_byte": x[8]}  # fmt: skip
-        return cost.with_fit(**{k: float(v) for k, v in fitted.items()}, **effs)
-
-    ones, zeros = np.ones_like(t, bool), np.zeros_like(t, bool)
-    starts = [decide(prior)] + [[a, b] for a in (ones, zeros) for b in (ones, zeros)]
-    fits = [alternate(start) for start in starts]
-    return min(fits, key=lambda f: sum((f.seconds(w) / s - 1) ** 2 for w, s in samples))
-
-
-def fit_errors(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]]) -> dict[str, float]:
-    rel = np.array([cost.seconds(w) / s - 1 for w, s in samples])
-    return {
-        "samples": len(samples),
-        "median_abs_rel_err": float(np.median(np.abs(rel))),
-        "max_abs_rel_err": float(np.abs(rel).max()),
-    }
 
 
 def calibrate(cfg: dict[str, Any], hw: Hardware, shapes: Sequence[Shape], repeats: int) -> tuple[RooflineCost, dict]:
@@ -299,6 +250,7 @@ def calibrate(cfg: dict[str, Any], hw: Hardware, shapes: Sequence[Shape], repeat
     check(model is not None, "backend", name, "a real model backend (numpy, torch)")
     dtype = getattr(backend, "compute_dtype", "float32")
     try:
+        per_score, per_growth = _heap_growth(backend, model, shapes)
         samples = time_shapes(backend, model, dtype, shapes, repeats)
         longest = max(max(s.decodes + s.prefills * s.chunk for s in shapes), 1)
         hw = replace(hw, matmul_curve=time_matmuls(backend, model, longest, max(repeats, 3)), eager_attention=True)
@@ -307,14 +259,30 @@ def calibrate(cfg: dict[str, Any], hw: Hardware, shapes: Sequence[Shape], repeat
     cost = fit(RooflineCost(model, hw, dtype), samples)
     info = {"backend": name, "backend_options": options, "fit": fit_errors(cost, samples),
             "shapes": [{**asdict(shape), "measured_ms": t * 1e3, "fitted_ms": cost.seconds(w) * 1e3}
-                       for shape, (w, t) in zip(shapes, samples)]}  # fmt: skip
+                       for shape, (w, t) in zip(shapes, samples)],
+            "idle_shapes": [{**asdict(shape), "measured_ms": t * 1e3, "fitted_ms": cost.seconds(w) * 1e3}
+                            for shape, (w, t) in zip(filter(is_idle_probe, shapes), samples[len(shapes):])]}  # fmt: skip
     # a real run also pays the engine's own work per step (scheduling, allocation, update),
     # which timing backend.execute alone leaves out
     engine = measure_engine_cost(repeats=repeats)
     h = cost.hardware
-    cost = cost.with_fit(overhead=h.overhead + engine.per_step, per_seq=h.per_seq + engine.per_seq)
+    cost = cost.with_fit(overhead=h.overhead + engine.per_step, per_seq=h.per_seq + engine.per_seq,
+                         heap_bytes_per_score_byte=per_score, per_heap_growth_byte=per_growth)  # fmt: skip
     info["engine"] = {"per_step_s": engine.per_step, "per_seq_s": engine.per_seq}
+    # checked where it will be used: a real run of a workload of its own, step by step
+    info["run"] = run_check(cfg, cost)
     return cost, info
+
+
+def _heap_growth(backend: Backend, model: ModelConfig, shapes: Sequence[Shape]) -> tuple[float, float]:
+    """``calibrate_heap.time_heap_growth`` on a fresh heap (before any shape), over the longest
+    prompt the shapes reach in their largest chunks (up to 512 tokens, as long prompts run)."""
+    chunk = min(512, max((s.chunk for s in shapes if s.prefills), default=16))
+    tokens = chunk * max(1, max(s.context + s.chunk for s in shapes) // chunk)
+    allocator = PagedAllocator(num_blocks=-(-tokens // BLOCK_SIZE) + 1, block_size=BLOCK_SIZE,
+                               prefix_caching=False, swap_blocks=0)  # fmt: skip
+    backend.bind(allocator)
+    return time_heap_growth(backend, allocator, model, tokens, chunk)
 
 
 def _pct(eff: float) -> str:

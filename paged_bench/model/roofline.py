@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,24 @@ class Hardware:
     # cache or memory at per_spilled_kv_byte seconds a byte more (calibrated CPU presets)
     cache_bytes: float | None = None
     per_spilled_kv_byte: float = 0.0
+    # the shared last-level cache (L3, measured): a step re-reads the weights and every K/V
+    # byte its requests hold, step after step; what of that exceeds the LLC comes from memory
+    # at per_llc_spilled_byte seconds a byte more (the K/V rate of one sequence's L3-resident
+    # context is 1.5x a large batch's: one K/V rate for both misprices the one-sequence decode
+    # steps of a long-prompt workload by 20%)
+    llc_bytes: float | None = None
+    per_llc_spilled_byte: float = 0.0
+    # seconds a ``cold`` step pays (the first after the engine idled): its weights and code
+    # fetched back from memory into caches that other work used meanwhile (calibrated CPU presets)
+    cold_step: float = 0.0
+    # seconds per attention group of an eager attention (decodes in one, prompt chunks in
+    # another: a step mixing both pays two groups' masks, gathers and softmax calls per layer)
+    per_attention_group: float = 0.0
+    # the process heap an eager attention's step holds per byte of one layer's score matrices,
+    # and the seconds a byte of it costs the first time a run's step needs it (``model.heap``:
+    # held memory is reused, growth is faulted in); calibrated CPU presets only
+    heap_bytes_per_score_byte: float = 0.0
+    per_heap_growth_byte: float = 0.0
     # measured matmul seconds by the step's token count, (tokens, every layer's matmuls, the LM
     # head on that many rows), ascending: replaces the matmul roofline where a calibration
     # found one. A CPU BLAS at one thread is no roofline for the few rows of a decode step:
@@ -125,15 +143,18 @@ def measure_cpu(seconds: float = 1.0, nbytes: int = 512 << 20) -> Hardware:
     src = np.ones(nbytes // 4, np.float32)
     dst = np.empty_like(src)
     bandwidth = _best_rate(lambda: np.copyto(dst, src), 2 * src.nbytes, seconds / 2)
-    return Hardware("measured-cpu", flops, bandwidth, bandwidth / 2, cache_bytes=core_cache_bytes())
+    return Hardware(
+        "measured-cpu", flops, bandwidth, bandwidth / 2, cache_bytes=core_cache_bytes(), llc_bytes=core_cache_bytes(3)
+    )
 
 
-def core_cache_bytes(cpu: int = 0) -> float | None:
-    """This machine's per-core (level 2) cache in bytes, from sysfs; None where it says nothing."""
+def core_cache_bytes(level: int = 2, cpu: int = 0) -> float | None:
+    """This machine's cache of ``level`` (2: the per-core one, 3: the shared last level) seen by
+    ``cpu``, in bytes, from sysfs; None where it says nothing."""
     root = Path(f"/sys/devices/system/cpu/cpu{cpu}/cache")
     for index in sorted(root.glob("index*")):
         try:
-            if (index / "level").read_text().strip() == "2":
+            if (index / "level").read_text().strip() == str(level):
                 size = (index / "size").read_text().strip()
                 units = {"K": 1 << 10, "M": 1 << 20}
                 return float(int(size.rstrip("KM")) * units.get(size[-1], 1))
@@ -169,6 +190,10 @@ class StepWork:
     num_tokens: int = 0  # new tokens: the rows of every layer's matmuls
     num_prefills: int = 0  # sequences computing a chunk of more than one token
     padding_kv_bytes: float = 0.0  # K/V an eager attention gathers past a request's end (its group's longest)
+    # no request of the step ran in the step before (all are new): the engine had nothing to
+    # run, so it idled until an arrival (or it has just started), and the caches went cold
+    cold: bool = False
+    num_attention_groups: int = 0  # an eager attention's padded groups: decodes, prompt chunks (0-2)
 
 
 def step_work(
@@ -215,6 +240,8 @@ def step_work(
         num_tokens=new,
         num_prefills=prefills,
         padding_kv_bytes=float(padding * kv_token),
+        cold=0 < len(plan.req_ids) <= len(plan.new_reqs),
+        num_attention_groups=(decodes > 0) + (prefills > 0),
     )
 
 
@@ -225,6 +252,8 @@ class RooflineCost:
     dtype: str
     tp: int = 1  # tensor-parallel ranks
     interconnect: str | None = None  # a tp_link preset; None = the hardware's
+    # the run's heap high-water mark (bytes) so far: ``duration`` prices steps in run order
+    heap_peak: list[float] = field(default_factory=lambda: [0.0], compare=False, repr=False)
 
     def __post_init__(self) -> None:
         tp_shard(self.model, self.tp)  # a one-line error when the model does not split
@@ -261,19 +290,45 @@ class RooflineCost:
         layers = self.model.num_layers
         return layers * max(0.0, (w.kv_bytes + w.padding_kv_bytes) / layers - cache)
 
+    def llc_spilled_kv_bytes(self, w: StepWork) -> float:
+        """K/V bytes the step gathers beyond what the last-level cache holds beside its weights
+        (0 without an LLC figure)."""
+        llc = self.hardware.llc_bytes
+        if llc is None:
+            return 0.0
+        return max(0.0, w.kv_bytes + w.padding_kv_bytes - max(llc - w.weight_bytes, 0.0))
+
     def seconds(self, w: StepWork) -> float:
         hw = self.hardware
         matmuls = self.matmul_seconds(w)
         kv_bytes = w.kv_bytes + w.padding_kv_bytes if hw.eager_attention else w.kv_bytes
         attention = max(w.attn_flops / (hw.peak_flops * hw.attn_eff), kv_bytes / (hw.mem_bandwidth * hw.kv_eff))
         attention += self.spilled_kv_bytes(w) * hw.per_spilled_kv_byte
+        attention += self.llc_spilled_kv_bytes(w) * hw.per_llc_spilled_byte
         comm = w.num_allreduces * self.link.allreduce_seconds(w.allreduce_bytes, self.tp) if w.num_allreduces else 0.0
         scores = w.score_bytes * hw.per_score_byte
         per_request = hw.per_seq * w.num_seqs + hw.per_prefill * w.num_prefills
-        return hw.overhead + per_request + matmuls + attention + scores + w.swap_bytes / hw.host_link + comm
+        per_request += hw.per_attention_group * w.num_attention_groups
+        overhead = hw.overhead + hw.cold_step if w.cold else hw.overhead
+        return overhead + per_request + matmuls + attention + scores + w.swap_bytes / hw.host_link + comm
 
     def duration(self, plan: StepPlan, block_size: int) -> float:
-        return self.seconds(step_work(plan, self.model, self.dtype, block_size, self.shard))
+        """The seconds of ``plan``, the next step of a run: ``seconds`` and, where a calibration
+        measured it, the heap growth it is the first to need."""
+        work = step_work(plan, self.model, self.dtype, block_size, self.shard)
+        return self.seconds(work) + self.heap_growth_seconds(work)
+
+    def heap_growth_seconds(self, w: StepWork) -> float:
+        """What ``w`` pays to grow the run's heap past its high-water mark (and moves the mark)."""
+        hw = self.hardware
+        if not hw.per_heap_growth_byte:
+            return 0.0
+        need = hw.heap_bytes_per_score_byte * w.score_bytes / self.model.num_layers
+        growth = need - self.heap_peak[0]
+        if growth <= 0:
+            return 0.0
+        self.heap_peak[0] = need
+        return growth * hw.per_heap_growth_byte
 
     def with_fit(self, **coefficients: float) -> RooflineCost:
         return replace(self, hardware=replace(self.hardware, **coefficients))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from paged_bench.model.roofline import RooflineCost
@@ -50,6 +50,7 @@ def replay(cfg: Mapping[str, Any], cost: RooflineCost) -> Replay:
     """Run ``cfg`` (a wall-clock backend) once; price each step it ran with ``cost``."""
     from paged_bench.build import build
 
+    cost = replace(cost, heap_peak=[0.0])  # priced as a run of its own: its heap starts empty
     bench = build(cfg)
     backend, block_size = bench.backend, bench.engine.allocator.layout.block_size
     plans: list[StepPlan] = []

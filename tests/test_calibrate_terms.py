@@ -1,0 +1,122 @@
+"""The calibrated roofline's CPU terms, each on a step built to need it: a cold step after
+idling, one cost per attention group, K/V past the last-level cache, the heap a run's first
+large steps grow (priced once, in run order), the calibration run's workload; the NNLS the fit
+solves with; and the numpy backend holding its freed temporaries while bound."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from paged_bench import registry
+from paged_bench.allocators.paged import PagedAllocator
+from paged_bench.model import calibrate as cal
+from paged_bench.model import heap
+from paged_bench.model.calibrate_run import CALIBRATION_WORKLOAD, calibration_run_config
+from paged_bench.model.config import PRESETS
+from paged_bench.model.roofline import Hardware, RooflineCost, step_work
+from tests.conftest import compose_config
+
+MODEL = PRESETS["small"]
+BASE = Hardware("t", 100e9, 20e9, 10e9, kv_eff=0.2)
+
+
+def _plan(shape: cal.Shape, continuing: bool = False):
+    alloc = PagedAllocator(num_blocks=4096, block_size=16, prefix_caching=False)
+    plan, _ = cal._plan(shape, alloc, np.random.default_rng(0), MODEL.vocab_size)
+    return cal._continuing(plan) if continuing else plan
+
+
+def _cost(**terms) -> RooflineCost:
+    return RooflineCost(MODEL, replace(BASE, **terms), "float32")
+
+
+def test_nnls_matches_an_exhaustive_search():
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        a, b = rng.standard_normal((25, 5)), rng.standard_normal(25)
+        best = min(
+            (np.sum((a[:, cols] @ x - b) ** 2) for k in range(1, 6) for cols in itertools.combinations(range(5), k)
+             for x in [np.linalg.lstsq(a[:, cols], b, rcond=None)[0]] if (x >= 0).all()),
+            default=np.sum(b**2),
+        )  # fmt: skip
+        x = cal._nnls(a, b)
+        assert (x >= 0).all() and np.sum((a @ x - b) ** 2) <= best + 1e-9
+
+
+def test_a_step_is_cold_only_when_no_request_ran_before_it():
+    alone = step_work(_plan(cal.Shape(0, 2, 64, 0)), MODEL, "float32", 16)  # prompts only: the engine had none
+    beside = step_work(_plan(cal.Shape(3, 1, 64, 16), continuing=True), MODEL, "float32", 16)  # amid decodes
+    assert alone.cold and not beside.cold
+    cold = _cost(cold_step=5e-4)
+    assert cold.seconds(alone) - _cost().seconds(alone) == pytest.approx(5e-4)
+    assert cold.seconds(beside) == _cost().seconds(beside)
+
+
+def test_each_attention_group_costs_its_own():
+    decodes = step_work(_plan(cal.Shape(4, 0, 0, 64), continuing=True), MODEL, "float32", 16)
+    mixed = step_work(_plan(cal.Shape(4, 1, 64, 64), continuing=True), MODEL, "float32", 16)
+    assert (decodes.num_attention_groups, mixed.num_attention_groups) == (1, 2)
+    cost = _cost(per_attention_group=2e-4)
+    assert cost.seconds(decodes) - _cost().seconds(decodes) == pytest.approx(2e-4)
+    assert cost.seconds(mixed) - _cost().seconds(mixed) == pytest.approx(2 * 2e-4)
+
+
+def test_kv_past_the_last_level_cache_beside_the_weights_is_priced_apart():
+    work = step_work(_plan(cal.Shape(16, 0, 0, 3072), continuing=True), MODEL, "float32", 16)
+    llc = 16 * 2**20
+    cost = _cost(llc_bytes=float(llc), per_llc_spilled_byte=1e-10)
+    room = llc - work.weight_bytes
+    assert cost.llc_spilled_kv_bytes(work) == pytest.approx(work.kv_bytes + work.padding_kv_bytes - room)
+    assert cost.llc_spilled_kv_bytes(work) > 0
+    assert cost.seconds(work) - _cost().seconds(work) == pytest.approx(cost.llc_spilled_kv_bytes(work) * 1e-10)
+    small = step_work(_plan(cal.Shape(1, 0, 0, 64), continuing=True), MODEL, "float32", 16)
+    assert cost.llc_spilled_kv_bytes(small) == 0.0 and _cost().llc_spilled_kv_bytes(work) == 0.0
+
+
+def test_heap_growth_is_priced_once_for_the_first_step_of_each_larger_size():
+    cost = _cost(heap_bytes_per_score_byte=3.0, per_heap_growth_byte=1e-9)
+    short, long = _plan(cal.Shape(0, 1, 256, 0)), _plan(cal.Shape(0, 1, 512, 512))
+    need = [3.0 * step_work(p, MODEL, "float32", 16).score_bytes / MODEL.num_layers for p in (short, long)]
+    plain = [cost.seconds(step_work(p, MODEL, "float32", 16)) for p in (short, long)]
+    assert cost.duration(short, 16) == pytest.approx(plain[0] + need[0] * 1e-9)
+    assert cost.duration(short, 16) == pytest.approx(plain[0])  # the heap holds it now
+    assert cost.duration(long, 16) == pytest.approx(plain[1] + (need[1] - need[0]) * 1e-9)
+    assert cost.duration(short, 16) == pytest.approx(plain[0])
+    fresh = replace(cost, heap_peak=[0.0])  # another run: its own heap
+    assert fresh.duration(short, 16) == pytest.approx(plain[0] + need[0] * 1e-9) and fresh == cost
+    assert _cost().duration(long, 16) == pytest.approx(plain[1])  # no calibrated growth: no such term
+
+
+def test_the_calibration_run_is_its_own_workload_and_fits_the_model():
+    cfg = calibration_run_config(compose_config("backend=numpy", "max_model_len=160"))
+    w = cfg["workload"]
+    assert w["prompt_len"]["high"] + w["output_len"]["max"] <= 160 and not cfg["tracking"]["enabled"]
+    assert w["seed"] == CALIBRATION_WORKLOAD["seed"] and w != compose_config("workload=seed")["workload"]
+
+
+@pytest.mark.skipif(heap.heap_size() is None, reason="glibc only")
+def test_the_numpy_backend_holds_freed_temporaries_while_bound_and_returns_them_after():
+    holders = heap._holders  # backends other tests left bound hold the heap too
+    backend = registry.create("backend", "numpy", model="tiny", threads=1)
+    backend.bind(PagedAllocator(num_blocks=8, block_size=16, prefix_caching=False, swap_blocks=0))
+    # larger than anything free in the heap: by default glibc mmaps it and unmaps it when freed
+    size = heap.free_bytes() + (64 << 20)
+    mapped = heap.mmapped_bytes()
+    block = np.ones(size // 4, np.float32)
+    assert heap.mmapped_bytes() - mapped < size  # from the heap, which keeps it once freed
+    del block
+    held = heap.heap_size()
+    assert held >= size
+    backend.close()
+    assert heap._holders == holders
+    if holders:
+        return
+    size = heap.free_bytes() + (64 << 20)
+    mapped = heap.mmapped_bytes()
+    block = np.ones(size // 4, np.float32)
+    assert heap.mmapped_bytes() - mapped >= size  # glibc's defaults are back: mmapped again
+    assert heap.heap_size() < held  # and the held memory went back to the system
