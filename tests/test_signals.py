@@ -172,22 +172,26 @@ def test_a_terminated_job_s_exception_crosses_to_the_sweep_s_process():
     assert isinstance(back, KeyboardInterrupt) and back.signum == signal.SIGTERM and str(back) == "SIGTERM"
 
 
-def test_a_signal_while_a_run_is_written_waits_for_the_files(monkeypatch, config, tmp_path):
-    """Ctrl-C as the engine's figures are being written: the files are written whole, the run
-    ends as it did (here every request finished), and the signal is noted for the CLI."""
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_signal_while_a_run_is_written_waits_for_the_files(monkeypatch, config, tmp_path, replicas):
+    """Ctrl-C as the engine's figures are being written (one engine, or a cluster of two):
+    the files are written whole, the run ends as it did (here every request finished), and
+    the signal is noted for the CLI."""
     from paged_bench import app
     from paged_bench.cli import signals
+    from paged_bench.cluster import job as cluster_job
 
     monkeypatch.setattr(signals, "_received", None)
-    write_run = app.write_run
+    module, name = (app, "write_run") if replicas == 1 else (cluster_job, "write_cluster_run")
+    write = getattr(module, name)
 
     def interrupted_write(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)  # delivered at the next bytecode, mid-write
         time.sleep(0.05)
-        return write_run(*args, **kwargs)
+        return write(*args, **kwargs)
 
-    monkeypatch.setattr(app, "write_run", interrupted_write)
-    cfg = config("workload.num_requests=20", "tracking.enabled=false")
+    monkeypatch.setattr(module, name, interrupted_write)
+    cfg = config("workload.num_requests=20", "tracking.enabled=false", f"cluster.replicas={replicas}")
     try:
         with signals.stop_on_signals(signals.WITH_CTRL_C):
             outcome = app.run_job(cfg, tmp_path, shield=signals.deferred)

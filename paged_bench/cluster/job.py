@@ -7,11 +7,13 @@ line, sweeps and MLflow treat a cluster run like any other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paged_bench.cluster.build import build_cluster
+from paged_bench.cluster.build import ClusterBench, build_cluster
+from paged_bench.cluster.loop import ClusterRun
 from paged_bench.cluster.outputs import write_cluster_run
 from paged_bench.cluster.spec import ClusterSpec
 from paged_bench.cluster.summary import cluster_summary, merged_result
@@ -23,9 +25,14 @@ if TYPE_CHECKING:
 
 
 def run_cluster_job(
-    cfg: Mapping[str, Any], run_dir: Path, spec: ClusterSpec, on_progress: ProgressCallback | None = None
+    cfg: Mapping[str, Any],
+    run_dir: Path,
+    spec: ClusterSpec,
+    on_progress: ProgressCallback | None = None,
+    shield: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> JobOutcome:
-    from paged_bench.app import JobOutcome, capacity_figures, run_info, step_callback  # app imports us lazily
+    """As ``app.run_job``: what the run measured is summarized and written inside ``shield()``."""
+    from paged_bench.app import step_callback  # app imports us lazily
 
     check((cfg.get("target") or {}).get("name", "engine") == "engine", "target", cfg.get("target"),
           "target=engine for a cluster (cluster.replicas > 1 simulates the replicas in-process)")  # fmt: skip
@@ -35,6 +42,15 @@ def run_cluster_job(
     finally:
         for replica in bench.cluster.replicas:
             replica.engine.backend.close()
+    with shield():
+        return _write_outcome(cfg, run_dir, spec, bench, run)
+
+
+def _write_outcome(
+    cfg: Mapping[str, Any], run_dir: Path, spec: ClusterSpec, bench: ClusterBench, run: ClusterRun
+) -> JobOutcome:
+    from paged_bench.app import JobOutcome, capacity_figures, run_info  # app imports us lazily
+
     merged = merged_result(run)
     records = RequestRecords.from_requests(merged.requests)
     summary, replicas = cluster_summary(run, merged, records, cfg.get("slo"))
