@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import paged_bench.tracking  # noqa: F401  (telemetry off before mlflow is imported)
-from paged_bench.cli.sweep import SWEEP_FILE, sweep_info
+from paged_bench.cli.sweep_folder import SWEEP_FILE, sweep_info
 from paged_bench.report.load import REPORT_DIR, Run, find_runs
 from paged_bench.tracking import store
 from paged_bench.tracking.runs import (

@@ -226,7 +226,7 @@ def test_a_worker_notes_a_signal_between_jobs_instead_of_exiting(monkeypatch):
 def test_a_stopped_sweep_withdraws_the_jobs_that_never_began(tmp_path):
     """A launcher hands a job out as the sweep stops: Hydra made its folder, the job wrote
     nothing. It is removed (counted as not run); a job that began is recorded interrupted."""
-    from paged_bench.cli import sweep
+    from paged_bench.cli import sweep_folder
 
     never, began = tmp_path / "2", tmp_path / "1"
     for run_dir in (never, began):
@@ -234,7 +234,7 @@ def test_a_stopped_sweep_withdraws_the_jobs_that_never_began(tmp_path):
         (run_dir / ".hydra" / "config.yaml").write_text("max_batch: 16\n")
         (run_dir / "__main__.log").write_text("")
     (began / "run_info.json").write_text(json.dumps({"run_name": "max_batch=8", "job_num": 1}))
-    sweep._record_unfinished(tmp_path, "was stopped")
+    sweep_folder.record_unfinished(tmp_path, "was stopped")
     assert not never.exists()
     info = json.loads((began / "run_info.json").read_text())
     assert info["status"] == "interrupted" and info["run_name"] == "max_batch=8"

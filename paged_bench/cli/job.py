@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from paged_bench.app import JobOutcome, run_job
-from paged_bench.cli import signals, sweep
+from paged_bench.cli import signals, sweep_folder
 from paged_bench.cli.progress import JobBar, echo
 from paged_bench.cli.track import track_job
 from paged_bench.errors import PagedBenchError
@@ -54,7 +54,7 @@ class Job:
             multirun=multirun,
             sweep_dir=sweep_dir,
             num=hc.job.num if multirun else None,
-            name=sweep.job_name(list(hc.overrides.task), sweep_dir),
+            name=sweep_folder.job_name(list(hc.overrides.task), sweep_dir),
             options={k: str(v) for k, v in hc.runtime.choices.items() if v is not None},
             unswept=None if multirun else _sweep_without_multirun(dict(hc.sweeper.params or {}), list(hc.overrides.task)),
         )
@@ -138,11 +138,11 @@ def run(cfg: DictConfig) -> None:
     started = time.time()
     if job.unswept:
         return _fail(job.unswept, 2, job)
-    in_sweep_process = job.sweep_dir is not None and sweep.sweep_info(job.sweep_dir).get("pid") == os.getpid()
+    in_sweep_process = job.sweep_dir is not None and sweep_folder.sweep_info(job.sweep_dir).get("pid") == os.getpid()
     if job.multirun and not in_sweep_process:
         signals.note_between_jobs()
         _thread_lock_for_tqdm()
-    if job.multirun and (signals.received() is not None or sweep.stopping(job.sweep_dir)):
+    if job.multirun and (signals.received() is not None or sweep_folder.stopping(job.sweep_dir)):
         # handed out as the sweep stopped: not run (it writes nothing; the sweep withdraws
         # Hydra's folder for it), and the worker tells its launcher to stop
         raise KeyboardInterrupt

@@ -11,16 +11,14 @@ the command exits non-zero if any job that started failed.
 
 Hydra 1.3 skips ``on_multirun_end`` when a job raises; the CLI then calls ``finish`` itself
 (``KILLED`` after Ctrl-C, ``FAILED`` otherwise), and an ``atexit`` hook is the last resort, so
-a parent run is never left RUNNING.
+a parent run is never left RUNNING. What the sweep's processes share on disk (``sweep.json``,
+each job's record) is read and written by ``sweep_folder``.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
-import json
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -33,11 +31,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from paged_bench.cli import signals
-from paged_bench.report.load import RUN_INFO, read_json
+from paged_bench.cli import sweep_folder as folder
 from paged_bench.tracking.runs import SWEEP_DIR_TAG
-
-SWEEP_FILE = "sweep.json"
-STATUS_FILE = RUN_INFO  # every job writes it, with its status, when it ends
 
 
 @dataclass
@@ -82,33 +77,6 @@ def count_jobs(config: DictConfig) -> int | None:
         return None
 
 
-def job_counts(sweep_dir: Path) -> tuple[int, int]:
-    """(jobs ended, jobs that did not finish) from the job folders' status files."""
-    done = failed = 0
-    for path in sweep_dir.glob(f"*/{STATUS_FILE}"):
-        done += 1
-        try:
-            failed += json.loads(path.read_text()).get("status") != "finished"
-        except (OSError, ValueError):
-            failed += 1
-    return done, failed
-
-
-def job_name(overrides: list[str], sweep_dir: Path | None) -> str:
-    """A job's MLflow run name: its own overrides (not Hydra's, not those the sweep shares)."""
-    shared = set(sweep_info(sweep_dir).get("shared_keys", [])) if sweep_dir else set()
-    own = [o for o in overrides if not o.startswith("hydra") and o.split("=", 1)[0] not in shared]
-    return " ".join(own) or "default"
-
-
-def sweep_info(sweep_dir: Path) -> dict[str, Any]:
-    """What ``start`` wrote in the sweep folder (empty if it did not)."""
-    try:
-        return json.loads((sweep_dir / SWEEP_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def start(config: DictConfig) -> None:
     signals.install(signals.WITH_CTRL_C, _on_stop)
     with signals.deferred(raise_after=True):  # a signal now stops the sweep once it can be closed
@@ -133,10 +101,10 @@ def _start(config: DictConfig) -> None:
     info["shared_keys"] = [o.get_key_element() for o in _safe_overrides(config) if not o.is_sweep_override()]
     link = _open_parent(settings, info) if settings.get("enabled", True) else None
     info["tracking"] = link
-    write_info(sweep_dir, info)
+    folder.write_info(sweep_dir, info)
     from paged_bench.cli.progress import SweepBar
 
-    _active = _Sweep(sweep_dir, total, experiment, link, SweepBar(sweep_dir, total, job_counts), settings)
+    _active = _Sweep(sweep_dir, total, experiment, link, SweepBar(sweep_dir, total, folder.job_counts), settings)
     _outcome = None
     atexit.register(_at_exit)
 
@@ -146,31 +114,10 @@ def _on_stop(signum: int) -> None:
     moment to record what they measured (jobs that start meanwhile are not waited for)."""
     sweep = _active
     if sweep is not None:
-        write_info(sweep.sweep_dir, {**sweep_info(sweep.sweep_dir), "stopping": signal.Signals(signum).name})
+        folder.write_info(sweep.sweep_dir, {**folder.sweep_info(sweep.sweep_dir), "stopping": signal.Signals(signum).name})
         # jobs whose process recorded who it is: those that are not yet importing, building
-        running = [d for d in _started_jobs(sweep.sweep_dir) if "pid" in sweep_info_of_job(d)]
-        signals.pass_on(signum, _job_pids(running), lambda: all("status" in sweep_info_of_job(d) for d in running))
-
-
-def stopping(sweep_dir: Path) -> bool:
-    """Whether the sweep was asked to stop: its jobs not started yet must not start."""
-    return "stopping" in sweep_info(sweep_dir)
-
-
-def _job_pids(run_dirs: list[Path]) -> list[int]:
-    """The processes on this host, other than this one, that run these jobs (each job
-    records its own: ``job.run``)."""
-    host, me = socket.gethostname(), os.getpid()
-    infos = [sweep_info_of_job(d) for d in run_dirs]
-    return [i["pid"] for i in infos if i.get("host") == host and isinstance(i.get("pid"), int) and i["pid"] != me]
-
-
-def _started_jobs(sweep_dir: Path) -> list[Path]:
-    """Job folders (Hydra makes one as it starts a job) that have not recorded their end."""
-    from paged_bench.report.load import is_run_dir
-
-    jobs = [d for d in sweep_dir.iterdir() if d.name.isdigit() and is_run_dir(d)]
-    return [d for d in jobs if "status" not in sweep_info_of_job(d)]
+        running = [d for d in folder.started_jobs(sweep.sweep_dir) if "pid" in folder.job_info(d)]
+        signals.pass_on(signum, folder.job_pids(running), lambda: all("status" in folder.job_info(d) for d in running))
 
 
 def _stop_local_workers() -> None:
@@ -201,14 +148,6 @@ def _check_parallel(config: DictConfig, total: int | None) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(e.exit_code) from e
-
-
-def write_info(sweep_dir: Path, info: dict[str, Any]) -> None:
-    """Write ``sweep.json`` whole (jobs in other processes read it as they start)."""
-    path = sweep_dir / SWEEP_FILE
-    part = path.with_name(f".{SWEEP_FILE}.{os.getpid()}")
-    part.write_text(json.dumps(info, indent=2) + "\n")
-    os.replace(part, path)
 
 
 def _open_parent(settings: dict[str, Any], info: dict[str, Any]) -> dict[str, str] | None:
@@ -280,59 +219,17 @@ def _finish(sweep: _Sweep, status: str | None) -> tuple[int, int]:
         sweep.bar.close()
     if status == "KILLED":
         _stop_local_workers()
-    _record_unfinished(sweep.sweep_dir, "was stopped" if status == "KILLED" else "ended")
+    folder.record_unfinished(sweep.sweep_dir, "was stopped" if status == "KILLED" else "ended")
     _submit_rest(sweep)
     failed, jobs, not_run, files, note = _summarize(sweep)
     final = status or ("FAILED" if failed else "FINISHED")
-    info = sweep_info(sweep.sweep_dir)
-    write_info(sweep.sweep_dir, {**info, "ended": time.time(), "status": final})
+    info = folder.sweep_info(sweep.sweep_dir)
+    folder.write_info(sweep.sweep_dir, {**info, "ended": time.time(), "status": final})
     if sweep.link is not None:
         _close_parent(sweep, final, files, {"jobs": str(jobs), "failed_jobs": str(failed),
                                             "jobs_not_run": str(not_run), **({"mlflow.note.content": note} if note else {})})  # fmt: skip
     _outcome = (failed, jobs)
     return _outcome
-
-
-def _record_unfinished(sweep_dir: Path, how: str) -> None:
-    """A job that started (Hydra made its folder) but never recorded how it ended was cut off
-    with its process: it is recorded as interrupted, so it is logged and counted; in a stopped
-    sweep, one that never began (only Hydra's files) is withdrawn, and counted as not run."""
-    from paged_bench.report.load import update_run_info
-
-    for run_dir in _started_jobs(sweep_dir):
-        fields = {"status": "interrupted", "error": f"the sweep {how} before the job did", "end_time": time.time()}
-        if "run_name" not in sweep_info_of_job(run_dir):  # cut off before it knew its name
-            if how == "was stopped" and _withdraw(run_dir):
-                continue
-            fields.update(run_name=job_name(_hydra_overrides(run_dir), sweep_dir), job_num=int(run_dir.name))
-        update_run_info(run_dir, fields)
-
-
-def _withdraw(run_dir: Path) -> bool:
-    """Remove the folder Hydra made for a job that never began (a launcher handed it out as
-    the sweep stopped: only Hydra's files, its log empty), so that it counts as not run."""
-    logs = list(run_dir.glob("*.log"))
-    if {p.name for p in run_dir.iterdir()} - {".hydra", *(p.name for p in logs)} or any(p.stat().st_size for p in logs):
-        return False
-    for path in logs:
-        path.unlink()
-    shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
-    with contextlib.suppress(OSError):
-        run_dir.rmdir()
-    return not run_dir.exists()
-
-
-def _hydra_overrides(run_dir: Path) -> list[str]:
-    import yaml
-
-    try:
-        return list(yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or [])
-    except (OSError, ValueError, yaml.YAMLError):
-        return []
-
-
-def sweep_info_of_job(run_dir: Path) -> dict[str, Any]:
-    return read_json(run_dir / STATUS_FILE)
 
 
 def _submit_rest(sweep: _Sweep) -> None:

@@ -17,7 +17,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from paged_bench.cli import sweep
+from paged_bench.cli import sweep, sweep_folder
 
 
 def settings_of(config: dict[str, Any]) -> dict[str, Any]:
@@ -38,7 +38,7 @@ def track_job(config: dict[str, Any], run_dir: Path, sweep_dir: Path | None) -> 
         return
     request: dict[str, Any] = {"run_dir": str(run_dir.resolve()), "settings": settings,
                                "plots": wants_plots(settings, sweep_dir is not None)}  # fmt: skip
-    info = sweep.sweep_info(sweep_dir) if sweep_dir is not None else {}
+    info = sweep_folder.sweep_info(sweep_dir) if sweep_dir is not None else {}
     if info:
         if not info.get("tracking"):
             return  # tracking off for the sweep, or its store failed when it started (warned)
