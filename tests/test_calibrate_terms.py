@@ -17,7 +17,7 @@ from paged_bench.model import calibrate as cal
 from paged_bench.model import heap
 from paged_bench.model.calibrate_run import CALIBRATION_WORKLOAD, calibration_run_config
 from paged_bench.model.config import PRESETS
-from paged_bench.model.roofline import Hardware, RooflineCost, step_work
+from paged_bench.model.roofline import Hardware, HeapMark, RooflineCost, step_work
 from tests.conftest import compose_config
 
 MODEL = PRESETS["small"]
@@ -82,13 +82,14 @@ def test_heap_growth_is_priced_once_for_the_first_step_of_each_larger_size():
     short, long = _plan(cal.Shape(0, 1, 256, 0)), _plan(cal.Shape(0, 1, 512, 512))
     need = [3.0 * step_work(p, MODEL, "float32", 16).score_bytes / MODEL.num_layers for p in (short, long)]
     plain = [cost.seconds(step_work(p, MODEL, "float32", 16)) for p in (short, long)]
-    assert cost.duration(short, 16) == pytest.approx(plain[0] + need[0] * 1e-9)
-    assert cost.duration(short, 16) == pytest.approx(plain[0])  # the heap holds it now
-    assert cost.duration(long, 16) == pytest.approx(plain[1] + (need[1] - need[0]) * 1e-9)
-    assert cost.duration(short, 16) == pytest.approx(plain[0])
-    fresh = replace(cost, heap_peak=[0.0])  # another run: its own heap
-    assert fresh.duration(short, 16) == pytest.approx(plain[0] + need[0] * 1e-9) and fresh == cost
-    assert _cost().duration(long, 16) == pytest.approx(plain[1])  # no calibrated growth: no such term
+    heap = HeapMark()
+    assert cost.duration(short, 16, heap) == pytest.approx(plain[0] + need[0] * 1e-9)
+    assert cost.duration(short, 16, heap) == pytest.approx(plain[0])  # the heap holds it now
+    assert cost.duration(long, 16, heap) == pytest.approx(plain[1] + (need[1] - need[0]) * 1e-9)
+    assert cost.duration(short, 16, heap) == pytest.approx(plain[0])
+    assert cost.duration(short, 16, HeapMark()) == pytest.approx(plain[0] + need[0] * 1e-9)  # another run
+    assert cost.duration(long, 16) == pytest.approx(plain[1])  # no run's heap: the step alone
+    assert _cost().duration(long, 16, HeapMark()) == pytest.approx(plain[1])  # no calibrated growth
 
 
 def test_the_calibration_run_is_its_own_workload_and_fits_the_model():
@@ -117,6 +118,6 @@ def test_the_numpy_backend_holds_freed_temporaries_while_bound_and_returns_them_
         return
     size = heap.free_bytes() + (64 << 20)
     mapped = heap.mmapped_bytes()
-    block = np.ones(size // 4, np.float32)
+    _held = np.ones(size // 4, np.float32)  # alive while mmapped_bytes is read
     assert heap.mmapped_bytes() - mapped >= size  # glibc's defaults are back: mmapped again
     assert heap.heap_size() < held  # and the held memory went back to the system

@@ -31,7 +31,7 @@ from paged_bench.backends.base import Backend
 from paged_bench.errors import check, check_int, check_number
 from paged_bench.model.config import DTYPE_BYTES, resolve_model
 from paged_bench.model.kv_capacity import KVBudget, check_utilization
-from paged_bench.model.roofline import RooflineCost, hardware, load_preset
+from paged_bench.model.roofline import HeapMark, RooflineCost, hardware, load_preset
 from paged_bench.model.tp_shard import KEY as TP_KEY
 from paged_bench.step import StepOutput, StepPlan
 
@@ -91,6 +91,7 @@ class SimBackend(Backend):
         tp = check_int(TP_KEY, tensor_parallel_size)
         self.gpu_memory_utilization = check_utilization(gpu_memory_utilization)
         self.roofline: RooflineCost | None = None
+        self._heap = HeapMark()  # the run's heap, for a calibrated preset that prices its growth
         if preset:
             self.roofline = replace(load_preset(preset), tp=tp, interconnect=interconnect)
         elif cost_model == "roofline":
@@ -123,7 +124,7 @@ class SimBackend(Backend):
 
     def execute(self, plan: StepPlan) -> StepOutput:
         if self.roofline is not None:
-            return StepOutput([0] * len(plan.req_ids), self.roofline.duration(plan, self._block_size))
+            return StepOutput([0] * len(plan.req_ids), self.roofline.duration(plan, self._block_size, self._heap))
         # token 0 for every sample: deterministic, and the prefix cache still tells requests
         # apart because a block's hash chains over the whole prompt before it
         return StepOutput([0] * len(plan.req_ids), self.cost.duration(plan))

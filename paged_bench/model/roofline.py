@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +245,20 @@ def step_work(
     )
 
 
+@dataclass
+class HeapMark:
+    """A run's heap high-water mark in bytes: held memory is reused, so a step pays for the
+    heap's growth only when it is the first of the run to need more (``model.heap``)."""
+
+    peak: float = 0.0
+
+    def grow(self, need: float) -> float:
+        """Bytes the heap grows by for a step that needs ``need`` (0 below the mark)."""
+        growth = max(0.0, need - self.peak)
+        self.peak += growth
+        return growth
+
+
 @dataclass(frozen=True)
 class RooflineCost:
     model: ModelConfig
@@ -252,8 +266,6 @@ class RooflineCost:
     dtype: str
     tp: int = 1  # tensor-parallel ranks
     interconnect: str | None = None  # a tp_link preset; None = the hardware's
-    # the run's heap high-water mark (bytes) so far: ``duration`` prices steps in run order
-    heap_peak: list[float] = field(default_factory=lambda: [0.0], compare=False, repr=False)
 
     def __post_init__(self) -> None:
         tp_shard(self.model, self.tp)  # a one-line error when the model does not split
@@ -312,23 +324,16 @@ class RooflineCost:
         overhead = hw.overhead + hw.cold_step if w.cold else hw.overhead
         return overhead + per_request + matmuls + attention + scores + w.swap_bytes / hw.host_link + comm
 
-    def duration(self, plan: StepPlan, block_size: int) -> float:
-        """The seconds of ``plan``, the next step of a run: ``seconds`` and, where a calibration
-        measured it, the heap growth it is the first to need."""
+    def duration(self, plan: StepPlan, block_size: int, heap: HeapMark | None = None) -> float:
+        """The seconds of ``plan``: ``seconds`` and, for the next step of a run whose ``heap``
+        is given, where a calibration measured it, the heap growth it is the first to need."""
         work = step_work(plan, self.model, self.dtype, block_size, self.shard)
-        return self.seconds(work) + self.heap_growth_seconds(work)
-
-    def heap_growth_seconds(self, w: StepWork) -> float:
-        """What ``w`` pays to grow the run's heap past its high-water mark (and moves the mark)."""
+        seconds = self.seconds(work)
         hw = self.hardware
-        if not hw.per_heap_growth_byte:
-            return 0.0
-        need = hw.heap_bytes_per_score_byte * w.score_bytes / self.model.num_layers
-        growth = need - self.heap_peak[0]
-        if growth <= 0:
-            return 0.0
-        self.heap_peak[0] = need
-        return growth * hw.per_heap_growth_byte
+        if heap is not None and hw.per_heap_growth_byte:
+            need = hw.heap_bytes_per_score_byte * work.score_bytes / self.model.num_layers
+            seconds += heap.grow(need) * hw.per_heap_growth_byte
+        return seconds
 
     def with_fit(self, **coefficients: float) -> RooflineCost:
         return replace(self, hardware=replace(self.hardware, **coefficients))

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from paged_bench.model.roofline import RooflineCost
+from paged_bench.model.roofline import HeapMark, RooflineCost
 from paged_bench.step import StepOutput, StepPlan
 
 
@@ -50,7 +50,6 @@ def replay(cfg: Mapping[str, Any], cost: RooflineCost) -> Replay:
     """Run ``cfg`` (a wall-clock backend) once; price each step it ran with ``cost``."""
     from paged_bench.build import build
 
-    cost = replace(cost, heap_peak=[0.0])  # priced as a run of its own: its heap starts empty
     bench = build(cfg)
     backend, block_size = bench.backend, bench.engine.allocator.layout.block_size
     plans: list[StepPlan] = []
@@ -66,8 +65,9 @@ def replay(cfg: Mapping[str, Any], cost: RooflineCost) -> Replay:
     finally:
         backend.close()
     # the engine records a step for every plan it executes, in order
+    heap = HeapMark()  # priced as a run of its own: its heap starts empty
     steps = [
-        ReplayedStep(shape_of(plan), row.duration, cost.duration(plan, block_size))
+        ReplayedStep(shape_of(plan), row.duration, cost.duration(plan, block_size, heap))
         for plan, row in zip(plans, result.steps.rows(), strict=True)
     ]
     return Replay(steps, result.duration, result.num_preemptions)
