@@ -120,6 +120,16 @@ class BlockPool:
         """Whether a chain with this root may have blocks in the cache (indexed or deferred)."""
         return root in self.roots or root in self.deferred
 
+    def open_run(self, root: Hashable, owner: Any, blocks: list[int]) -> DeferredRun:
+        """A chain whose blocks past its indexed root are to be deferred: its table is held."""
+        run = self.deferred[root] = DeferredRun(root, owner, blocks)
+        return run
+
+    def close_run(self, run: DeferredRun) -> None:
+        """Forget ``run``: it is indexed, or it holds no deferred block."""
+        if self.deferred.get(run.root) is run:
+            del self.deferred[run.root]
+
     def defer(self, run: DeferredRun, end: int) -> None:
         """Hold ``run.blocks[1:end]`` in the cache under ``run``, unhashed (the chain's root is
         indexed, and known to no other chain)."""
@@ -130,8 +140,7 @@ class BlockPool:
 
     def index_deferred(self, run: DeferredRun, hashes: list[Hashable]) -> None:
         """Index the run's blocks still in the cache under ``hashes`` (chain positions from 0)."""
-        if self.deferred.get(run.root) is run:
-            del self.deferred[run.root]
+        self.close_run(run)
         block_hash = self.block_hash
         live = [(block, h) for block, h in zip(run.blocks[1 : run.end], hashes[1:]) if block_hash[block] is run]
         for block, _ in live:
@@ -149,8 +158,8 @@ class BlockPool:
         self.block_hash[block] = None
         if h.__class__ is DeferredRun:
             h.num_live -= 1
-            if not h.num_live and self.deferred.get(h.root) is h:
-                del self.deferred[h.root]
+            if not h.num_live:
+                self.close_run(h)
             return
         if self.cached.get(h) == block:
             del self.cached[h]

@@ -89,19 +89,11 @@ class PagedAllocator(Allocator):
         # a request scoring its prompt (server echo + logprobs) must compute every position
         if not self.prefix_caching or num_full == 0 or getattr(req, "want_prompt_logprobs", False):
             return NO_HIT
-        pool = self.pool
-        hashes = self._hashes.get(req)
-        if hashes is None:
-            hashes = self._hashes[req] = []
-            self._extend_hashes(req.token_ids, hashes, 1)
-        root = hashes[0]
-        if not pool.root_known(root):  # no chain starts so: one hash, no hit
+        if not self._shown(self._block_hashes(req, 1)[0]):  # no chain starts so: one hash, no hit
             return NO_HIT
-        if root in pool.deferred:  # a chain that could be hit now: index it first
-            self._index_run(pool.deferred[root])
-        blocks = []
+        cached, blocks = self.pool.cached, []
         for h in self._block_hashes(req, num_full)[:num_full]:
-            block = pool.cached.get(h)
+            block = cached.get(h)
             if block is None:
                 break
             blocks.append(block)
@@ -298,7 +290,7 @@ class PagedAllocator(Allocator):
         if first == 0 and self.defer_unshared and not self._shown(root):
             # a chain nobody else has shown: index its root alone and defer the rest
             self.pool.cache(seq.blocks[:1], hashes[:1], root)
-            seq.run = self.pool.deferred[root] = DeferredRun(root, req, seq.blocks)
+            seq.run = self.pool.open_run(root, req, seq.blocks)
             seq.num_cached, seq.cache_at = 1, _NEVER
             seq.plain_below = seq.capacity + 1
             return
@@ -324,7 +316,7 @@ class PagedAllocator(Allocator):
             req = run.owner
             seq = self._seqs[req]
             seq.run = None
-            del self.pool.deferred[run.root]
+            self.pool.close_run(run)
             seq.cache_at = 2 * self.pool_block_slots
             if seq.num_slots >= seq.cache_at:
                 self._cache_full_blocks(req, seq)
@@ -342,8 +334,8 @@ class PagedAllocator(Allocator):
         if end > 1:
             run.owner = req.token_ids  # positions below end never change: hashable later
             self.pool.defer(run, end)
-        elif self.pool.deferred.get(run.root) is run:
-            del self.pool.deferred[run.root]
+        else:
+            self.pool.close_run(run)
 
     def _block_hashes(self, req: Request, num_blocks: int) -> list[Hashable]:
         """Hash chain over the request's first ``num_blocks`` full blocks, extended lazily (kept
