@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from paged_bench import registry
@@ -18,6 +17,7 @@ from paged_bench.backends.base import Backend
 from paged_bench.clock import make_clock
 from paged_bench.engine import Engine
 from paged_bench.errors import ConfigError, check, check_int, check_number
+from paged_bench.memory import check_kv_pool_fits
 from paged_bench.metrics import SLO_KEYS
 from paged_bench.model.kv_capacity import KVBudget
 from paged_bench.request import Request
@@ -75,53 +75,10 @@ def auto_num_blocks(cfg: Mapping[str, Any], budget: KVBudget | None) -> int:
     return cfg["max_batch"] * -(-cfg["max_model_len"] // cfg["block_size"])
 
 
-# the allocator's tables per block (free queue, ref counts, hashes, swap map): ~300 B measured
-# with PagedAllocator(num_blocks=2_000_000), rounded up
-BOOKKEEPING_BYTES_PER_BLOCK = 400
-
-
-def available_memory() -> int | None:
-    """Bytes this process can still allocate: MemAvailable, or the cgroup's limit if lower."""
-    found = []
-    try:
-        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-        found.append(int(meminfo["MemAvailable"].split()[0]) * 1024)
-    except (OSError, KeyError, ValueError):
-        pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
-    except (OSError, ValueError):
-        pass
-    return min(found) if found else None
-
-
-def check_memory(cfg: Mapping[str, Any], options: Mapping[str, Any], backend: Backend) -> None:
-    """A KV pool that cannot fit in this machine's memory is refused before it is allocated
-    (one line naming the knob), instead of a MemoryError or the OOM killer minutes later."""
-    available = available_memory()
-    if available is None:
-        return
-    blocks, block_size = int(options["num_blocks"]), int(options.get("block_size") or cfg["block_size"])
-    swap_blocks = int(options.get("swap_blocks") or blocks)
-    per_block = BOOKKEEPING_BYTES_PER_BLOCK
-    kv = (backend.kv_bytes_per_token or 0) if backend.clock == "wall" else 0  # real models hold K/V
-    on_host = str(getattr(backend, "device", "cpu")).startswith("cpu")
-    need = blocks * per_block + (blocks * on_host + swap_blocks) * block_size * kv
-    if need <= available:
-        return
-    most = available // (per_block + (1 + on_host) * block_size * kv)
-    gib = f"{need / 2**30:,.1f} GiB needed, {available / 2**30:,.1f} GiB available"
-    if cfg.get("num_blocks") in (None, "auto"):
-        raise ConfigError("max_batch", cfg["max_batch"], f"a KV pool of max_batch full sequences that fits in memory "
-                          f"({blocks:,} blocks: {gib}); set a smaller max_batch or num_blocks <= {most:,}")  # fmt: skip
-    raise ConfigError("num_blocks", cfg["num_blocks"], f"a KV pool that fits in memory ({gib}): at most about {most:,}")
-
-
-def build_engine(cfg: Mapping[str, Any]) -> tuple[Engine, KVBudget | None]:
+def build_engine(cfg: Mapping[str, Any], copies: int = 1) -> tuple[Engine, KVBudget | None]:
     """An engine (backend, allocator, scheduler, clock) from a config whose top level is checked,
-    and how ``num_blocks=auto`` sized its pool (None when it did not)."""
+    and how ``num_blocks=auto`` sized its pool (None when it did not). ``copies``: how many
+    such engines the run builds (a cluster's replicas), for the memory check."""
     name, options = plugin_section(cfg, "backend")
     backend = registry.create("backend", name, **options)
 
@@ -130,7 +87,7 @@ def build_engine(cfg: Mapping[str, Any]) -> tuple[Engine, KVBudget | None]:
     if options.get("num_blocks") in (None, "auto"):
         budget = backend.kv_budget(cfg["max_num_batched_tokens"], cfg["max_batch"])
         options["num_blocks"] = auto_num_blocks(cfg, budget)
-    check_memory(cfg, options, backend)
+    check_kv_pool_fits(cfg, options, backend, copies)
     allocator = registry.create("allocator", name, **options)
     layout = allocator.layout
     check(

@@ -98,8 +98,13 @@ def test_a_closed_pipe_is_not_an_error(tmp_path):
 
 
 @pytest.mark.parametrize("override, key", [("max_batch=1000000000", "max_batch"), ("num_blocks=1000000000", "num_blocks"),
-                                           ("backend=numpy num_blocks=20000000", "num_blocks")])  # fmt: skip
-def test_a_kv_pool_bigger_than_memory_is_refused_before_it_is_allocated(tmp_path, override, key):
+                                           ("backend=numpy num_blocks=20000000", "num_blocks"),
+                                           ("cluster.replicas=1000000", "cluster"),
+                                           ("workload.num_requests=10000000000", "workload.num_requests"),
+                                           ("workload.prompt_len=1000000000000", "workload.prompt_len")])  # fmt: skip
+def test_a_run_bigger_than_memory_is_refused_before_it_is_allocated(tmp_path, override, key):
+    """KV pools (one, or one per replica) and a workload's prompts: a numpy MemoryError
+    traceback, or minutes of building replicas, before these checks."""
     proc, run_dir = cli(tmp_path, *override.split())
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()

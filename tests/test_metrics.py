@@ -179,6 +179,16 @@ def test_peaks_by_hand():
     assert summarize(result([], duration=0.0))["max_concurrent_requests"] == 0
 
 
+def test_the_peak_over_a_run_of_a_trillion_seconds_needs_no_bucket_per_second():
+    """A simulated run at a very low rate spans more virtual seconds than memory has bytes;
+    the peak must count the buckets that hold chunks (this allocated 4 TiB and raised before)."""
+    a = finished(0, 0.0, 0.0, [0.1, 0.2])
+    b = finished(1, 1e12, 1e12, [1e12 + 0.3, 1e12 + 0.4, 1e12 + 0.5])
+    c = finished(2, 1e301, 1e301, [1e301])  # beyond int64: the buckets stay floats
+    s = summarize(result([a, b, c], duration=1e301))
+    assert s["max_output_tokens_per_s"] == 3.0
+
+
 def test_output_digest_is_blake2b_of_little_endian_int64_ids():
     a = finished(0, 0.0, 0.0, [0.1, 0.2])
     a.token_ids[-2:] = [7, 300]

@@ -42,6 +42,11 @@ def test_a_raw_azure_csv_replays_through_the_config_without_conversion(tmp_path,
     assert summary(rs) == [(0, 0.0, 374, 44), (1, 4.314579, 396, 109), (2, 4.541877, 879, 55), (3, 4.710427, 91, 16)]
 
 
+def test_a_trace_row_whose_prompt_cannot_fit_in_memory_is_refused_by_path(tmp_path):
+    with pytest.raises(ConfigError, match=r"workload.path=.*t.csv' is not allowed: prompts that fit in memory"):
+        replay(tmp_path, "arrival_time,prompt_len,output_len\n0.0,4,2\n1.0,1000000000000,2\n")
+
+
 def test_epoch_seconds_are_absolute_and_small_numbers_relative(tmp_path):
     epoch = replay(tmp_path, "timestamp,prompt_len,output_len\n1700158546.5,4,2\n1700158548.0,4,2\n")
     assert [r.arrival_time for r in epoch] == [0.0, 1.5]

@@ -66,7 +66,7 @@ def build_cluster(cfg: Mapping[str, Any], spec: ClusterSpec) -> ClusterBench:
     choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
     router_name, router_options = _router(cfg)
     choices["router"] = router_name
-    built = [build_engine(cfg) for _ in range(spec.num_replicas)]
+    built = [build_engine(cfg, copies=spec.num_replicas) for _ in range(spec.num_replicas)]
     engines = [engine for engine, _ in built]
     check(engines[0].clock.kind == "virtual", "cluster", f"{spec.num_replicas} replicas",
           "a virtual clock: backend=sim (or clock=virtual); replicas share one simulated timeline")  # fmt: skip

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from paged_bench.errors import check_int, check_number
+from paged_bench.memory import check_requests_fit
 from paged_bench.request import Request
 from paged_bench.workloads.lengths import length_dist
 
@@ -82,6 +83,8 @@ class SyntheticWorkload(Workload):
 
     def requests(self, ctx: WorkloadContext) -> list[Request]:
         n = self.num_requests
+        check_requests_fit(n, self.prompt_len.expected + self.prefix_len, count_key="workload.num_requests", count=n,
+                           lengths_key="workload.prompt_len", lengths=self.prompt_len)  # fmt: skip
         arrival_rng, prompt_rng, output_rng, token_rng = (
             np.random.default_rng(s) for s in np.random.SeedSequence(self.seed).spawn(4)
         )

@@ -23,6 +23,11 @@ class LengthDist:
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         raise NotImplementedError
 
+    @property
+    def expected(self) -> float:
+        """The lengths' expected value (before any clipping): what a workload's size is judged by."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class Fixed(LengthDist):
@@ -30,6 +35,10 @@ class Fixed(LengthDist):
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, self.value, dtype=np.int64)
+
+    @property
+    def expected(self) -> float:
+        return float(self.value)
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,10 @@ class Uniform(LengthDist):
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.integers(self.low, self.high + 1, size=n)
+
+    @property
+    def expected(self) -> float:
+        return (self.low + self.high) / 2
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,10 @@ class LogNormal(LengthDist):
         values = np.rint(rng.lognormal(mu, self.sigma, size=n)).astype(np.int64)
         return np.clip(values, self.min, self.max)
 
+    @property
+    def expected(self) -> float:
+        return self.mean
+
 
 @dataclass(frozen=True)
 class HeavyTail(LengthDist):
@@ -65,6 +82,10 @@ class HeavyTail(LengthDist):
         centre = np.where(rng.random(n) < self.long_fraction, self.long, self.short)
         jitter = rng.uniform(-self.spread, self.spread, size=n)
         return np.maximum(1, np.rint(centre * (1 + jitter))).astype(np.int64)
+
+    @property
+    def expected(self) -> float:
+        return self.long_fraction * self.long + (1 - self.long_fraction) * self.short
 
 
 def _fixed(key: str, value: Any) -> LengthDist:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from paged_bench.errors import ConfigError, check, check_int, check_number
+from paged_bench.memory import check_requests_fit
 from paged_bench.request import Request
 from paged_bench.workloads.base import Workload, WorkloadContext, check_max_concurrency, random_prompts
 from paged_bench.workloads.trace_files import SUFFIXES, TIME_UNITS, parse_time, read_trace, suffix
@@ -109,6 +110,9 @@ class TraceWorkload(Workload):
         times = self._rescale(np.array([arrivals[i] for i in kept]))
         kept_in_file_order = sorted(kept)
         lens = np.array([rows.prompt_lens[i] or 0 for i in kept_in_file_order if rows.prompts[i] is None], np.int64)
+        if len(lens):
+            check_requests_fit(len(lens), float(lens.mean()), count_key="workload.limit", count=self.limit,
+                               lengths_key="workload.path", lengths=str(self.path))  # fmt: skip
         drawn = iter(random_prompts(np.random.default_rng(self.seed), lens, ctx.vocab_size))
         tokens = {}
         for i in kept_in_file_order:
