@@ -5,6 +5,7 @@ bad setting in one line. Loopback only."""
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,38 @@ def test_bad_server_setting_is_one_line():
     r = run_serve("server.port=70000")
     assert r.returncode == 2
     assert r.stderr.strip() == "error: server.port=70000 is not allowed: a port 0-65535 (0 = any free one)"
+
+
+def test_a_port_in_use_or_a_foreign_host_is_one_line_before_the_engine_is_built():
+    """As vLLM's setup_server: the socket is bound first, so no model (a checkpoint may take
+    minutes) is built for a port that cannot be had; before, uvicorn logged the error after
+    start-up, once the command had printed that it was serving."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = run_serve(f"server.port={port}")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (f"error: server.port={port} is not allowed: a port this process may listen on at "
+                                "127.0.0.1 (Address already in use; 0 takes any free port)")  # fmt: skip
+    assert "serving" not in r.stdout
+    r = run_serve("server.host=host.invalid")  # a reserved name that never resolves (RFC 2606)
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("error: server.host='host.invalid' is not allowed: a name or address of this machine (")
+
+
+def test_port_zero_announces_the_port_it_took(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "paged_bench.serve", "server.port=0", f"hydra.run.dir={tmp_path}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        url = line.split(" on ", 1)[1].split("/v1", 1)[0]
+        assert not url.endswith(":0"), line
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
 
 
 def test_unknown_option_is_one_line():

@@ -25,8 +25,9 @@ from paged_bench.errors import PagedBenchError
 def main(cfg: DictConfig) -> None:
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
-        from paged_bench.serve.server import build_app, serve  # after Hydra: --help stays fast
+        from paged_bench.serve.server import ServerConfig, build_app, listen_socket, listen_url, serve  # after Hydra
 
+        sock = listen_socket(ServerConfig.from_mapping(config.get("server")))  # before the engine, as vLLM
         app, server_cfg = build_app(config)
     except PagedBenchError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -35,10 +36,10 @@ def main(cfg: DictConfig) -> None:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         sys.exit(2)
     ctx = app.state.server.ctx
-    print(f"serving {ctx.model_name!r} on http://{server_cfg.host}:{server_cfg.port}/v1 "
+    print(f"serving {ctx.model_name!r} on {listen_url(sock)}/v1 "
           f"(scheduler={config['scheduler']['name']}, allocator={config['allocator']['name']}, "
           f"backend={config['backend']['name']}, max_model_len={ctx.max_model_len}); Ctrl-C stops it", flush=True)
-    serve(app, server_cfg)
+    serve(app, server_cfg, sock)
     print("server stopped", flush=True)
 
 

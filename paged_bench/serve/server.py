@@ -9,6 +9,7 @@ without an API key logs a warning.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
@@ -28,7 +29,7 @@ from fastapi import FastAPI
 from paged_bench.build import build
 from paged_bench.config import compose_config
 from paged_bench.engine import Engine
-from paged_bench.errors import check, check_int, check_number
+from paged_bench.errors import ConfigError, check, check_int, check_number
 from paged_bench.model.tokenizers import TOKENIZER_CHOICES, serving_tokenizer
 from paged_bench.serve.api import OpenAIServer, create_app
 from paged_bench.serve.engine_loop import EngineLoop
@@ -168,11 +169,33 @@ class _Server(uvicorn.Server):
         self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
 
 
-def serve(app: FastAPI, cfg: ServerConfig) -> None:
-    """Serve until Ctrl-C / SIGTERM, then shut down cleanly."""
+def listen_socket(cfg: ServerConfig) -> socket.socket:
+    """The server's socket, bound before the engine is built, as vLLM's ``setup_server`` does:
+    a port in use, or a host that is not this machine's, fails in one line before any model
+    loads (not in uvicorn's log once it has). Port 0 takes any free port."""
+    sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((cfg.host, cfg.port))
+    except OSError as e:
+        sock.close()
+        if e.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise ConfigError("server.port", cfg.port, f"a port this process may listen on at {cfg.host} "
+                              f"({e.strerror}; 0 takes any free port)") from None  # fmt: skip
+        raise ConfigError("server.host", cfg.host, f"a name or address of this machine ({e.strerror})") from None
+    return sock
+
+
+def listen_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def serve(app: FastAPI, cfg: ServerConfig, sock: socket.socket) -> None:
+    """Serve on ``sock`` until Ctrl-C / SIGTERM, then shut down cleanly."""
     sys.setswitchinterval(GIL_SWITCH_S)
     try:
-        _Server(app, cfg).run()
+        _Server(app, cfg).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it has already handled
         pass
 
@@ -196,10 +219,8 @@ class ServerHandle:
 
 def start_in_thread(app: FastAPI, cfg: ServerConfig, timeout: float = 30.0) -> ServerHandle:
     """Start serving ``app`` in a daemon thread; returns once it accepts requests."""
-    sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((cfg.host, cfg.port))
-    host, port = sock.getsockname()[:2]
+    sock = listen_socket(cfg)
+    url = listen_url(sock)
     server = _Server(app, cfg)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="paged-bench-http", daemon=True)
     thread.start()
@@ -207,10 +228,9 @@ def start_in_thread(app: FastAPI, cfg: ServerConfig, timeout: float = 30.0) -> S
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             server.should_exit = True
-            raise RuntimeError(f"the server did not start on {host}:{port}")
+            raise RuntimeError(f"the server did not start on {url}")
         time.sleep(0.01)
-    shown = f"[{host}]" if ":" in host else host
-    return ServerHandle(server, thread, f"http://{shown}:{port}")
+    return ServerHandle(server, thread, url)
 
 
 def serve_in_thread(*overrides: str) -> ServerHandle:
