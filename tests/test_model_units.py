@@ -153,6 +153,9 @@ def test_kv_byte_estimate_matches_the_formula(capsys):
     assert "4 layers x 2 KV heads x 32 head_dim x 2 bytes" in out and "x 16 sequences = 8.0 MiB" in out
     assert kv_bytes.main(["--model", "nope"]) == 2
     assert "--model='nope'" in capsys.readouterr().err
+    for flag, value in [("--block-size", "0"), ("--tp", "0"), ("--gpu-memory-utilization", "7"), ("--max-num-seqs", "-1")]:
+        assert kv_bytes.main(["--hardware", "h100", flag, value]) == 2  # a traceback, or another flag's name, before
+        assert capsys.readouterr().err.startswith(f"error: {flag}=")
 
 
 def test_rotary_table_grows_past_its_initial_length():

@@ -83,15 +83,19 @@ def main(argv: list[str] | None = None) -> int:
         est = estimate(model, args.seq_len, args.dtype, args.batch)
         budget = None
         if args.hardware:
-            cost = RooflineCost(model, hardware(args.hardware, "--hardware"), est.dtype, args.tp)
-            budget = cost.kv_budget(args.gpu_memory_utilization, args.max_num_batched_tokens, args.max_num_seqs)
+            cost = RooflineCost(model, hardware(args.hardware, "--hardware"), est.dtype, check_int("--tp", args.tp))
+            check(0 < args.gpu_memory_utilization <= 1, "--gpu-memory-utilization", args.gpu_memory_utilization,
+                  "a fraction in (0, 1]")  # fmt: skip
+            budget = cost.kv_budget(args.gpu_memory_utilization, check_int("--max-num-batched-tokens",
+                                    args.max_num_batched_tokens), check_int("--max-num-seqs", args.max_num_seqs))  # fmt: skip
             check(budget is not None, "--hardware", args.hardware, "a preset with a memory figure (a100, h100, h200)")
+        block_size = check_int("--block-size", args.block_size)
     except PagedBenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     print(est.describe(args.model_path or args.model))
     if budget is not None:
-        print(budget.describe(check_int("--block-size", args.block_size)))
+        print(budget.describe(block_size))
     return 0
 
 
