@@ -44,7 +44,7 @@ def test_a_raw_azure_csv_replays_through_the_config_without_conversion(tmp_path,
 
 def test_a_trace_row_whose_prompt_cannot_fit_in_memory_is_refused_by_path(tmp_path):
     with pytest.raises(ConfigError, match=r"workload.path=.*t.csv' is not allowed: prompts that fit in memory"):
-        replay(tmp_path, "arrival_time,prompt_len,output_len\n0.0,4,2\n1.0,1000000000000,2\n")
+        replay(tmp_path, "arrival_time,prompt_len,output_len\n0.0,4,2\n1.0,2000000000,2\n")
 
 
 def test_epoch_seconds_are_absolute_and_small_numbers_relative(tmp_path):
@@ -127,7 +127,11 @@ def test_non_utf8_bytes_name_the_file_and_line(tmp_path):
         ("arrival_time,prompt_len,output_len\n0,4,2\n1,4,2,9\n", 3, "columns"),
         ("arrival_time,prompt_len,output_len\n0,4,2\n0.5,four,2\n", 3, "prompt_len"),
         ("arrival_time,prompt_len,output_len\n0,4,2\nsoon,4,2\n", 3, "arrival_time"),
-        ("arrival_time,prompt_len,output_len\n0,4,0\n", 2, "output_len >= 1"),
+        ("arrival_time,prompt_len,output_len\n0,4,0\n", 2, "holding output_len (got '0': not a whole number from 1"),
+        ("arrival_time,prompt_len,output_len\n0,-5,2\n", 2, "holding prompt_len (got '-5'"),  # a numpy traceback before
+        ("arrival_time,prompt_len,output_len\n0,4,1e30\n", 2, "holding output_len (got '1e30'"),  # an OverflowError
+        ("arrival_time,prompt_len,output_len\n0,4,2\nnan,4,2\n", 3, "not a finite time"),  # dropped unnoticed
+        ("arrival_time,prompt_len,output_len\ninf,4,2\n", 2, "not a finite time"),
         ("arrival_time,prompt_len,output_len\n-1,4,2\n", 2, "arrival times >= 0"),
         ('arrival_time,prompt_len,output_len\n0,4,2\n"1,4,2\n', 3, "CSV"),
     ],

@@ -28,6 +28,7 @@ import csv
 import gzip
 import io
 import json
+import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 EPOCH_MIN_S = 1e9  # numbers from here on are epoch seconds (2001-09-09 onwards), not offsets
 SUFFIXES = (".csv", ".jsonl", ".csv.gz", ".jsonl.gz")
+MAX_TOKENS = 2**31 - 1  # a row's prompt or output length: a token count vLLM's int32 positions can hold
 
 
 @dataclass
@@ -136,12 +138,14 @@ _LONG_FRACTION = re.compile(r"(\.\d{6})\d+")
 def parse_time(value: Any) -> tuple[float, bool]:
     """(seconds, absolute): a number as is, an ISO datetime as epoch seconds (naive = UTC)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value), False
+        return _finite(float(value)), False
     text = str(value).strip()
     try:
-        return float(text), False
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        return _finite(seconds), False
     # Python < 3.11 reads neither 7-digit fractions (Azure's) nor a trailing Z
     when = datetime.fromisoformat(_LONG_FRACTION.sub(r"\1", text).replace("Z", "+00:00"))
     if when.tzinfo is None:
@@ -149,10 +153,16 @@ def parse_time(value: Any) -> tuple[float, bool]:
     return when.timestamp(), True
 
 
+def _finite(seconds: float) -> float:
+    if not math.isfinite(seconds):  # nan would drop out of every window unnoticed
+        raise ValueError("not a finite time")
+    return seconds
+
+
 def _count(value: Any) -> int:
     number = float(value)
-    if number != int(number):
-        raise ValueError(f"{value!r} is not a whole number")
+    if not (1 <= number <= MAX_TOKENS and number == int(number)):
+        raise ValueError(f"not a whole number from 1 to {MAX_TOKENS:,}")
     return int(number)
 
 
