@@ -16,7 +16,7 @@ from paged_bench import registry
 from paged_bench.backends.base import Backend
 from paged_bench.clock import make_clock
 from paged_bench.engine import Engine
-from paged_bench.errors import ConfigError, check, check_int, check_number
+from paged_bench.errors import MAX_TOKENS, ConfigError, check, check_int, check_number
 from paged_bench.memory import check_kv_pool_fits
 from paged_bench.metrics import SLO_KEYS
 from paged_bench.model.kv_capacity import KVBudget
@@ -51,7 +51,7 @@ def plugin_section(cfg: Mapping[str, Any], kind: str) -> tuple[str, dict[str, An
 
 
 def check_top_level(cfg: Mapping[str, Any]) -> None:
-    check_int("block_size", cfg.get("block_size"))
+    check_int("block_size", cfg.get("block_size"), 1, MAX_TOKENS)
     check_int("max_batch", cfg.get("max_batch"))
     check_int("max_model_len", cfg.get("max_model_len"), 2)
     check_int("max_num_batched_tokens", cfg.get("max_num_batched_tokens"))

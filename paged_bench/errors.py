@@ -41,10 +41,18 @@ def check(ok: bool, key: str, value: Any, allowed: str) -> None:
         raise ConfigError(key, value, allowed)
 
 
-def check_int(key: str, value: Any, minimum: int = 1) -> int:
-    """Return ``value`` if it is an integer >= minimum (bools are not integers here)."""
+# the most tokens one count may hold (a prompt, an output, a block): what vLLM's int32 token
+# positions hold, and far below where numpy's int64 columns overflow
+MAX_TOKENS = 2**31 - 1
+
+
+def check_int(key: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
+    """Return ``value`` if it is an integer >= minimum (and <= maximum; bools are not integers here)."""
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-    check(ok, key, value, f"an integer >= {minimum}")
+    if maximum is None:
+        check(ok, key, value, f"an integer >= {minimum}")
+    else:
+        check(ok and value <= maximum, key, value, f"an integer from {minimum} to {maximum:,}")
     return value
 
 

@@ -78,6 +78,12 @@ def test_lognormal_has_the_requested_mean_within_its_bounds():
     assert x.mean() == pytest.approx(64, rel=0.03) and x.min() >= 1
 
 
+def test_a_wide_lognormal_stays_within_the_token_bound():
+    """Draws past int64 wrapped to negative lengths before they were clipped."""
+    x = length_dist("o", {"dist": "lognormal", "mean": 1e9, "sigma": 5.0}).sample(np.random.default_rng(0), 100_000)
+    assert x.min() >= 1 and x.max() == 2**31 - 1
+
+
 def test_uniform_and_fixed_lengths():
     rng = np.random.default_rng(0)
     x = length_dist("p", {"dist": "uniform", "low": 3, "high": 5}).sample(rng, 1000)
@@ -94,6 +100,11 @@ def test_uniform_and_fixed_lengths():
         ({"dist": "heavy_tail", "long_fraction": 2}, "p.long_fraction"),
         ({"dist": "lognormal", "mean": 10, "spread": 1}, "p.spread"),
         ("long", "p"),
+        # past 2**31 - 1 tokens: an OverflowError in numpy's int64 columns after the run, before
+        ({"dist": "fixed", "value": 10**20}, "p.value"),
+        ({"dist": "uniform", "low": 1, "high": 10**20}, "p.high"),
+        ({"dist": "lognormal", "mean": 1e30}, "p.mean"),
+        ({"dist": "heavy_tail", "long": 10**20}, "p.long"),
     ],
 )
 def test_bad_length_specs_name_the_key(spec, key):

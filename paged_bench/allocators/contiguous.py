@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from paged_bench.allocators.base import KVLayout
 from paged_bench.allocators.paged import PagedAllocator
-from paged_bench.errors import check, check_int
+from paged_bench.errors import MAX_TOKENS, check, check_int
 from paged_bench.request import Request
 
 
@@ -22,7 +22,7 @@ class ContiguousAllocator(PagedAllocator):
 
     def __init__(self, *, num_blocks: int, block_size: int, max_model_len: int, prefix_hash: str = "builtin") -> None:
         check_int("num_blocks", num_blocks)
-        check_int("block_size", block_size)
+        check_int("block_size", block_size, 1, MAX_TOKENS)
         check_int("max_model_len", max_model_len)
         self.blocks_per_slab = -(-max_model_len // block_size)
         num_slabs = num_blocks // self.blocks_per_slab

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from paged_bench.allocators.base import NO_HIT, Allocator, AllocatorCounters, KVLayout, PrefixHit
 from paged_bench.allocators.block_pool import BlockPool, DeferredRun
 from paged_bench.allocators.prefix_hash import NO_EXTRA_KEYS, PREFIX_HASHES
-from paged_bench.errors import check, check_int
+from paged_bench.errors import MAX_TOKENS, check, check_int
 from paged_bench.request import Request
 
 _NEVER = 1 << 62
@@ -57,7 +57,7 @@ class PagedAllocator(Allocator):
         defer_unshared: bool = True,
     ) -> None:
         check_int("num_blocks", num_blocks)
-        check_int("block_size", block_size)
+        check_int("block_size", block_size, 1, MAX_TOKENS)
         check(isinstance(prefix_caching, bool), "allocator.prefix_caching", prefix_caching, "true or false")
         check(prefix_hash in PREFIX_HASHES, "allocator.prefix_hash", prefix_hash, " or ".join(PREFIX_HASHES))
         check(isinstance(defer_unshared, bool), "allocator.defer_unshared", defer_unshared, "true or false")

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from paged_bench.errors import ConfigError, check, check_int, check_number
+from paged_bench.errors import MAX_TOKENS, ConfigError, check, check_int, check_number
 
 
 class LengthDist:
@@ -63,8 +63,9 @@ class LogNormal(LengthDist):
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         mu = math.log(self.mean) - self.sigma**2 / 2  # so that E[length] == mean
-        values = np.rint(rng.lognormal(mu, self.sigma, size=n)).astype(np.int64)
-        return np.clip(values, self.min, self.max)
+        # clipped as floats: a wide sigma draws values past int64, which would wrap to negative
+        values = np.clip(rng.lognormal(mu, self.sigma, size=n), self.min, self.max or MAX_TOKENS)
+        return np.rint(values).astype(np.int64)
 
     @property
     def expected(self) -> float:
@@ -89,27 +90,29 @@ class HeavyTail(LengthDist):
 
 
 def _fixed(key: str, value: Any) -> LengthDist:
-    return Fixed(check_int(f"{key}.value", value))
+    return Fixed(check_int(f"{key}.value", value, 1, MAX_TOKENS))
 
 
 def _uniform(key: str, low: Any, high: Any) -> LengthDist:
-    check_int(f"{key}.low", low)
-    check(isinstance(high, int) and high >= low, f"{key}.high", high, f"an integer >= low={low}")
+    check_int(f"{key}.low", low, 1, MAX_TOKENS)
+    check(isinstance(high, int) and low <= high <= MAX_TOKENS, f"{key}.high", high, f"an integer from low={low} to {MAX_TOKENS:,}")
     return Uniform(low, high)
 
 
 def _lognormal(key: str, mean: Any, sigma: Any = 0.5, min: Any = 1, max: Any = None) -> LengthDist:
     check_number(f"{key}.mean", mean, 1)
+    check(mean <= MAX_TOKENS, f"{key}.mean", mean, f"a number from 1 to {MAX_TOKENS:,}")
     check_number(f"{key}.sigma", sigma, 0)
-    check_int(f"{key}.min", min)
+    check_int(f"{key}.min", min, 1, MAX_TOKENS)
     if max is not None:
-        check(isinstance(max, int) and max >= min, f"{key}.max", max, f"an integer >= min={min} or null")
+        check(isinstance(max, int) and min <= max <= MAX_TOKENS, f"{key}.max", max,
+              f"an integer from min={min} to {MAX_TOKENS:,}, or null")  # fmt: skip
     return LogNormal(float(mean), float(sigma), min, max)
 
 
 def _heavy_tail(key: str, short: Any = 24, long: Any = 150, long_fraction: Any = 0.2, spread: Any = 0.25) -> LengthDist:
-    check_int(f"{key}.short", short)
-    check_int(f"{key}.long", long)
+    check_int(f"{key}.short", short, 1, MAX_TOKENS)
+    check_int(f"{key}.long", long, 1, MAX_TOKENS)
     check_number(f"{key}.long_fraction", long_fraction)
     check(long_fraction <= 1, f"{key}.long_fraction", long_fraction, "a fraction in [0, 1]")
     check_number(f"{key}.spread", spread)

@@ -36,7 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from paged_bench.errors import ConfigError, check
+from paged_bench.errors import MAX_TOKENS, ConfigError, check
 
 FIELDS = ("arrival_time", "prompt_len", "output_len", "prompt")
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -50,7 +50,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 EPOCH_MIN_S = 1e9  # numbers from here on are epoch seconds (2001-09-09 onwards), not offsets
 SUFFIXES = (".csv", ".jsonl", ".csv.gz", ".jsonl.gz")
-MAX_TOKENS = 2**31 - 1  # a row's prompt or output length: a token count vLLM's int32 positions can hold
 
 
 @dataclass
