@@ -18,7 +18,7 @@ from paged_bench.cluster.spec import cluster_spec
 from paged_bench.engine import EngineResult
 from paged_bench.metrics import summarize
 from paged_bench.model.kv_capacity import KVBudget
-from paged_bench.outputs import write_run
+from paged_bench.outputs import write_run, write_steps
 from paged_bench.records import RequestRecords
 from paged_bench.request import Request
 
@@ -156,8 +156,14 @@ def _run(cfg: Mapping[str, Any], run_dir: Path, bench: Bench, on_progress: Progr
 
 def _write_outcome(cfg: Mapping[str, Any], run_dir: Path, bench: Bench, result: EngineResult, remote: Any,
                    target: str, options: Mapping[str, str] | None) -> JobOutcome:  # fmt: skip
-    records = RequestRecords.from_requests(result.requests) if remote is None else remote.records
-    summary = summarize(result, cfg.get("slo"), records)
+    try:
+        records = RequestRecords.from_requests(result.requests) if remote is None else remote.records
+        summary = summarize(result, cfg.get("slo"), records)
+    except Exception:
+        # a figure failed to compute (a bug): what the engine measured, step by step, still reaches
+        # the disk before the error is reported
+        write_steps(run_dir, result.steps)
+        raise
     summary.update(capacity_figures(result.layout, bench.backend.num_devices, summary.get("output_throughput")))
     if remote is not None:
         summary.update(remote.summary)  # engine-only figures null (the pool is the server's), server-side TTFT added

@@ -80,6 +80,14 @@ def _write_csv(path: Path, columns: tuple[str, ...], rows: Iterable[tuple]) -> N
         f.write("".join(map(row.__mod__, rows)))
 
 
+def write_steps(run_dir: Path, steps: StepRecords) -> Path:
+    """``steps.csv`` alone: what the engine measured, whatever else fails."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "steps.csv"
+    _write_csv(path, STEP_COLUMNS, step_rows(steps))
+    return path
+
+
 def write_run(
     run_dir: Path,
     result: EngineResult,
@@ -95,7 +103,7 @@ def write_run(
     paths = [run_dir / n for n in ("summary.json", "requests.csv", "steps.csv", "run_info.json")]
     paths[0].write_text(json.dumps(dict(summary), indent=2) + "\n")
     _write_csv(paths[1], REQUEST_COLUMNS, request_rows(records))
-    _write_csv(paths[2], STEP_COLUMNS, step_rows(result.steps))
+    write_steps(run_dir, result.steps)
     paths[3].write_text(json.dumps(dict(info), indent=2, default=str) + "\n")
     return paths
 

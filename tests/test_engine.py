@@ -229,3 +229,14 @@ def test_a_job_hands_the_garbage_collector_back_as_it_found_it(config, tmp_path,
     with pytest.raises(OSError, match="disk full"):
         app.run_job(cfg, tmp_path / "failed")
     assert gc.get_freeze_count() == 0
+
+
+def test_when_a_figure_fails_to_compute_the_steps_still_reach_the_disk(config, tmp_path, monkeypatch):
+    def broken_summary(*args, **kwargs):
+        raise ZeroDivisionError("a metrics bug")
+
+    monkeypatch.setattr(app, "summarize", broken_summary)
+    with pytest.raises(ZeroDivisionError):
+        app.run_job(config("workload.num_requests=20", "tracking.enabled=false"), tmp_path)
+    rows = (tmp_path / "steps.csv").read_text().splitlines()
+    assert rows[0].startswith("step,time,duration,batch_size") and len(rows) > 20
