@@ -29,7 +29,6 @@ from the repository root:
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
 import tempfile
@@ -67,18 +66,14 @@ def job_phases(overrides: list[str]) -> tuple[dict[str, float], dict[str, float]
     job, phase by phase as app.run_job runs it."""
     cfg = config(overrides)
     t_build, bench = cpu(lambda: build(cfg))
-    gc.freeze()  # as app.run_job: what the build made stays out of the collector's walks
-    try:
-        t_run, result = cpu(lambda: bench.engine.run(bench.requests))
-        t_rec, records = cpu(lambda: RequestRecords.from_requests(result.requests))
-        t_sum, summary = cpu(lambda: summarize(result, cfg.get("slo"), records))
-        summary.update(capacity_figures(result.layout, 1, summary.get("output_throughput")))
-        with tempfile.TemporaryDirectory() as d:
-            outcome = JobOutcome(Path(d), summary, result, bench.choices, [], records)
-            info = run_info(outcome, "engine", bench.kv_budget)
-            t_write, _ = cpu(lambda: write_run(Path(d), result, summary, info, records))
-    finally:
-        gc.unfreeze()
+    t_run, result = cpu(lambda: bench.engine.run(bench.requests))
+    t_rec, records = cpu(lambda: RequestRecords.from_requests(result.requests))
+    t_sum, summary = cpu(lambda: summarize(result, cfg.get("slo"), records))
+    summary.update(capacity_figures(result.layout, 1, summary.get("output_throughput")))
+    with tempfile.TemporaryDirectory() as d:
+        outcome = JobOutcome(Path(d), summary, result, bench.choices, [], records)
+        info = run_info(outcome, "engine", bench.kv_budget)
+        t_write, _ = cpu(lambda: write_run(Path(d), result, summary, info, records))
     phases = {"workload + engine build": t_build, "step loop": t_run, "request records": t_rec,
               "summary figures": t_sum, "files written": t_write}  # fmt: skip
     bs = result.layout.block_size

@@ -7,7 +7,6 @@ are checked here so that a bad value names its key before anything is built.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -120,17 +119,8 @@ def build_workload(cfg: Mapping[str, Any]) -> Workload:
 
 
 def workload_requests(workload: Workload, backend: Backend) -> list[Request]:
-    """The workload's requests, tokenized for ``backend``. The cyclic garbage collector is
-    paused meanwhile: a workload builds its requests (acyclic: lists of ints) all at once,
-    and every collection triggered by that burst would walk each token list built so far
-    (about 0.05 s of a 20,000-request build: ``benchmarks/sim_breakdown.py``)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
-    finally:
-        if was_enabled:
-            gc.enable()
+    """The workload's requests, tokenized for ``backend``."""
+    return workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
 
 
 def build(cfg: Mapping[str, Any]) -> Bench:
