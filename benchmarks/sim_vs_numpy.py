@@ -25,7 +25,7 @@ the scheduling a different cost model leads to.
 The error is the simulator's figure against the median of the numpy runs; a ``numpy range``
 row gives the runs' minimum and maximum, and the verdict counts the cells within 10% and,
 apart, the cells outside it whose simulated figure still lies inside the numpy runs' own
-range (their spread is then larger than the model's error: a p99 over 48 requests is the
+range, and the cells where a numpy run itself lies more than 10% from the numpy median (their spread is then larger than the model's error: a p99 over 48 requests is the
 slowest request or two, and which requests a preemption hits moves it by 2x run to run).
 
 Wall-clock runs on a shared machine are noisy (other processes steal the cores the real
@@ -116,7 +116,7 @@ def main() -> None:
         "| workload | scheduler | backend | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | output tok/s | preemptions |"
     )
     print("|---|---|---|---:|---:|---:|---:|---:|")
-    worst, within, in_spread = 0.0, 0, 0
+    worst, within, in_spread, noisy = 0.0, 0, 0, 0
     for case in cases:
         runs = real_runs[case]
         real = {k: statistics.median(r[k] for r in runs) for k in KEYS}
@@ -126,6 +126,9 @@ def main() -> None:
         worst = max(worst, *(abs(e) for e in err.values()))
         within += sum(abs(e) <= GOAL for e in err.values())
         in_spread += sum(abs(err[k]) > GOAL and low[k] <= sim[k] <= high[k] for k in KEYS)
+        # a cell where one numpy run misses the others' median by more than the goal: no
+        # deterministic model can be held to the goal there
+        noisy += sum(max(abs(r[k] / real[k] - 1) for r in runs) > GOAL for k in KEYS)
         preempted = statistics.median(r["num_preemptions"] for r in runs)
         print(
             f"| {case[0]} | {case[1]} | numpy | " + " | ".join(f"{real[k]:.1f}" for k in KEYS) + f" | {preempted:g} |"
@@ -138,6 +141,7 @@ def main() -> None:
     cells = len(cases) * len(KEYS)
     verdict = "within" if worst <= GOAL else "NOT within"
     print(f"\n{within} of {cells} cells within {GOAL:.0%}; {in_spread} more inside the numpy runs' own range")
+    print(f"{noisy} of {cells} cells have a numpy run more than {GOAL:.0%} from the numpy median")
     print(f"largest |error| {worst:.1%}: {verdict} the {GOAL:.0%} goal")
 
 
