@@ -21,15 +21,13 @@ lets calibration measure what that costs a byte, and the simulator prices it
 (``RooflineCost.duration``).
 
 Held memory is backed by 4 KiB pages: numpy asks the kernel for transparent huge pages on
-every array of 4 MiB or more (``madvise(MADV_HUGEPAGE)``), and with the kernel's default
-``defrag=madvise`` a huge-page fault in such a region may stall to compact memory. Growing
-the heap by 100 MiB then cost 88-124 ms against 19-22 ms in 4 KiB pages, and a run's first
-4,095-token prompt paid 13-85 ms more per 512-token chunk than the next one of its length
-(the calibrated heap growth bimodal, 35-430 ms for the same prompt); in 4 KiB pages it paid
-what the model's growth term says (within 11%, then 5%, then 2% per chunk). PyTorch's CPU
-allocator likewise asks for huge pages only when told (``C10_THP_MEM_ALLOC_ENABLE``,
-default off, ``c10/core/alloc_cpu.h``). ``hold_freed_memory`` turns numpy's request off
-and ``release`` restores it.
+its large arrays (``madvise(MADV_HUGEPAGE)``), and with the kernel's default
+``defrag=madvise`` a huge-page fault in such a region may stall to compact memory. A fresh
+process's first 4,096-token prompt then paid 276-327 ms more than the same prompt again, a
+bimodal 2-70 ms a 512-token chunk, against 40-92 ms in 4 KiB pages
+(``benchmarks/numpy_memory.py``). PyTorch's CPU allocator likewise asks for huge pages only
+when told (``C10_THP_MEM_ALLOC_ENABLE``, default off, ``c10/core/alloc_cpu.h``).
+``hold_freed_memory`` turns numpy's request off and ``release`` restores it.
 
 Only glibc has ``mallopt`` and ``mallinfo2``; elsewhere (macOS, musl) these are no-ops.
 """
