@@ -25,8 +25,11 @@ the scheduling a different cost model leads to.
 The error is the simulator's figure against the median of the numpy runs; a ``numpy range``
 row gives the runs' minimum and maximum, and the verdict counts the cells within 10% and,
 apart, the cells outside it whose simulated figure still lies inside the numpy runs' own
-range, and the cells where a numpy run itself lies more than 10% from the numpy median (their spread is then larger than the model's error: a p99 over 48 requests is the
-slowest request or two, and which requests a preemption hits moves it by 2x run to run).
+range (their spread is then larger than the model's error: a p99 over 48 requests is the
+slowest request or two, and which requests a preemption hits moves it by 2x run to run), and
+the cells where a numpy run itself lies more than 10% from the numpy median. A probe of the
+machine's speed before each round of numpy runs is printed beside what the calibration
+measured for the same shapes (``PROBES``).
 
 Wall-clock runs on a shared machine are noisy (other processes steal the cores the real
 backend runs on, which no cost model sees): read the errors with the load average printed.

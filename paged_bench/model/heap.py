@@ -15,8 +15,8 @@ do. ``release`` restores glibc's defaults and returns the held memory once every
 (several backends may be bound in one process: a cluster's replicas) has released.
 
 Held memory is reused, but the first step that needs more than any before it still grows
-the heap, and faults the growth in: a run's first long prompt paid 150-320 ms more over its
-eight 512-token chunks than the next one of its length. ``heap_size`` (the heap's size now)
+the heap, and faults the growth in: a run's first long prompt paid 40-92 ms more over its
+eight 512-token chunks than the next one of its length (in 4 KiB pages, below). ``heap_size`` (the heap's size now)
 lets calibration measure what that costs a byte, and the simulator prices it
 (``RooflineCost.duration``).
 
