@@ -53,8 +53,9 @@ def time_heap_growth(
     """(heap bytes per byte of one layer's scores: the median, seconds per byte of heap growth:
     the mean) of ``repeats`` rounds of one ``num_tokens`` prompt (a multiple of ``chunk``)
     prefilled twice on a freshly trimmed heap; (0, 0) where the heap cannot be measured (no
-    glibc). The growth's cost is bimodal (the same 191 MB cost 272, 35 and 246 ms in three
-    rounds): the mean is what a run pays on average."""
+    glibc). The mean: growth in transparent huge pages was bimodal (the same 191 MB cost 272,
+    35 and 246 ms in three rounds: compaction stalls); the bound numpy backend now grows in
+    4 KiB pages (``model.heap``), which cost steadily, and the mean is what a run pays."""
     if heap.heap_size() is None:
         return 0.0, 0.0
     token_ids = np.random.default_rng(0).integers(0, model.vocab_size, num_tokens).tolist()

@@ -8,8 +8,10 @@ under load from other processes (load average 1.3-2.3 on this 2-core VM) the pro
 of runs came out 0.9-1.1 ms over the model, a 90-token prompt 7.1 ms in a run against 6.3 ms
 when the run's own plan was re-executed after decode steps, while on a quieter machine (load
 ~1.0) the real runs matched the model without any such term (the seeds' median TTFT within
-2%); added as a term, it put the quiet runs 12% off. It is not page faults (a dozen a step),
-heap growth (none), the engine's own work (14-21 us between steps) or sampling (greedy).
+2%); added as a term, it put the quiet runs 12% off. It is not heap growth (none), the
+engine's own work (14-21 us between steps) or sampling (greedy); the KV pool's page faults
+(30-65 a seed prompt step, until ``NumpyOps.new_pool`` made the pool resident) were not all
+of it either: the check still finds 0-0.4 ms without them.
 """
 
 from __future__ import annotations

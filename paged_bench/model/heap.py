@@ -15,10 +15,19 @@ do. ``release`` restores glibc's defaults and returns the held memory once every
 (several backends may be bound in one process: a cluster's replicas) has released.
 
 Held memory is reused, but the first step that needs more than any before it still grows
-the heap, and faults the growth in: a run's first long prompt paid 150-320 ms more over its
-eight 512-token chunks than the next one of its length. ``heap_size`` (the heap's size now)
+the heap, and faults the growth in: a run's first long prompt paid 40-92 ms more over its
+eight 512-token chunks than the next one of its length (in 4 KiB pages, below). ``heap_size`` (the heap's size now)
 lets calibration measure what that costs a byte, and the simulator prices it
 (``RooflineCost.duration``).
+
+Held memory is backed by 4 KiB pages: numpy asks the kernel for transparent huge pages on
+its large arrays (``madvise(MADV_HUGEPAGE)``), and with the kernel's default
+``defrag=madvise`` a huge-page fault in such a region may stall to compact memory. A fresh
+process's first 4,096-token prompt then paid 276-327 ms more than the same prompt again, a
+bimodal 2-70 ms a 512-token chunk, against 40-92 ms in 4 KiB pages
+(``benchmarks/numpy_memory.py``). PyTorch's CPU allocator likewise asks for huge pages only
+when told (``C10_THP_MEM_ALLOC_ENABLE``, default off, ``c10/core/alloc_cpu.h``).
+``hold_freed_memory`` turns numpy's request off and ``release`` restores it.
 
 Only glibc has ``mallopt`` and ``mallinfo2``; elsewhere (macOS, musl) these are no-ops.
 """
@@ -37,6 +46,7 @@ _DEFAULT_TRIM = 128 * 1024
 _DEFAULT_MMAP_MAX = 65536
 _NEVER_TRIM = (1 << 31) - 1  # an int: mallopt takes one
 _holders = 0
+_numpy_huge_pages: bool | None = None  # numpy's setting before the first holder turned it off
 
 
 class _MallInfo2(ctypes.Structure):
@@ -53,18 +63,37 @@ def _glibc() -> ctypes.CDLL | None:
         return None
 
 
+def _set_numpy_huge_pages(enabled: bool) -> bool:
+    """Whether numpy asks for transparent huge pages on large arrays, set; the previous setting."""
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _set_madvise_hugepage  # type: ignore[no-redef]
+    return bool(_set_madvise_hugepage(enabled))
+
+
+def numpy_huge_pages() -> bool:
+    """Whether numpy now asks the kernel for transparent huge pages on its large arrays."""
+    before = _set_numpy_huge_pages(False)
+    _set_numpy_huge_pages(before)
+    return before
+
+
 def hold_freed_memory() -> bool:
-    """Serve every block from the heap and never trim it; True where this is glibc."""
-    global _holders
+    """Serve every block from the heap in 4 KiB pages and never trim it; True where this is glibc."""
+    global _holders, _numpy_huge_pages
     libc = _glibc()
     if libc is None:
         return False
+    if not _holders:
+        _numpy_huge_pages = _set_numpy_huge_pages(False)
     _holders += 1
     return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM))
 
 
 def release() -> None:
-    """(Once the last holder releases) glibc's defaults back (mmapped large blocks, trimming), and the held memory returned."""
+    """(Once the last holder releases) glibc's defaults back (mmapped large blocks, trimming),
+    the held memory returned, numpy's huge-page setting restored."""
     global _holders
     libc = _glibc()
     _holders = max(_holders - 1, 0)
@@ -73,6 +102,8 @@ def release() -> None:
     libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
     libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM)
     libc.malloc_trim(0)
+    if _numpy_huge_pages is not None:
+        _set_numpy_huge_pages(_numpy_huge_pages)
 
 
 def _mallinfo() -> _MallInfo2 | None:

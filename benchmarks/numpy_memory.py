@@ -1,0 +1,91 @@
+"""What the numpy backend's memory costs a step: huge-page heap growth and a lazily mapped KV pool.
+
+Two diagnostics behind ``model/heap.py`` and ``NumpyOps.new_pool`` (docs/backends.md, "Does it
+predict the real backend?"), each in fresh processes, taking turns:
+
+1. A long prompt prefilled in 512-token chunks on a fresh heap, then again: what each chunk
+   of the first pays over the second (the heap grows the first time, once per chunk, as the
+   chunks need ever larger score matrices), with numpy asking for transparent huge pages on
+   large arrays (its default) and without (what the bound backend now does).
+2. Page faults while every slot of a fresh KV pool is written once (what a run's steps do in
+   time): the backend's pool against ``np.zeros`` (calloc's lazily mapped pages).
+
+    .venv/bin/python benchmarks/numpy_memory.py [--rounds 3] [--tokens 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import subprocess
+import sys
+
+import numpy as np
+
+CHUNK = 512
+
+
+def prompt_growth(huge_pages: bool, tokens: int) -> list[float]:
+    """Per chunk of a ``tokens`` prompt, seconds its first prefill paid over its second."""
+    from paged_bench import registry
+    from paged_bench.allocators.paged import PagedAllocator
+    from paged_bench.model import heap
+    from paged_bench.model.calibrate_heap import prompt_seconds
+
+    backend = registry.create("backend", "numpy", model="small", threads=1)
+    allocator = PagedAllocator(num_blocks=tokens // 16 + 1, block_size=16, prefix_caching=False, swap_blocks=0)
+    backend.bind(allocator)
+    heap._set_numpy_huge_pages(huge_pages)  # bind turned it off; put numpy's default back to compare
+    heap.trim()
+    ids = np.random.default_rng(0).integers(0, backend.vocab_size, tokens).tolist()
+    first = prompt_seconds(backend, allocator, 0, ids, CHUNK)
+    again = prompt_seconds(backend, allocator, 1, ids, CHUNK)
+    backend.close()
+    return [a - b for a, b in zip(first, again)]
+
+
+def pool_faults(lazy: bool) -> int:
+    """Page faults while every slot of a fresh 64 MiB KV pool is written once."""
+    from paged_bench.model.config import resolve_model
+    from paged_bench.model.ops_numpy import NumpyOps
+
+    made = NumpyOps(resolve_model("small")).new_pool(1 << 14)
+    pool = np.zeros(made.shape, made.dtype) if lazy else made
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    pool[...] = 1.0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def child(what: str, tokens: int) -> None:
+    if what.startswith("growth"):
+        extra = prompt_growth(what == "growth-huge", tokens)
+        print(" ".join(f"{s * 1e3:.0f}" for s in extra), f"| total {sum(extra) * 1e3:.0f}")
+    else:
+        pool = np.zeros(1)  # noqa: F841 (numpy loaded before the count starts)
+        print(pool_faults(what == "pool-lazy"))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--tokens", type=int, default=4096, help="the long prompt (a multiple of 512)")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(args.child, args.tokens)
+        return
+    labels = {
+        "growth-huge": "ms more per chunk, huge pages (numpy's default)",
+        "growth-4k": "ms more per chunk, 4 KiB pages (the bound backend)",
+        "pool-lazy": "page faults writing a fresh np.zeros pool",
+        "pool-made": "page faults writing a fresh NumpyOps.new_pool pool",
+    }
+    for round_no in range(args.rounds):
+        for what, label in labels.items():
+            cmd = [sys.executable, __file__, "--child", what, "--tokens", str(args.tokens)]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
+            print(f"round {round_no + 1}: {label}: {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
