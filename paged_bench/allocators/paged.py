@@ -42,6 +42,10 @@ class _Seq:
     hashes: list[Hashable] = field(default_factory=list)  # the request's hash chain (the allocator's list)
     run: DeferredRun | None = None  # while its chain's root is known to no other chain: blocks past it unhashed
 
+    def replan(self) -> None:
+        """After its capacity or ``cache_at`` moved: the total from which a row needs care."""
+        self.plain_below = min(self.capacity + 1, self.cache_at)
+
 
 class PagedAllocator(Allocator):
     name = "paged"
@@ -133,10 +137,14 @@ class PagedAllocator(Allocator):
         """Room for ``total`` tokens in the request's table: new blocks past its capacity
         (announced in the plan for a table the backend already knows), full blocks indexed."""
         if total > seq.capacity:
-            need = -(-total // self.pool_block_slots) - len(seq.blocks)
+            bs = self.pool_block_slots
+            need = -(-total // bs) - len(seq.blocks)
             if self.pool.num_free - need < min_free_blocks:
                 return False
-            new = self._add_blocks(seq, total)
+            new = self.pool.allocate(need)
+            seq.blocks += new
+            seq.capacity += need * bs
+            self._unfilled_slots += need * bs
             if announce:  # a row allocates once a step, so this is its only entry
                 self._new_blocks[req.request_id] = tuple(new)
         self._unfilled_slots -= total - seq.num_slots
@@ -144,18 +152,8 @@ class PagedAllocator(Allocator):
         if total >= seq.cache_at:
             self._cache_full_blocks(req, seq)
         else:
-            seq.plain_below = seq.capacity + 1 if seq.capacity < seq.cache_at else seq.cache_at
+            seq.replan()
         return True
-
-    def _add_blocks(self, seq: _Seq, total: int) -> list[int]:
-        """Blocks appended to ``seq`` so that it holds ``total`` slots (the caller checked room)."""
-        bs = self.pool_block_slots
-        need = -(-total // bs) - len(seq.blocks)
-        new = self.pool.allocate(need)
-        seq.blocks += new
-        seq.capacity += need * bs
-        self._unfilled_slots += need * bs
-        return new
 
     def free(self, req: Request) -> None:
         seq = self._seqs.pop(req, None)
@@ -292,14 +290,14 @@ class PagedAllocator(Allocator):
             self.pool.cache(seq.blocks[:1], hashes[:1], root)
             seq.run = self.pool.open_run(root, req, seq.blocks)
             seq.num_cached, seq.cache_at = 1, _NEVER
-            seq.plain_below = seq.capacity + 1
+            seq.replan()
             return
         if len(hashes) < num_full:
             self._extend_hashes(req.token_ids, hashes, num_full)
         self.pool.cache(seq.blocks[first:num_full], hashes[first:num_full], root)
         seq.num_cached = num_full
-        seq.cache_at = cache_at = (num_full + 1) * bs
-        seq.plain_below = seq.capacity + 1 if seq.capacity < cache_at else cache_at
+        seq.cache_at = (num_full + 1) * bs
+        seq.replan()
 
     def _shown(self, root: Hashable) -> bool:
         """Whether a chain with this root may be in the cache; if one is deferred, it is
@@ -321,7 +319,7 @@ class PagedAllocator(Allocator):
             if seq.num_slots >= seq.cache_at:
                 self._cache_full_blocks(req, seq)
             else:
-                seq.plain_below = min(seq.capacity + 1, seq.cache_at)
+                seq.replan()
             return
         hashes: list[Hashable] = []
         self._extend_hashes(run.owner, hashes, run.end)
