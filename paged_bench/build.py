@@ -63,7 +63,7 @@ def check_top_level(cfg: Mapping[str, Any]) -> None:
     for key, value in slo.items():
         check(key in SLO_KEYS, f"slo.{key}", value, f"one of {', '.join(SLO_KEYS)}")
         if value is not None:
-            check_number(f"slo.{key}", value, 0, strict=True)
+            check_number(f"slo.{key}", value, 0, strict=True, finite=False)
 
 
 def auto_num_blocks(cfg: Mapping[str, Any], budget: KVBudget | None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -56,9 +57,12 @@ def check_int(key: str, value: Any, minimum: int = 1, maximum: int | None = None
     return value
 
 
-def check_number(key: str, value: Any, minimum: float = 0.0, *, strict: bool = False) -> float:
-    """Return ``value`` as a float if it is a number >= minimum (> minimum when strict)."""
+def check_number(key: str, value: Any, minimum: float = 0.0, *, strict: bool = False, finite: bool = True) -> float:
+    """Return ``value`` as a float if it is a number >= minimum (> minimum when strict), and
+    finite unless ``finite`` is False (where inf means something: a rate with no gaps, no limit).
+    An infinite cost or latency would put the clock at inf: every request unfinished, or every
+    figure inf or nan."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and (value > minimum if strict else value >= minimum)
-    check(ok, key, value, f"a number {'>' if strict else '>='} {minimum}")
+    ok = ok and (value > minimum if strict else value >= minimum) and (not finite or math.isfinite(value))
+    check(ok, key, value, f"a {'finite ' if finite else ''}number {'>' if strict else '>='} {minimum}")
     return float(value)

@@ -64,6 +64,9 @@ def test_the_readme_command_block_size_one(tmp_path):
         ("max_batch=-1", "max_batch=-1 is not allowed: an integer >= 1"),
         ("scheduler=nonexistent", "scheduler=nonexistent is not allowed: one of continuous, preemptive, static"),
         ("workload.rate=-3", "workload.rate=-3 is not allowed: a number > 0"),
+        # an infinite cost puts the clock at inf: every figure inf or nan
+        ("backend.step_overhead_ms=inf", "backend.step_overhead_ms=inf is not allowed: a finite number >= 0.0"),
+        ("backend.per_kv_token_us=nan", "backend.per_kv_token_us=nan is not allowed: a finite number >= 0.0"),
     ],
 )
 def test_bad_values_end_with_one_clear_line(tmp_path, override, expected):

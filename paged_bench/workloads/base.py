@@ -68,7 +68,7 @@ class SyntheticWorkload(Workload):
         seed: int = 0,
     ) -> None:
         self.num_requests = check_int("workload.num_requests", num_requests)
-        self.rate = check_number("workload.rate", rate, 0, strict=True)
+        self.rate = check_number("workload.rate", rate, 0, strict=True, finite=False)
         self.prompt_len = length_dist("workload.prompt_len", prompt_len)
         self.output_len = length_dist("workload.output_len", output_len)
         prefix = dict(shared_prefix or {})

@@ -77,7 +77,7 @@ class TraceWorkload(Workload):
         self.start = start if isinstance(start, str) else check_number("workload.start", start)
         self.duration = None if duration is None else check_number("workload.duration", duration, 0, strict=True)
         self.limit = None if limit is None else check_int("workload.limit", limit)
-        self.rate = None if rate is None else check_number("workload.rate", rate, 0, strict=True)
+        self.rate = None if rate is None else check_number("workload.rate", rate, 0, strict=True, finite=False)
         self.time_scale = check_number("workload.time_scale", time_scale, 0, strict=True)
         check(self.rate is None or self.time_scale == 1.0, "workload.time_scale", time_scale,
               "1.0 when workload.rate is set (rate rescales the arrival times itself)")  # fmt: skip
