@@ -164,6 +164,16 @@ def test_a_replica_that_cannot_go_on_stops_the_cluster_with_every_request_accoun
     assert any(r["error"].startswith("not submitted") for r in rows)
 
 
+def test_transfers_too_slow_for_a_float_stop_the_run_with_every_request_accounted_for(config, tmp_path):
+    # 1e-320 GB/s puts every transfer's arrival at inf: the loop ended with them never delivered
+    outcome = run_job(config("cluster.prefill_replicas=1", "cluster.decode_replicas=1",
+                             "cluster.link_bandwidth_gbs=1e-320", "tracking.enabled=false"), tmp_path)  # fmt: skip
+    assert outcome.status == "failed" and "overflowed to inf" in outcome.error
+    assert not outcome.result.leaks
+    with (tmp_path / "requests.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 48 and {r["finish_reason"] for r in rows} == {"error"}
+
 def test_a_large_cluster_reads_the_installed_plugins_once_per_kind(config, monkeypatch):
     # reading every package's metadata costs ~8 ms: once per replica, 1,000 replicas took 9.5 s
     from paged_bench import registry

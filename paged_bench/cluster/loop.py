@@ -93,6 +93,11 @@ class Cluster:
                 replica, t_step = self._next_step()
                 if t_arrival <= t_event and t_arrival <= t_step:
                     if t_arrival == INF:
+                        if self._events or replica is not None:  # work left at inf: never reached
+                            raise EngineError(
+                                "the simulated clock overflowed to inf with requests in flight (a link or step "
+                                "cost too slow for a float to hold)"
+                            )
                         break
                     self.now = t_arrival
                     self._route(reqs[next_arrival])
