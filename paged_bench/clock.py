@@ -10,6 +10,16 @@ from __future__ import annotations
 
 import time
 
+from paged_bench.errors import EngineError
+
+# ~31,700 years: no serving run gets near it, and its times in ms (x 1e3) and their sums stay far
+# from float's overflow, where a cost mistyped by orders of magnitude would turn figures inf or nan
+HORIZON_S = 1e12
+
+
+def past_horizon(t: float, what: str) -> EngineError:
+    return EngineError(f"the simulated clock would pass {HORIZON_S:.0e} s (~31,700 years) at {t:.3g} s: {what}")
+
 
 class VirtualClock:
     kind = "virtual"
@@ -24,10 +34,15 @@ class VirtualClock:
         return self._now
 
     def advance(self, start: float, duration: float) -> float:
-        self._now = start + duration
-        return self._now
+        now = start + duration
+        if not now < HORIZON_S:  # also inf and nan; the clock stays where it was
+            raise past_horizon(now, f"a step of {duration:.3g} s (a cost model's terms too large)")
+        self._now = now
+        return now
 
     def wait_until(self, t: float) -> None:
+        if not t < HORIZON_S:
+            raise past_horizon(t, "an arrival")
         self._now = max(self._now, t)
 
 

@@ -222,3 +222,20 @@ def test_when_a_figure_fails_to_compute_the_steps_still_reach_the_disk(config, t
         app.run_job(config("workload.num_requests=20", "tracking.enabled=false"), tmp_path)
     rows = (tmp_path / "steps.csv").read_text().splitlines()
     assert rows[0].startswith("step,time,duration,batch_size") and len(rows) > 20
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("backend.per_decode_seq_ms=1e308",),  # a step past float's range: the clock went to inf
+        ("backend.step_overhead_ms=1e13",),  # 1e10 s a step: the horizon mid-run, some requests done
+    ],
+)
+def test_a_clock_past_its_horizon_stops_the_run_with_every_figure_finite(config, tmp_path, overrides):
+    outcome = app.run_job(config(*overrides, "tracking.enabled=false"), tmp_path)
+    assert outcome.status == "failed" and "would pass 1e+12 s" in outcome.error
+    assert not outcome.result.leaks
+    text = (tmp_path / "summary.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    reasons = [line.split(",")[14] for line in (tmp_path / "requests.csv").read_text().splitlines()[1:]]
+    assert len(reasons) == 48 and all(reasons) and "error" in reasons

@@ -20,6 +20,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from paged_bench.clock import HORIZON_S, past_horizon
 from paged_bench.cluster.handoff import Transfer, prefill_copy, take_prefill
 from paged_bench.cluster.link import Link, LinkQueue
 from paged_bench.cluster.replica import Replica, View
@@ -93,11 +94,6 @@ class Cluster:
                 replica, t_step = self._next_step()
                 if t_arrival <= t_event and t_arrival <= t_step:
                     if t_arrival == INF:
-                        if self._events or replica is not None:  # work left at inf: never reached
-                            raise EngineError(
-                                "the simulated clock overflowed to inf with requests in flight (a link or step "
-                                "cost too slow for a float to hold)"
-                            )
                         break
                     self.now = t_arrival
                     self._route(reqs[next_arrival])
@@ -171,6 +167,8 @@ class Cluster:
         target.num_incoming += 1
         num_bytes = self.kv_bytes_per_token * req.num_prompt_tokens
         done = self.links[source.index].send(self.now, num_bytes)
+        if not done < HORIZON_S:  # also inf: the transfer would never arrive
+            raise past_horizon(done, f"a K/V transfer of {num_bytes:,} bytes (the link's bandwidth or latency)")
         transfer = Transfer(req, source.index, target.index, num_bytes, self.now, done)
         self._out.transfers.append(transfer)
         self._out.placement[req] = target.index
