@@ -88,22 +88,29 @@ def write_steps(run_dir: Path, steps: StepRecords) -> Path:
     return path
 
 
+Table = tuple[tuple[str, ...], Iterable[tuple]]  # a CSV file's columns and rows
+
+
 def write_run(
     run_dir: Path,
     result: EngineResult,
     summary: Mapping[str, Any],
     info: Mapping[str, Any],
     records: RequestRecords | None = None,
+    *,
+    request_table: Table | None = None,
+    step_table: Table | None = None,
 ) -> list[Path]:
     """Write the run's files into ``run_dir``; returns their paths. ``records`` are the run's
-    requests when they are not the engine's (an HTTP run's)."""
+    requests when they are not the engine's (an HTTP run's); the tables replace the engine's
+    ``requests.csv`` and ``steps.csv`` (a cluster's add a replica column)."""
     if records is None:
         records = RequestRecords.from_requests(result.requests)
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = [run_dir / n for n in ("summary.json", "requests.csv", "steps.csv", "run_info.json")]
     paths[0].write_text(json.dumps(dict(summary), indent=2) + "\n")
-    _write_csv(paths[1], REQUEST_COLUMNS, request_rows(records))
-    write_steps(run_dir, result.steps)
+    _write_csv(paths[1], *(request_table or (REQUEST_COLUMNS, request_rows(records))))
+    _write_csv(paths[2], *(step_table or (STEP_COLUMNS, step_rows(result.steps))))
     paths[3].write_text(json.dumps(dict(info), indent=2, default=str) + "\n")
     return paths
 

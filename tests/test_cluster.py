@@ -186,3 +186,25 @@ def test_a_large_cluster_reads_the_installed_plugins_once_per_kind(config, monke
     bench = build_cluster(config("cluster.replicas=64"), cluster_spec(config("cluster.replicas=64")))
     assert len(bench.cluster.replicas) == 64
     assert sorted(groups) == sorted(set(groups)) and "paged_bench.schedulers" in groups
+
+
+@pytest.mark.parametrize("split", [("cluster.replicas=12",), ("cluster.prefill_replicas=3", "cluster.decode_replicas=5")])
+def test_the_next_replica_to_step_is_the_one_free_earliest_then_first_by_index(config, split, monkeypatch):
+    # the loop keeps replicas with work in heaps; each step must go where a scan of every
+    # replica would send it: the earliest max(free_at, now), ties to the lowest index
+    bench = build_cluster(config(*split, "workload=bursty", "workload.num_requests=400", "workload.rate=200",
+                                 "workload.burstiness=0.3", "max_batch=4"), cluster_spec(config(*split)))  # fmt: skip
+    cluster, chosen = bench.cluster, []
+    step = cluster._step
+
+    def checked(replica):
+        working = [r for r in cluster.replicas if r.has_work()]
+        expected = min(working, key=lambda r: (max(r.free_at, cluster.now), r.index))
+        chosen.append((replica.index, expected.index))
+        step(replica)
+
+    monkeypatch.setattr(cluster, "_step", checked)
+    run = cluster.run(bench.requests)
+    assert run.error is None and all(r.is_finished for r in run.requests)
+    assert len(chosen) > 400 and len({i for i, _ in chosen}) == len(cluster.replicas)
+    assert all(i == want for i, want in chosen)

@@ -40,11 +40,10 @@ def write_cluster_run(
     replicas: list[dict[str, Any]],
     info: Mapping[str, Any],
 ) -> list[Path]:
-    paths = write_run(run_dir, merged, summary, info, records)
-    _write_csv(run_dir / "requests.csv", *_request_table(run, records))
     steps = [(rep.index, *row) for rep, res in zip(run.replicas, run.results) for row in step_rows(res.steps)]
     steps.sort(key=lambda row: row[2])  # by time, then replica (the sort is stable)
-    _write_csv(run_dir / "steps.csv", ("replica", *STEP_COLUMNS), steps)
+    paths = write_run(run_dir, merged, summary, info, records, request_table=_request_table(run, records),
+                      step_table=(("replica", *STEP_COLUMNS), steps))  # fmt: skip
     columns = tuple(dict.fromkeys(key for s in replicas for key in s))
     _write_csv(run_dir / "replicas.csv", columns, [tuple(_cell(s.get(k)) for k in columns) for s in replicas])
     return [*paths, run_dir / "replicas.csv"]
