@@ -101,7 +101,7 @@ class Cluster:
             while True:
                 t_arrival = reqs[next_arrival].arrival_time if next_arrival < len(reqs) else INF
                 t_event = self._events[0][0] if self._events else INF
-                t_step = self._next_step()[1]
+                t_step = self._next_step_time()
                 if t_arrival <= t_event and t_arrival <= t_step:
                     if t_arrival == INF:
                         break
@@ -125,21 +125,19 @@ class Cluster:
         out.results = [r.engine.result(ran, error, interrupted) for r, ran in zip(self.replicas, self._ran)]
         return out
 
-    def _next_step(self) -> tuple[Replica | None, float]:
-        """The replica with work that is free earliest (the first by index of those free by
-        now), and when it steps."""
+    def _next_step_time(self) -> float:
+        """When the next replica steps: the one with work that is free earliest (the first by
+        index of those free by now, which this moves from the busy heap to the free one)."""
         busy, free = self._busy, self._free
         while busy and busy[0][0] <= self.now:
             heapq.heappush(free, heapq.heappop(busy)[1])
         if free:
-            return self.replicas[free[0]], self.now
-        if busy:
-            return self.replicas[busy[0][1]], busy[0][0]
-        return None, INF
+            return self.now
+        return busy[0][0] if busy else INF
 
     def _take_next(self) -> Replica:
-        """Take the replica ``_next_step`` names out of the heaps (the clock is at its step)."""
-        self._next_step()
+        """Take the replica that steps now out of the heaps (the clock is at its step)."""
+        self._next_step_time()
         index = heapq.heappop(self._free)
         self._queued[index] = False
         return self.replicas[index]
