@@ -37,8 +37,9 @@ _SWAP = sys.byteorder != "little"  # digests hash little-endian ids on every mac
 
 def token_digest(token_ids: Sequence[int]) -> str:
     """The stable digest of a sequence of token ids."""
-    ids = array("q", token_ids)
+    ids = token_ids if token_ids.__class__ is array and token_ids.typecode == "q" else array("q", token_ids)
     if _SWAP:
+        ids = array("q", ids)  # a copy to swap: the caller's ids stay as they are
         ids.byteswap()
     return hashlib.blake2b(ids, digest_size=_DIGEST_BYTES).hexdigest()
 
@@ -126,7 +127,7 @@ class RequestRecords:
             error=[e or "" for e in column("error")],
             succeeded=np.array([x is not None and x.succeeded for x in reasons], bool),
             # one output at a time: 20,000 live copies would wake the garbage collector
-            output_digest=[token_digest(r.output_token_ids) for r in requests],
+            output_digest=[token_digest(r.token_ids[r.num_prompt_tokens :]) for r in requests],
             text_digest=[""] * n,
         )
 

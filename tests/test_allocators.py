@@ -162,7 +162,7 @@ def test_only_the_uncomputed_blocks_of_a_released_table_are_dropped():
     a = req(0, list(range(8)))
     admit(alloc, a)
     compute(a, 8)  # blocks 0-1 computed
-    a.token_ids += list(range(8, 12))
+    a.token_ids.extend(range(8, 12))
     assert alloc.allocate_slots(a, 4)  # block 2 indexed for this step
     alloc.free(a)  # preempted before the step ran
     assert alloc.lookup_prefix(req(1, list(range(12)) + [5])).num_tokens == 8

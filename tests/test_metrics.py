@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import struct
+from array import array
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from paged_bench.request import FinishReason, Request
 def finished(rid, arrival, scheduled, times, prompt=4, reason=FinishReason.LENGTH) -> Request:
     r = Request(rid, arrival, list(range(prompt)), len(times))
     r.first_scheduled_time = scheduled
-    r.token_ids += [0] * len(times)
+    r.token_ids.extend([0] * len(times))
     r.token_times = list(times)
     r.finish(reason, times[-1] if times else scheduled)
     return r
@@ -191,7 +192,7 @@ def test_the_peak_over_a_run_of_a_trillion_seconds_needs_no_bucket_per_second():
 
 def test_output_digest_is_blake2b_of_little_endian_int64_ids():
     a = finished(0, 0.0, 0.0, [0.1, 0.2])
-    a.token_ids[-2:] = [7, 300]
+    a.token_ids[-2:] = array("q", [7, 300])
     expected = hashlib.blake2b(struct.pack("<2q", 7, 300), digest_size=8).hexdigest()
     records = RequestRecords.from_requests([a])
     assert records.output_digest == [expected] == [token_digest([7, 300])]

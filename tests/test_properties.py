@@ -87,7 +87,7 @@ class MirroringSim(SimBackend):
         states = self.states.apply(plan)
         for row, state in zip(plan.rows(), states):
             req = self.by_id[row.req_id]
-            assert state.token_ids == req.token_ids and row.num_computed_tokens == req.num_computed_tokens
+            assert state.token_ids == req.token_ids.tolist() and row.num_computed_tokens == req.num_computed_tokens
             assert state.block_ids == list(self.sched.allocator.block_table(req))
             assert row.samples == (row.num_computed_tokens + row.num_new_tokens == req.num_tokens)
         assert set(self.states.by_id) <= {r.request_id for r in self.sched.running}

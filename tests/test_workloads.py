@@ -132,7 +132,7 @@ def test_trace_replays_csv_and_jsonl(tmp_path):
     csv_path.write_text("arrival_time,prompt_len,prompt,output_len\n0.5,4,,3\n0.1,,hé,2\n")
     rs = TraceWorkload(path=str(csv_path), time_scale=2.0).requests(CTX)
     assert [r.arrival_time for r in rs] == [0.2, 1.0]  # sorted, scaled
-    assert rs[0].token_ids == list("hé".encode()) and rs[0].max_tokens == 2
+    assert rs[0].token_ids.tolist() == list("hé".encode()) and rs[0].max_tokens == 2
     assert rs[1].num_prompt_tokens == 4 and rs[1].max_tokens == 3
 
     jsonl = tmp_path / "t.jsonl"
@@ -164,10 +164,10 @@ def test_seed_preset_is_the_seeds_workload(config):
     assert 4 <= long <= 16  # ~20% of 48
 
 
-def test_prompts_are_the_per_request_draws_as_lists_of_ints():
+def test_prompts_are_the_per_request_draws_as_int64_arrays():
     rs = synthetic(num_requests=30, prompt_len={"dist": "uniform", "low": 1, "high": 40}).requests(CTX)
     token_rng = np.random.default_rng(np.random.SeedSequence(1).spawn(4)[3])
     for r in rs:
         expected = token_rng.integers(0, CTX.vocab_size, r.num_prompt_tokens).tolist()
-        assert r.token_ids == expected and type(r.token_ids) is list and type(r.token_ids[0]) is int
+        assert r.token_ids.tolist() == expected and r.token_ids.typecode == "q" and type(r.token_ids[0]) is int
         assert r.num_tokens == r.num_prompt_tokens

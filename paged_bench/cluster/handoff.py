@@ -39,7 +39,7 @@ def prefill_copy(req: Request) -> Request:
     return Request(
         request_id=req.request_id,
         arrival_time=req.arrival_time,
-        token_ids=list(req.token_ids),
+        token_ids=req.token_ids[:],  # a copy: the prefill replica appends its token
         max_tokens=1,
         ignore_eos=req.ignore_eos,
         prefix_group=req.prefix_group,

@@ -207,7 +207,7 @@ class EngineLoop:
         for req, (stream, pushed, *limit) in list(self._live.items()):
             n = min(req.num_tokens, *limit) if limit else req.num_tokens
             if n > pushed or req.is_finished:
-                new = req.token_ids[pushed:n]
+                new = req.token_ids[pushed:n].tolist()
                 if req.is_finished:
                     del self._live[req]
                     if self._sinks is not None:
