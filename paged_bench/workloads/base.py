@@ -47,7 +47,7 @@ def check_max_concurrency(value: Any) -> int | None:
 def random_prompts(rng: np.random.Generator, lengths: np.ndarray, vocab_size: int) -> list[np.ndarray]:
     """One prompt of random token ids per length: the same ids as one ``rng.integers`` call per
     prompt (numpy's stream does not depend on how draws are split), drawn at once and kept as
-    views of one array: a ``Request`` makes its prompt a list of ints only when it is read."""
+    views of one array: each ``Request`` copies its view into its own ``array('q')``."""
     ends = np.cumsum(lengths)
     flat = rng.integers(0, vocab_size, int(ends[-1]) if len(ends) else 0)
     return [flat[end - n : end] for n, end in zip(lengths.tolist(), ends.tolist())]
