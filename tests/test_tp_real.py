@@ -146,7 +146,9 @@ def test_a_dead_rank_fails_the_run_in_seconds_and_leaves_nothing(checkpoint):  #
     finally:
         bench.backend.close()
     assert result.error is not None and "tensor-parallel" in result.error
-    assert time.monotonic() - started < 60
+    # rank 0 looks at the workers every half second while a collective waits (gloo alone once
+    # waited out its whole minute on a send to the dead rank)
+    assert time.monotonic() - started < 15
     assert _wait_gone(children()) == []
 
 

@@ -4,7 +4,9 @@ Rank 0 is the engine's own process (as vLLM's driver worker): it builds its slic
 ranks 1..N-1, waits until each has built its slice (failing fast, with the worker's error,
 if one dies first), then joins them in a process group on a free localhost port: gloo on
 CPU, NCCL on CUDA (with a gloo group beside it for the step messages). Each step it
-broadcasts the plan, then does its own share (the torch backend's step, on its slice).
+broadcasts the plan, then does its own share (the torch backend's step, on its slice); while
+it waits on a gloo collective it looks at the workers, so a dead one fails the step within a
+second (``comm``).
 
 Stopping: ``close`` broadcasts ``Stop``, waits a few seconds, then terminates and kills what
 is left. Workers ignore Ctrl-C (rank 0 stops them), exit when their parent process is gone,
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from paged_bench.distributed.comm import TPComm
+from paged_bench.distributed.comm import TPComm, receive_message, send_message
 from paged_bench.distributed.rank import Bind, Follower, Message, ModelSpec, RankModel, Step, Stop, rank_device
 from paged_bench.errors import EngineError
 
@@ -76,9 +78,7 @@ def worker_main(rank: int, world_size: int, port: int, spec: ModelSpec, ready: A
     follower = Follower(model)
     try:
         while True:
-            box: list[Any] = [None]
-            dist.broadcast_object_list(box, src=0, group=group)
-            msg = box[0]
+            msg = receive_message(group)
             if isinstance(msg, Stop):
                 break
             if isinstance(msg, Bind):
@@ -123,7 +123,15 @@ class TPGroup:
         except BaseException:
             self.close()
             raise
-        self.model.comm = TPComm(0, world_size, spec.model.vocab_size)
+        # on CPU rank 0's collectives watch the workers; NCCL's are not waited on by the CPU
+        watch = self.check_workers if spec.device_type == "cpu" else None
+        self.model.comm = TPComm(0, world_size, spec.model.vocab_size, watch)
+
+    def check_workers(self) -> None:
+        """Raise if a worker process has exited (rank 0 calls it while a collective waits)."""
+        for w in self.workers:
+            if not w.is_alive():
+                raise EngineError(f"tensor-parallel worker {w.name} exited with code {w.exitcode}")
 
     def _wait_ready(self, ready: Any) -> None:
         pending, deadline = set(range(1, self.world_size)), time.monotonic() + START_TIMEOUT_S
@@ -131,9 +139,7 @@ class TPGroup:
             try:
                 rank, error = ready.get(timeout=0.2)
             except queue.Empty:  # look at the workers, then wait on
-                dead = [w for w in self.workers if not w.is_alive()]
-                if dead:
-                    raise EngineError(f"tensor-parallel worker {dead[0].name} exited with code {dead[0].exitcode}")
+                self.check_workers()
                 if time.monotonic() > deadline:
                     raise EngineError(f"tensor-parallel workers {sorted(pending)} not ready in {START_TIMEOUT_S:.0f} s")
                 continue
@@ -142,7 +148,7 @@ class TPGroup:
             pending.discard(rank)
 
     def send(self, msg: Message) -> None:
-        dist.broadcast_object_list([msg], src=0, group=self._group)
+        send_message(msg, self._group, self.check_workers)
 
     @contextmanager
     def guard(self) -> Iterator[None]:
@@ -165,7 +171,7 @@ class TPGroup:
         does not stop on the message within a few seconds is terminated, then killed)."""
         if self._joined and not self._broken:
             try:
-                dist.broadcast_object_list([Stop()], src=0, group=self._group)
+                self.send(Stop())
             except Exception:  # noqa: BLE001  (a broken group: the workers exit on their own, or are killed)
                 traceback.print_exc(limit=0)
         self._joined = False
