@@ -67,7 +67,8 @@ def results(name: str) -> dict[str, dict]:
     out = {}
     for overrides, cfg in jobs(name):
         assert cfg["backend"]["name"] == "sim"
-        outcome = run_job(cfg, Path(tempfile.mkdtemp(prefix="pb-exp-")))
+        with tempfile.TemporaryDirectory(prefix="pb-exp-") as run_dir:  # only the summary is kept
+            outcome = run_job(cfg, Path(run_dir))
         assert outcome.status == "finished", (overrides, outcome.error)
         out[" ".join(overrides)] = outcome.summary
     return out
