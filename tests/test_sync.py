@@ -76,3 +76,42 @@ def test_a_parent_left_running_by_a_killed_sweep_is_closed(tmp_path):
                                                                       ("max_batch=8", "FAILED")]  # fmt: skip
     second = _sync(tmp_path, tmp_path / "runs")
     assert second.stdout.strip() == "sync: 0 run(s) uploaded, 2 already in the store, 0 sweep parent run(s) closed"
+
+
+def test_a_job_killed_as_it_begins_is_still_known_by_name(monkeypatch, config, tmp_path):
+    """Killed between its first two writes (as in the killed sweep above, under load), a job once
+    left a config and no record: sync then logged it as "1", with no job number. Its record
+    is written first now."""
+    from omegaconf import OmegaConf
+
+    from paged_bench.cli import job as job_module
+
+    def killed(*args, **kwargs):
+        raise SystemExit(-signal.SIGKILL)  # nothing after this point runs
+
+    monkeypatch.setattr(job_module, "save_config", killed)
+    monkeypatch.setattr(job_module.Job, "current", classmethod(
+        lambda cls: job_module.Job(run_dir=tmp_path, multirun=False, sweep_dir=None, num=1, name="max_batch=8")))  # fmt: skip
+    with pytest.raises(SystemExit):
+        job_module.run(OmegaConf.create(config("tracking.enabled=false")))
+    info = json.loads((tmp_path / "run_info.json").read_text())
+    assert (info["run_name"], info["job_num"]) == ("max_batch=8", 1)
+
+
+def test_a_record_cut_off_mid_write_keeps_what_it_held(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    from paged_bench.report.load import read_json, update_run_info
+
+    update_run_info(tmp_path, {"run_name": "max_batch=8", "job_num": 1})
+    write_text = Path.write_text
+
+    def cut_off(self, text, *args, **kwargs):
+        write_text(self, text[: len(text) // 2])
+        raise SystemExit(-signal.SIGKILL)
+
+    monkeypatch.setattr(Path, "write_text", cut_off)
+    with pytest.raises(SystemExit):
+        update_run_info(tmp_path, {"status": "interrupted"})
+    monkeypatch.undo()
+    assert read_json(tmp_path / "run_info.json") == {"run_name": "max_batch=8", "job_num": 1}

@@ -151,11 +151,11 @@ def run(cfg: DictConfig) -> None:
     except OmegaConfBaseException as e:
         _record(job, started, "failed", str(e).splitlines()[0])
         return _fail(str(e).splitlines()[0], 2, job)
-    save_config(job.run_dir, config)
-    # who the job is, before it runs: a job cut off with its process is still logged by name,
-    # and the sweep's process passes a signal on to the process running it
+    # who the job is, before its config and before it runs: a job cut off with its process is
+    # still logged by name, and the sweep's process passes a signal on to the process running it
     update_run_info(job.run_dir, {"run_name": job.name, "job_num": job.num, "start_time": started,
                                   "pid": os.getpid(), "host": socket.gethostname()})  # fmt: skip
+    save_config(job.run_dir, config)
     bar = JobBar(enabled=not job.multirun or in_sweep_process, nested=job.multirun)
     try:
         with signals.stop_on_signals(signals.WITH_CTRL_C):

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from paged_bench.report.load import RUN_INFO, read_json
+from paged_bench.report.load import RUN_INFO, read_json, write_whole
 
 SWEEP_FILE = "sweep.json"
 STATUS_FILE = RUN_INFO  # every job writes it, with its status, when it ends
@@ -31,10 +31,7 @@ def sweep_info(sweep_dir: Path) -> dict[str, Any]:
 
 def write_info(sweep_dir: Path, info: dict[str, Any]) -> None:
     """Write ``sweep.json`` whole (jobs in other processes read it as they start)."""
-    path = sweep_dir / SWEEP_FILE
-    part = path.with_name(f".{SWEEP_FILE}.{os.getpid()}")
-    part.write_text(json.dumps(info, indent=2) + "\n")
-    os.replace(part, path)
+    write_whole(sweep_dir / SWEEP_FILE, json.dumps(info, indent=2) + "\n")
 
 
 def stopping(sweep_dir: Path) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,9 +35,7 @@ _POLICY_ORDER = ("scheduler.name", "allocator.name", "backend.name", "target.nam
 def save_config(run_dir: Path, config: Mapping[str, Any]) -> Path:
     """Write the resolved config beside the run's results (a run's own record of its config)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / CONFIG_FILE
-    path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
-    return path
+    return write_whole(run_dir / CONFIG_FILE, yaml.safe_dump(dict(config), sort_keys=False))
 
 
 def update_run_info(run_dir: Path, fields: Mapping[str, Any]) -> Path:
@@ -45,7 +44,16 @@ def update_run_info(run_dir: Path, fields: Mapping[str, Any]) -> Path:
     path = run_dir / RUN_INFO
     info = read_json(path)
     info.update(fields)
-    path.write_text(json.dumps(info, indent=2, default=str) + "\n")
+    return write_whole(path, json.dumps(info, indent=2, default=str) + "\n")
+
+
+def write_whole(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a file beside it renamed over it: a process killed
+    mid-write leaves the old file or the new one, never half of one (a job's record is read
+    back by ``sync`` after its process was killed; a sweep's by its jobs as they start)."""
+    part = path.with_name(f".{path.name}.{os.getpid()}")
+    part.write_text(text)
+    os.replace(part, path)
     return path
 
 
