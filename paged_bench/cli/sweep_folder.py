@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from paged_bench.report.load import RUN_INFO, read_json, write_whole
+from paged_bench.report.load import RUN_INFO, read_json, update_run_info, write_whole
 
 SWEEP_FILE = "sweep.json"
 STATUS_FILE = RUN_INFO  # every job writes it, with its status, when it ends
@@ -83,8 +83,6 @@ def record_unfinished(sweep_dir: Path, how: str) -> None:
     """A job that started (Hydra made its folder) but never recorded how it ended was cut off
     with its process: it is recorded as interrupted, so it is logged and counted; in a stopped
     sweep, one that never began (only Hydra's files) is withdrawn, and counted as not run."""
-    from paged_bench.report.load import update_run_info
-
     for run_dir in started_jobs(sweep_dir):
         fields = {"status": "interrupted", "error": f"the sweep {how} before the job did", "end_time": time.time()}
         if "run_name" not in job_info(run_dir):  # cut off before it knew its name
