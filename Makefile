@@ -26,8 +26,8 @@ serve: install
 
 # the suite runs in two worker processes (pytest-xdist), a test file to a worker so that a
 # file's shared set-up (a server, cached sweeps) is made once: most tests wait on subprocesses,
-# servers and sockets, so two workers on two cores take 7.7 min where one took 13.3 (dev VM,
-# 534 tests). TEST_WORKERS=0 runs the suite in one process (for -s, --pdb)
+# servers and sockets, so two workers on two cores take 7.5-7.7 min where one took 13.3 (dev
+# VM, 534-536 tests). TEST_WORKERS=0 runs the suite in one process (for -s, --pdb)
 TEST_WORKERS ?= 2
 test: install
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)

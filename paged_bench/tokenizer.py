@@ -16,10 +16,11 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from paged_bench.files import write_whole
 
 
 class ByteTokenizer:
@@ -104,7 +105,5 @@ def bpe_tokenizer(directory: Path | None = None) -> BPETokenizer:
         return BPETokenizer(Tokenizer.from_file(str(path)))
     tok = train_bpe()
     directory.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False) as f:
-        f.write(tok.to_str())
-    os.replace(f.name, path)
+    write_whole(path, tok.to_str())
     return BPETokenizer(tok)

@@ -97,21 +97,3 @@ def test_a_job_killed_as_it_begins_is_still_known_by_name(monkeypatch, config, t
     info = json.loads((tmp_path / "run_info.json").read_text())
     assert (info["run_name"], info["job_num"]) == ("max_batch=8", 1)
 
-
-def test_a_record_cut_off_mid_write_keeps_what_it_held(monkeypatch, tmp_path):
-    from pathlib import Path
-
-    from paged_bench.report.load import read_json, update_run_info
-
-    update_run_info(tmp_path, {"run_name": "max_batch=8", "job_num": 1})
-    write_text = Path.write_text
-
-    def cut_off(self, text, *args, **kwargs):
-        write_text(self, text[: len(text) // 2])
-        raise SystemExit(-signal.SIGKILL)
-
-    monkeypatch.setattr(Path, "write_text", cut_off)
-    with pytest.raises(SystemExit):
-        update_run_info(tmp_path, {"status": "interrupted"})
-    monkeypatch.undo()
-    assert read_json(tmp_path / "run_info.json") == {"run_name": "max_batch=8", "job_num": 1}

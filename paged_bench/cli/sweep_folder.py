@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from paged_bench.report.load import RUN_INFO, read_json, update_run_info, write_whole
+from paged_bench.files import write_whole
+from paged_bench.report.load import RUN_INFO, read_json, update_run_info
 
 SWEEP_FILE = "sweep.json"
 STATUS_FILE = RUN_INFO  # every job writes it, with its status, when it ends

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from paged_bench.files import write_whole
 from paged_bench.flat import display_key, flatten
 
 CONFIG_FILE = "config.yaml"
@@ -46,15 +46,6 @@ def update_run_info(run_dir: Path, fields: Mapping[str, Any]) -> Path:
     info.update(fields)
     return write_whole(path, json.dumps(info, indent=2, default=str) + "\n")
 
-
-def write_whole(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a file beside it renamed over it: a process killed
-    mid-write leaves the old file or the new one, never half of one (a job's record is read
-    back by ``sync`` after its process was killed; a sweep's by its jobs as they start)."""
-    part = path.with_name(f".{path.name}.{os.getpid()}")
-    part.write_text(text)
-    os.replace(part, path)
-    return path
 
 
 @dataclass
