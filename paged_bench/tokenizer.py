@@ -27,6 +27,7 @@ class ByteTokenizer:
     bos_token_id = 256
     eos_token_id = 257
     vocab_size = 258
+    max_token_bytes = 1  # the most UTF-8 bytes of text one token covers
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -48,9 +49,15 @@ class BPETokenizer:
         self.vocab_size = tok.get_vocab_size()
         self.bos_token_id = tok.token_to_id(BOS)
         self.eos_token_id = tok.token_to_id(EOS)
+        # byte-level: a token's string has one character per byte it covers (special tokens
+        # are matched in text as written), so a text has at least len(utf-8) / this many tokens
+        self.max_token_bytes = max(len(token) for token in tok.get_vocab(with_added_tokens=True))
+        # the batch calls let go of the GIL while they work (``encode`` holds it throughout):
+        # a long prompt tokenized in a worker thread then leaves the server's event loop running
+        self._encode_batch = getattr(tok, "encode_batch_fast", tok.encode_batch)
 
     def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
+        return self._encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tok.decode(token_ids, skip_special_tokens=True)

@@ -70,3 +70,13 @@ def test_work_per_token_is_bounded_whatever_the_output_length():
     assert "".join(out) + stream.flush() == text
     assert len(out) == len(text.encode()) == 6000
     assert max(decoded_lengths) <= 4  # a 3-byte character is the longest pending run
+
+
+def test_a_stop_string_ending_in_an_incomplete_character_stops_the_flush():
+    """A request that ends on half a UTF-8 character shows it as U+FFFD at the flush; a stop
+    string that ends there must still cut the text (it was missed: the flush checked none)."""
+    stream = TextStream(TOK.decode, stop=("b\ufffd",))
+    out = [stream.add(t) for t in [*b"ab", 0xE2, 0x9C]]  # "ab" then two of the three bytes of "✓"
+    assert not stream.stopped and "".join(out) == "a"  # "b" is held back: it may start the stop
+    assert stream.flush() == "" and stream.stopped
+    assert stream.text == "a"

@@ -14,6 +14,8 @@ _FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 
 class HFTokenizer:
+    max_token_bytes = None  # unbounded: a normaliser may drop text, so bytes bound no token count
+
     def __init__(self, hf: Any) -> None:
         self.hf = hf  # the transformers tokenizer, for chat templates and the like
         self.vocab_size = len(hf)

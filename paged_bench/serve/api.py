@@ -145,7 +145,8 @@ class OpenAIServer:
                     return
                 reason = update.finish_reason
                 if i == last and reason is not None and reason.succeeded:
-                    yield Token(choice.index, delta + text.flush(), reason.value, logprob)
+                    delta += text.flush()
+                    yield Token(choice.index, delta, "stop" if text.stopped else reason.value, logprob)
                     return
                 yield Token(choice.index, delta, None, logprob)
             if update.finish_reason is not None:
@@ -326,6 +327,7 @@ def create_app(server: OpenAIServer) -> FastAPI:
     errors.install(app)
 
     @app.get("/health", responses={503: {"model": schemas.ErrorResponse}})
+    @app.head("/health", include_in_schema=False)  # load balancers' health checks use HEAD
     async def health() -> Response:
         return server.health()
 

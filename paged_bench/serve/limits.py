@@ -5,16 +5,19 @@
 - the API key (``server.api_key`` or ``$PAGED_BENCH_API_KEY``): ``/v1/*`` needs
   ``Authorization: Bearer <key>``, else 401 (as vLLM's ``AuthenticationMiddleware``: only
   ``/v1`` paths, ``OPTIONS`` exempt, constant-time comparison);
-- ``Content-Type`` of a POST must be JSON (or absent), else 400;
+- ``Content-Type`` of a POST must be JSON (or absent: then it is read as JSON), else 400;
 - the body is at most ``server.max_body_bytes`` (413, from ``Content-Length`` before reading,
   or as soon as a chunked body passes the bound) and must arrive within
   ``server.body_timeout_s`` (408);
 - any exception a route lets through becomes an OpenAI-shaped 500 (``errors.internal``),
   answered rather than re-raised, so the keep-alive connection survives.
 
-``HeaderTimeoutProtocol`` is uvicorn's HTTP protocol with a deadline on the request line and
-headers (``server.header_timeout_s``): a client that sends them slowly, or connects and sends
-nothing, is disconnected instead of holding a connection open forever.
+``BoundedHeadProtocol`` is uvicorn's HTTP protocol with bounds on a request's head (its
+request line and headers): a deadline (``server.header_timeout_s``: a client that sends them
+slowly, or connects and sends nothing, is disconnected instead of holding a connection open
+forever) and a size (``server.max_header_bytes``: 431, then the connection is closed; the
+parser joins a header's pieces by copying, so an unbounded header costs the event loop, and
+every stream on it, time that grows with its square).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from paged_bench.serve.errors import Refused
 from paged_bench.serve.protocol import RequestError
 
 JSON_TYPES = ("application/json",)
+LINGER_S = 1.0  # a connection refused for its head is closed this long after the answer
 
 
 @dataclass(frozen=True)
@@ -42,11 +46,16 @@ class GuardConfig:
     body_timeout_s: float
 
 
-def _header(scope: dict, name: bytes) -> str | None:
+def _raw_header(scope: dict, name: bytes) -> bytes | None:
     for key, value in scope["headers"]:
         if key == name:
-            return value.decode("latin-1")
+            return value
     return None
+
+
+def _header(scope: dict, name: bytes) -> str | None:
+    value = _raw_header(scope, name)
+    return None if value is None else value.decode("latin-1")
 
 
 def _is_json(content_type: str | None) -> bool:
@@ -63,8 +72,9 @@ class Guard:
     def _check_headers(self, scope: dict) -> None:
         cfg = self.cfg
         if cfg.api_key and scope["path"].startswith("/v1") and scope["method"] != "OPTIONS":
-            given = _header(scope, b"authorization") or ""
-            if not hmac.compare_digest(given.encode(), f"Bearer {cfg.api_key}".encode()):
+            # bytes as sent: clients (curl, httpx) send a non-ASCII key in UTF-8
+            given = _raw_header(scope, b"authorization") or b""
+            if not hmac.compare_digest(given, f"Bearer {cfg.api_key}".encode()):
                 raise Refused(RequestError("missing or wrong API key: send 'Authorization: Bearer <key>'",
                                             status=401))  # fmt: skip
         if scope["method"] == "POST":
@@ -105,6 +115,10 @@ class Guard:
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if scope["method"] == "POST" and _raw_header(scope, b"content-type") is None:
+            # a body without a Content-Type is JSON here (curl -d without -H); FastAPI would
+            # hand it on as bytes, so say so for it
+            scope = {**scope, "headers": [*scope["headers"], (b"content-type", b"application/json")]}
         started = False
 
         async def tracking_send(message: dict) -> None:
@@ -132,15 +146,21 @@ async def _send_error(send: Callable, error: RequestError) -> None:
     await send({"type": "http.response.body", "body": payload})
 
 
-class HeaderTimeoutProtocol(HttpToolsProtocol):
+class BoundedHeadProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, closing connections whose request line and headers do
-    not arrive within ``header_timeout`` seconds of the connection or the request's first byte."""
+    not arrive within ``header_timeout`` seconds of the connection or the request's first byte,
+    and answering 431 to a head larger than ``max_header_bytes`` before the parser reads it."""
 
     header_timeout: float = 10.0
+    max_header_bytes: int = 64 * 1024
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_timer: Any = None
+        self._reading_head = False  # from a connection's start or a request's end to the next blank line
+        self._head_bytes = 0
+        self._head_tail = b""  # the last bytes read, for a blank line split between two reads
+        self._refused = False
 
     def _arm(self) -> None:
         self._disarm()
@@ -155,13 +175,44 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.close()
 
+    def _start_head(self) -> None:
+        self._reading_head, self._head_bytes, self._head_tail = True, 0, b""
+
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        self._start_head()
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:  # what a refused client still sends is dropped unread
+            return
+        if self._reading_head:  # count the head up to its blank line, before the parser sees it
+            seen = self._head_tail + data
+            end = seen.find(b"\r\n\r\n")
+            self._head_bytes += len(data) if end < 0 else end + 4 - len(self._head_tail)
+            if self._head_bytes > self.max_header_bytes:
+                self._refuse_head()
+                return
+            self._head_tail = seen[-3:]
+        super().data_received(data)
+
+    def _refuse_head(self) -> None:
+        self._disarm()
+        error = RequestError(f"the request line and headers pass {self.max_header_bytes} bytes", status=431)
+        payload = json.dumps(errors.body(error)).encode()
+        head = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n" % len(payload))  # fmt: skip
+        self.transport.write(head + payload)
+        # a lingering close: the client gets the answer before the connection ends (closing with
+        # its unread bytes pending would reset the connection, answer and all)
+        self._refused = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._header_timer = self.loop.call_later(LINGER_S, self.transport.close)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -169,8 +220,13 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        self._reading_head = False
         super().on_headers_complete()
 
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._start_head()  # what comes next on this connection is the next request's head
 
-def header_timeout_protocol(seconds: float) -> type[HeaderTimeoutProtocol]:
-    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout": seconds})
+
+def bounded_head_protocol(seconds: float, max_bytes: int) -> type[BoundedHeadProtocol]:
+    return type("BoundedHeadProtocol", (BoundedHeadProtocol,), {"header_timeout": seconds, "max_header_bytes": max_bytes})

@@ -19,6 +19,7 @@ Behaviours follow vLLM's OpenAI server (``vllm/entrypoints/openai/protocol.py``,
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,9 @@ class ServingContext:
     render_chat: Callable[[list[dict[str, str]]], list[int]]  # messages -> prompt token ids
     limits: Limits = Limits()
     computes_logprobs: bool = True  # the backend computes logits (the simulator does not)
+    # the most UTF-8 bytes one token covers, where the tokenizer bounds it (None: unknown, e.g. a
+    # checkpoint's tokenizer whose normaliser may drop text): longer texts are refused untokenized
+    max_token_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -151,17 +155,50 @@ def _validate(schema: type[BaseModel], body: Any) -> Any:
         raise validation_error(e.errors()) from None
 
 
+_KINDS = {"string_type": "a string", "list_type": "a list", "int_type": "an integer", "float_type": "a number",
+          "bool_type": "true or false", "dict_type": "an object", "model_type": "an object",
+          "model_attributes_type": "an object"}  # fmt: skip
+# what the request's unions accept, by the field's name (pydantic reports each member apart)
+_UNIONS = {"prompt": "a string, a list of token ids, a list of strings or a list of lists of token ids",
+           "stop": "a string or a list of strings", "content": "a string or a list of content parts"}  # fmt: skip
+
+
+def _param(err: dict) -> str | None:
+    # pydantic's locations name union members and validators too ("function-after[...]"): skip them
+    loc = [str(p) for p in err.get("loc", ()) if p != "body" and not any(c in str(p) for c in "[(")]
+    return ".".join(loc) or None
+
+
+def _shown(value: Any) -> str:
+    """A short JSON rendering of the value a client sent (a container by its kind alone)."""
+    if isinstance(value, dict | list):
+        return "an object" if isinstance(value, dict) else "a list"
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def validation_error(errors: list[dict]) -> RequestError:
+    """The first of pydantic's errors as one message naming the parameter and the value sent.
+    A value no member of a union takes (``prompt``: a string or lists) gets one message naming
+    what the union accepts, unless a member failed on the value itself (a lone surrogate)."""
     err = errors[0]
     if err.get("type") in ("model_attributes_type", "dict_type") and len(err.get("loc", ())) <= 1:
         return RequestError("the request body must be a JSON object")
     if err.get("type") == "json_invalid":
         return RequestError(f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}")
-    # pydantic's locations name union members and validators too ("function-after[...]"): skip them
-    loc = [str(p) for p in err.get("loc", ()) if p != "body" and not any(c in str(p) for c in "[(")]
-    param = ".".join(loc) or None
-    what = "is required" if err.get("type") == "missing" else f"is invalid: {err.get('msg')}"
-    return RequestError(f"{param or 'the request body'} {what}", param)
+    param = _param(err)
+    if err.get("type") == "missing":
+        return RequestError(f"{param or 'the request body'} is required", param)
+    inside = [e for e in errors if param is None or (p := _param(e)) == param or str(p).startswith(param + ".")]
+    specific = next((e for e in inside if e.get("type") not in _KINDS), None)
+    if specific is None and len(inside) > 1:  # no member of a union took it
+        field = (param or "").rsplit(".", 1)[-1]
+        kinds = _UNIONS.get(field) or " or ".join(dict.fromkeys(_KINDS[e["type"]] for e in inside))
+        return RequestError(f"{param} must be {kinds} (got {_shown(err.get('input'))})", param)
+    err = specific or err
+    param = _param(err)
+    return RequestError(f"{param or 'the request body'} is invalid: {err.get('msg')} (got {_shown(err.get('input'))})",
+                        param)  # fmt: skip
 
 
 def _is_ids(prompt: Any) -> bool:
@@ -180,6 +217,7 @@ def _prompts(prompt: Any, ctx: ServingContext) -> list[list[int]]:
     out = []
     for p in prompts:
         if isinstance(p, str):
+            _check_text_fits(len(p.encode("utf-8")), ctx)
             out.append(ctx.encode(p))
             continue
         bad = next((t for t in p if not 0 <= t < ctx.vocab_size), None)
@@ -189,13 +227,27 @@ def _prompts(prompt: Any, ctx: ServingContext) -> list[list[int]]:
     return out
 
 
+def _check_text_fits(num_bytes: int, ctx: ServingContext) -> None:
+    """Refuse, before tokenizing it, a text too long to fit whatever its tokens: tokenizing a
+    megabyte takes the server a second, for a prompt that is refused anyway."""
+    per_token = ctx.max_token_bytes
+    if per_token and num_bytes > (ctx.max_model_len - 1) * per_token:
+        raise RequestError(
+            f"the prompt's text has {num_bytes} bytes, so at least {-(-num_bytes // per_token)} tokens (a token "
+            f"covers at most {per_token} bytes); this model's maximum context length is {ctx.max_model_len} tokens, "
+            f"so prompts may have at most {ctx.max_model_len - 1}", "prompt",
+        )  # fmt: skip
+
+
 def _content_text(msg: ChatMessage, i: int) -> str:
     if msg.content is None or isinstance(msg.content, str):
         return msg.content or ""
     parts = []
-    for part in msg.content:
-        if part.type != "text" or part.text is None:
+    for j, part in enumerate(msg.content):
+        if part.type != "text":
             raise RequestError(f"only text content parts are supported, got type {part.type!r}", f"messages.{i}.content")
+        if part.text is None:
+            raise RequestError("a text content part needs its 'text'", f"messages.{i}.content.{j}.text")
         parts.append(part.text)
     return "".join(parts)
 
@@ -249,6 +301,8 @@ def _params(req: Any, prompts: list[list[int]], ctx: ServingContext, key: str, m
                            "top_logprobs" if key == "max_completion_tokens" else "logprobs")  # fmt: skip
     temperature = 1.0 if req.temperature is None else req.temperature
     stream = bool(req.stream)
+    if req.stream_options is not None and not stream:  # as vLLM refuses it
+        raise RequestError("stream_options can only be set when stream is true", "stream_options")
     opts = req.stream_options or StreamOptions()
     if echo and stream and logprobs is not None:
         raise RequestError("echo with logprobs is not available when streaming", "echo")
@@ -283,6 +337,8 @@ def parse_chat(body: Any, ctx: ServingContext) -> GenerationParams:
     if req.top_logprobs and not req.logprobs:
         raise RequestError("when using `top_logprobs`, `logprobs` must be set to true", "top_logprobs")
     messages = [{"role": m.role, "content": _content_text(m, i)} for i, m in enumerate(req.messages)]
+    # a template writes every message's content into the prompt, so they bound its length
+    _check_text_fits(sum(len(m["content"].encode("utf-8")) for m in messages), ctx)
     key = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return _params(req, [ctx.render_chat(messages)], ctx, key, getattr(req, key), logprobs)

@@ -3,7 +3,9 @@ bodies are validated against.
 
 Fields follow the OpenAI API reference and vLLM's ``vllm/entrypoints/openai/protocol.py``:
 every optional knob accepts an explicit ``null`` (= its default), ``seed`` is any 64-bit
-integer, numbers must be finite, and text must be valid Unicode (no lone surrogates). Unknown
+integer, numbers must be finite, and text must be valid Unicode (no lone surrogates). Types are
+strict, as OpenAI's API checks them: ``true`` is no integer, ``"4"`` no number, ``"yes"`` no
+boolean (an integer is a number). Unknown
 fields are ignored, as OpenAI-compatible servers do, so benchmark clients that send extra
 knobs still work; known fields this server does not implement (``tools``, ``response_format``,
 penalties, ...) are declared so that ``protocol`` can refuse them by name.
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -26,8 +28,10 @@ def _valid_unicode(text: str) -> str:
     return text
 
 
-Text = Annotated[str, AfterValidator(_valid_unicode)]
-Finite = Annotated[float, Field(allow_inf_nan=False)]
+Text = Annotated[str, Strict(), AfterValidator(_valid_unicode)]
+Finite = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+Int = Annotated[int, Strict()]
+Bool = Annotated[bool, Strict()]
 
 
 class _Lenient(BaseModel):
@@ -35,38 +39,38 @@ class _Lenient(BaseModel):
 
 
 class StreamOptions(_Lenient):
-    include_usage: bool | None = False
-    continuous_usage_stats: bool | None = False
+    include_usage: Bool | None = False
+    continuous_usage_stats: Bool | None = False
 
 
 class _SamplingRequest(_Lenient):
     model: Text | None = None
-    max_tokens: int | None = Field(None, description="default: whatever room max_model_len leaves")
+    max_tokens: Int | None = Field(None, description="default: whatever room max_model_len leaves")
     temperature: Finite | None = Field(None, ge=0.0, description="default 1.0; below 1e-5 is greedy (as vLLM)")
     top_p: Finite | None = Field(None, gt=0.0, le=1.0, description="default 1.0")
-    n: int | None = Field(None, ge=1, description="choices per prompt; default 1")
-    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX, description="any 64-bit integer; null = random")
+    n: Int | None = Field(None, ge=1, description="choices per prompt; default 1")
+    seed: Int | None = Field(None, ge=INT64_MIN, le=INT64_MAX, description="any 64-bit integer; null = random")
     stop: Text | list[Text] | None = None
-    stream: bool | None = False
+    stream: Bool | None = False
     stream_options: StreamOptions | None = None
-    ignore_eos: bool | None = False
+    ignore_eos: Bool | None = False
     user: Text | None = None
-    return_tokens_as_token_ids: bool | None = Field(False, description="vLLM's: logprobs name tokens 'token_id:<id>'")
+    return_tokens_as_token_ids: Bool | None = Field(False, description="vLLM's: logprobs name tokens 'token_id:<id>'")
     # declared so that they are refused by name (see protocol.UNSUPPORTED), not silently ignored
     presence_penalty: Finite | None = None
     frequency_penalty: Finite | None = None
     logit_bias: dict[str, Finite] | None = None
     response_format: dict[str, Any] | None = None
-    best_of: int | None = None
-    top_k: int | None = None
+    best_of: Int | None = None
+    top_k: Int | None = None
     min_p: Finite | None = None
     repetition_penalty: Finite | None = None
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: Text | list[int] | list[Text] | list[list[int]]
-    echo: bool | None = Field(False, description="prepend the prompt (and, with logprobs, its token logprobs)")
-    logprobs: int | None = Field(None, ge=0, description="top entries per token (0: only the chosen token)")
+    prompt: Text | list[Int] | list[Text] | list[list[Int]]
+    echo: Bool | None = Field(False, description="prepend the prompt (and, with logprobs, its token logprobs)")
+    logprobs: Int | None = Field(None, ge=0, description="top entries per token (0: only the chosen token)")
     suffix: Text | None = None
 
 
@@ -82,12 +86,12 @@ class ChatMessage(_Lenient):
 
 class ChatRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, description="wins over max_tokens")
-    logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0)
+    max_completion_tokens: Int | None = Field(None, description="wins over max_tokens")
+    logprobs: Bool | None = False
+    top_logprobs: Int | None = Field(None, ge=0)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: Bool | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: Any = None
 

@@ -33,7 +33,7 @@ from paged_bench.errors import ConfigError, check, check_int, check_number
 from paged_bench.model.tokenizers import TOKENIZER_CHOICES, serving_tokenizer
 from paged_bench.serve.api import OpenAIServer, create_app
 from paged_bench.serve.engine_loop import EngineLoop
-from paged_bench.serve.limits import Guard, GuardConfig, header_timeout_protocol
+from paged_bench.serve.limits import Guard, GuardConfig, bounded_head_protocol
 from paged_bench.serve.prom import ServerMetrics
 from paged_bench.serve.protocol import Limits, ServingContext
 from paged_bench.serve.text import chat_renderer
@@ -62,6 +62,7 @@ class ServerConfig:
     max_body_bytes: int = 2 * 1024 * 1024
     body_timeout_s: float = 30.0
     header_timeout_s: float = 10.0
+    max_header_bytes: int = 64 * 1024
     max_stop: int = Limits.max_stop
     max_stop_chars: int = Limits.max_stop_chars
     max_prompts: int = Limits.max_prompts
@@ -85,7 +86,7 @@ class ServerConfig:
         check(cfg.tokenizer in TOKENIZER_CHOICES, "server.tokenizer", cfg.tokenizer, ", ".join(TOKENIZER_CHOICES))
         check(cfg.api_key is None or (isinstance(cfg.api_key, str) and bool(cfg.api_key)), "server.api_key",
               "<hidden>", "a non-empty string, or null")  # fmt: skip
-        for key in ("max_body_bytes", "max_stop", "max_stop_chars", "max_prompts", "max_choices"):
+        for key in ("max_body_bytes", "max_header_bytes", "max_stop", "max_stop_chars", "max_prompts", "max_choices"):
             check_int(f"server.{key}", getattr(cfg, key))
         check_int("server.max_logprobs", cfg.max_logprobs, 0)
         for key in ("body_timeout_s", "header_timeout_s"):
@@ -133,6 +134,7 @@ def build_app(cfg: Mapping[str, Any]) -> tuple[FastAPI, ServerConfig]:
         render_chat=chat_renderer(tokenizer),
         limits=server_cfg.limits,
         computes_logprobs=hasattr(backend, "logprob_sinks"),
+        max_token_bytes=getattr(tokenizer, "max_token_bytes", None),  # a plugin's tokenizer may not say
     )
     metrics = ServerMetrics()
     loop = EngineLoop(engine)
@@ -155,7 +157,7 @@ class _Server(uvicorn.Server):
     def __init__(self, app: FastAPI, cfg: ServerConfig) -> None:
         super().__init__(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, lifespan="on",
                                         timeout_graceful_shutdown=cfg.graceful_shutdown_s + 5.0,
-                                        http=header_timeout_protocol(cfg.header_timeout_s)))  # fmt: skip
+                                        http=bounded_head_protocol(cfg.header_timeout_s, cfg.max_header_bytes)))  # fmt: skip
         self.grace = cfg.graceful_shutdown_s
 
     def handle_exit(self, sig, frame) -> None:

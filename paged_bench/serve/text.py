@@ -64,21 +64,33 @@ class TextStream:
         self.token_ids.append(token_id)
         before = len(self._text)
         self._text += self._new_text()
-        if self._stop:
-            start = max(0, before - self._max_stop + 1)
-            hits = [i for s in self._stop if (i := self._text.find(s, start)) >= 0]
-            if hits:
-                self.stopped = True
-                return self._emit(self._text[: min(hits)])
+        stop_at = self._stop_in(self._text, before)
+        if stop_at is not None:
+            return self._emit(self._text[:stop_at])
         return self._emit(self._text[: len(self._text) - self._stop_prefix_len(self._text)])
 
     def flush(self) -> str:
-        """Everything held back, at the end of a request that did not stop on a string."""
+        """Everything held back, at the end of a request that did not stop on a string (it may
+        stop now: on a stop string that ends in the U+FFFD of an incomplete last character)."""
         if self.stopped:
             return ""
         tail = self._decode(self.token_ids[self._prefix :])  # an incomplete character as U+FFFD
         prefix_text = self._decode(self.token_ids[self._prefix : self._read])
-        return self._emit(self._text + tail[len(prefix_text) :])
+        text = self._text + tail[len(prefix_text) :]
+        stop_at = self._stop_in(text, len(self._text))
+        return self._emit(text if stop_at is None else text[:stop_at])
+
+    def _stop_in(self, text: str, new_from: int) -> int | None:
+        """Where the first stop string that ends past ``new_from`` starts in ``text`` (and
+        ``stopped`` set), or None."""
+        if not self._stop:
+            return None
+        start = max(0, new_from - self._max_stop + 1)
+        hits = [i for s in self._stop if (i := text.find(s, start)) >= 0]
+        if not hits:
+            return None
+        self.stopped = True
+        return min(hits)
 
     def _new_text(self) -> str:
         ids = self.token_ids
