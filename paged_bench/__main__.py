@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.errors import HydraException, MissingConfigException
@@ -33,6 +34,14 @@ def _one_line(e: HydraException) -> str:
     if e.__cause__ is not None:
         lines.append(str(e.__cause__).splitlines()[0])
     return " ".join(lines[:3])
+
+
+def _raised_in_hydra(e: BaseException) -> bool:
+    """Whether Hydra's own code raised ``e`` (a command line it refuses), not a job's."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and Path(tb.tb_frame.f_code.co_filename).is_relative_to(Path(hydra.__file__).parent)
 
 
 def cli() -> None:
@@ -58,6 +67,12 @@ def cli() -> None:
         if full_error:
             raise
         print(f"error: {_one_line(e)}", file=sys.stderr)
+        sys.exit(2)
+    except ValueError as e:  # Hydra refuses some command lines so (workload=null, --cfg with -m)
+        sweep.finish("FAILED")
+        if full_error or not _raised_in_hydra(e):
+            raise
+        print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         sys.exit(2)
     except PagedBenchError as e:  # a sweep refused before any job ran
         sweep.finish("FAILED")

@@ -53,12 +53,17 @@ class JobOutcome:
     def status(self) -> str:
         if self.result.interrupted:
             return "interrupted"
-        return "failed" if self.result.error or self.result.leaks else "finished"
+        return "failed" if self.error else "finished"
 
     @property
     def error(self) -> str | None:
         if self.result.leaks:
             return "the engine leaked KV state: " + "; ".join(self.result.leaks)
+        records = self.records
+        if self.result.error is None and records is not None and len(records) and not records.succeeded.any():
+            # nothing measured but failures (every prompt too long, a server refusing all): a failed
+            # run, in-process, over HTTP or on a cluster alike
+            return f"all {len(records)} requests failed, e.g.: {records.error[0]}"
         return self.result.error
 
 

@@ -23,6 +23,7 @@ from paged_bench.request import Request
 from paged_bench.workloads.base import Workload, WorkloadContext
 
 PLUGIN_KINDS = ("workload", "scheduler", "allocator", "backend")
+MIRRORED_KNOBS = ("num_blocks", "block_size", "max_model_len")  # allocator options copied from the top level
 
 
 @dataclass
@@ -66,6 +67,17 @@ def check_top_level(cfg: Mapping[str, Any]) -> None:
             check_number(f"slo.{key}", value, 0, strict=True, finite=False)
 
 
+def _check_mirrors_top_level(cfg: Mapping[str, Any], allocator_options: Mapping[str, Any]) -> None:
+    """An allocator's copy of a top-level knob (``allocator.block_size: ${block_size}``) must be
+    that knob: the pool's size, the backend and the memory check read the top level."""
+    for key in MIRRORED_KNOBS:
+        if key in allocator_options and allocator_options[key] != cfg.get(key):
+            value = "null" if cfg.get(key) is None else cfg.get(key)
+            raise ConfigError(f"allocator.{key}", allocator_options[key],
+                              f"{key}'s value, {value} (set the top-level {key}: the pool's size and the backend "
+                              "follow it)")  # fmt: skip
+
+
 def auto_num_blocks(cfg: Mapping[str, Any], budget: KVBudget | None) -> int:
     """What the backend's memory holds next to its model (``budget``, when it knows both), else
     enough blocks for ``max_batch`` sequences of ``max_model_len``: no memory pressure."""
@@ -82,6 +94,7 @@ def build_engine(cfg: Mapping[str, Any], copies: int = 1) -> tuple[Engine, KVBud
     backend = registry.create("backend", name, **options)
 
     name, options = plugin_section(cfg, "allocator")
+    _check_mirrors_top_level(cfg, options)
     budget = None
     if options.get("num_blocks") in (None, "auto"):
         budget = backend.kv_budget(cfg["max_num_batched_tokens"], cfg["max_batch"])

@@ -124,3 +124,36 @@ def test_an_experiment_that_sweeps_needs_multirun(tmp_path):
     proc, run_dir = cli(tmp_path, "+experiment=seed_paging", "allocator=paged")  # one value: one run
     assert proc.returncode == 0, proc.stderr
     assert json.loads((run_dir / "summary.json").read_text())["completed"] == 48
+
+
+def test_a_run_whose_every_request_fails_is_a_failed_run(tmp_path):
+    """Every prompt longer than max_model_len: each request rejected with its reason. The run
+    failed (as an HTTP run where every request fails), with what it measured kept."""
+    proc, run_dir = cli(tmp_path, "max_model_len=10")
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "all 48 requests failed, e.g.: prompt of" in last and "(max_model_len=10)" in last
+    assert json.loads((run_dir / "run_info.json").read_text())["status"] == "failed"
+    assert {r["finish_reason"] for r in rows(run_dir / "requests.csv")} == {"rejected"}
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["max_batch=${nope}"], "error: max_batch: Interpolation key 'nope' not found"),
+        (["workload=null"], "error: Config group override must be a string or a list"),
+        (["--cfg", "job", "-m", "max_batch=1,2"], "error: Only one of --run, --multirun"),
+        # a copy of a top-level knob, overridden alone, sized the pool from the other value
+        (["allocator.block_size=1"], "error: allocator.block_size=1 is not allowed: block_size's value, 16"),
+        (["allocator=contiguous", "allocator.max_model_len=5"], "error: allocator.max_model_len=5 is not allowed"),
+        # no rank count can help: the share of the device is the value to blame
+        (["backend.cost_model=roofline", "backend.gpu_memory_utilization=0.01"],
+         "error: backend.gpu_memory_utilization=0.01 is not allowed: a larger share"),
+    ],
+)  # fmt: skip
+def test_command_lines_refused_in_one_line(tmp_path, args, expected):
+    proc, run_dir = cli(tmp_path, *args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(expected), proc.stderr
+    assert not (run_dir / "summary.json").exists()

@@ -49,14 +49,17 @@ class Job:
         hc = HydraConfig.get()
         multirun = hc.mode == RunMode.MULTIRUN
         sweep_dir = Path(hc.sweep.dir).resolve() if multirun else None
+        # the overrides as typed: 'max_batch=${nope}' must not be resolved here, where its
+        # error would be a traceback (run reports it as the config's, in one line)
+        task = OmegaConf.to_container(hc.overrides.task, resolve=False)
         return cls(
             run_dir=Path(hc.runtime.output_dir),
             multirun=multirun,
             sweep_dir=sweep_dir,
             num=hc.job.num if multirun else None,
-            name=sweep_folder.job_name(list(hc.overrides.task), sweep_dir),
+            name=sweep_folder.job_name(task, sweep_dir),
             options={k: str(v) for k, v in hc.runtime.choices.items() if v is not None},
-            unswept=None if multirun else _sweep_without_multirun(dict(hc.sweeper.params or {}), list(hc.overrides.task)),
+            unswept=None if multirun else _sweep_without_multirun(dict(hc.sweeper.params or {}), task),
         )
 
     @property
@@ -148,9 +151,11 @@ def run(cfg: DictConfig) -> None:
         raise KeyboardInterrupt
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
-    except OmegaConfBaseException as e:
-        _record(job, started, "failed", str(e).splitlines()[0])
-        return _fail(str(e).splitlines()[0], 2, job)
+    except OmegaConfBaseException as e:  # an interpolation that resolves to nothing
+        where = getattr(e, "full_key", None)
+        message = (f"{where}: " if where else "") + str(e).splitlines()[0]
+        _record(job, started, "failed", message)
+        return _fail(message, 2, job)
     # who the job is, before its config and before it runs: a job cut off with its process is
     # still logged by name, and the sweep's process passes a signal on to the process running it
     update_run_info(job.run_dir, {"run_name": job.name, "job_num": job.num, "start_time": started,

@@ -156,8 +156,6 @@ class _Run:
         ]  # fmt: skip
 
     def result(self, outputs: list[RequestOutput], error: str | None, interrupted: bool) -> EngineResult:
-        if error is None and outputs and not any(o.succeeded for o in outputs):
-            error = f"all {len(outputs)} requests failed, e.g.: {outputs[0].error}"
         return EngineResult(
             requests=[],
             steps=StepRecords(),

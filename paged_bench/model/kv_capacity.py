@@ -111,13 +111,12 @@ def kv_budget(
     budget = _budget(shard, dtype, memory, hardware, util, max_num_batched_tokens, max_num_seqs)
     if budget.kv_bytes < budget.kv_bytes_per_token:
         fits = _smallest_fitting(shard, dtype, memory, hardware, util, max_num_batched_tokens, max_num_seqs)
-        fix = f"backend.tensor_parallel_size={fits}" if fits else "more ranks than the model's heads allow"
-        raise ConfigError(
-            TP_KEY,
-            shard.size,
-            f"{budget.weights / _GIB:.1f} GiB of weights per rank leave no KV space in {budget.requested / _GIB:.1f}"
-            f" GiB ({util} of one {hardware}'s {memory / _GIB:.1f} GiB); try {fix}",
-        )
+        short = (f"{budget.weights / _GIB:.1f} GiB of weights per rank leave no KV space in "
+                 f"{budget.requested / _GIB:.1f} GiB ({util} of one {hardware}'s {memory / _GIB:.1f} GiB)")  # fmt: skip
+        if fits is None:  # no rank count helps: the share of the device is what is too small
+            raise ConfigError("backend.gpu_memory_utilization", util,
+                              f"a larger share: {short} at every tensor_parallel_size the model's heads allow")  # fmt: skip
+        raise ConfigError(TP_KEY, shard.size, f"{short}; try backend.tensor_parallel_size={fits}")
     return budget
 
 

@@ -71,7 +71,9 @@ class Run:
             import pandas as pd
 
             path = self.path / f"{name}.csv"
-            df = pd.read_csv(path) if path.is_file() and path.stat().st_size else None
+            # low_memory=False: one pass types each column whole (in chunks, a long run's mostly
+            # empty error column came out mixed, with a DtypeWarning on every report)
+            df = pd.read_csv(path, low_memory=False) if path.is_file() and path.stat().st_size else None
             self._tables[name] = df if df is not None and len(df) else None
         return self._tables[name]
 
