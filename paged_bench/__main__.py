@@ -49,7 +49,10 @@ def cli() -> None:
     become one line too, unless HYDRA_FULL_ERROR=1 asks for Hydra's full report. A sweep that
     ends by an exception or a signal still gets its summary and its MLflow parent run closed;
     SIGTERM and SIGHUP stop it as Ctrl-C does (``cli.signals``)."""
-    if sys.argv[1:] in (["--experiments"], ["--plugins"]):
+    if sys.argv[1:2] in (["--experiments"], ["--plugins"]):
+        if len(sys.argv) > 2:  # else Hydra would print its usage and "unrecognized arguments"
+            print(f"error: {sys.argv[1]} takes nothing after it (got {' '.join(sys.argv[2:])})", file=sys.stderr)
+            sys.exit(2)
         sys.exit(catalog.main(sys.argv[1][2:]))
     for problem in catalog.register_plugin_configs():
         print(f"warning: {problem}", file=sys.stderr)

@@ -143,6 +143,7 @@ def test_a_run_whose_every_request_fails_is_a_failed_run(tmp_path):
         (["max_batch=${nope}"], "error: max_batch: Interpolation key 'nope' not found"),
         (["workload=null"], "error: Config group override must be a string or a list"),
         (["--cfg", "job", "-m", "max_batch=1,2"], "error: Only one of --run, --multirun"),
+        (["--experiments", "extra"], "error: --experiments takes nothing after it (got extra"),
         # a copy of a top-level knob, overridden alone, sized the pool from the other value
         (["allocator.block_size=1"], "error: allocator.block_size=1 is not allowed: block_size's value, 16"),
         (["allocator=contiguous", "allocator.max_model_len=5"], "error: allocator.max_model_len=5 is not allowed"),
