@@ -90,6 +90,93 @@ def test_columns_map_any_names_and_gzip_is_read(tmp_path):
         TraceWorkload(path=str(path), columns={"prompt_len": "nope"}).requests(CTX)
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("workload.columns.arrival_time=ts", "workload.columns.prompt_len=n_in", "workload.columns.output_len=n_out"),
+        ("workload.columns={arrival_time:ts,prompt_len:n_in,output_len:n_out}",),  # the form the docs show
+    ],
+)
+def test_columns_are_mapped_from_the_command_line(tmp_path, config, overrides):
+    path = tmp_path / "custom.csv"
+    path.write_text("ts,n_in,n_out\n0.0,4,2\n1.5,5,3\n")
+    rs = build(config("workload=trace", f"workload.path={path}", *overrides)).requests
+    assert summary(rs) == [(0, 0.0, 4, 2), (1, 1.5, 5, 3)]
+
+
+@pytest.mark.parametrize(
+    "columns, key, allowed",
+    [
+        ({"arrival": "ts"}, "workload.columns.arrival", "a field among arrival_time, prompt_len, output_len, prompt"),
+        (5, "workload.columns", "a mapping of field -> column name"),  # a TypeError before
+        ({"prompt_len": 3}, "workload.columns.prompt_len", "a column name"),
+    ],
+)
+def test_bad_columns_are_one_line_naming_the_fields(tmp_path, columns, key, allowed):
+    with pytest.raises(ConfigError) as e:
+        replay(tmp_path, "ts,n_in,n_out\n0.0,4,2\n", columns=columns)
+    assert str(e.value).startswith(f"{key}=") and allowed in str(e.value)
+
+
+def test_a_null_column_is_found_by_name(tmp_path):
+    rs = replay(tmp_path, "time,n_in,output_len\n0.5,4,2\n", columns={"arrival_time": None, "prompt_len": "n_in"})
+    assert summary(rs) == [(0, 0.5, 4, 2)]
+
+
+def test_a_datetime_start_before_the_first_request_is_refused_as_a_negative_one_is(tmp_path):
+    first = r"\(2023-11-16T18:15:46.680590\+00:00\)"
+    with pytest.raises(ConfigError, match=rf"workload.start='2020-01-01T00:00:00'.*first request {first}"):
+        replay(tmp_path, AZURE, start="2020-01-01T00:00:00")  # replayed 3 idle years before
+    with pytest.raises(ConfigError, match="workload.start"):
+        replay(tmp_path, AZURE, start=-1.0)
+
+
+def test_an_empty_window_says_where_the_requests_are(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        replay(tmp_path, "arrival_time,prompt_len,output_len\n0,4,2\n1,4,2\n", start=5.0)
+    assert "the window is 5 to inf s" in str(e.value) and "requests arrive 0 to 1 s from 0" in str(e.value)
+    assert "None" not in str(e.value)
+
+
+def test_an_empty_prompt_without_a_length_column_names_the_prompt_column(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        replay(tmp_path, "arrival_time,prompt,output_len\n0,hi,2\n1,,2\n")
+    assert str(e.value) == (f"workload.path='{tmp_path / 't.csv'}:3' is not allowed: "
+                            "a prompt in column 'prompt', as the file has no prompt_len column")  # fmt: skip
+
+
+def test_offsets_mixed_with_epoch_seconds_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"t.csv:3'.*not both \(got 1700000001 s here, 0 s on line 2"):
+        replay(tmp_path, "arrival_time,prompt_len,output_len\n0,4,2\n1700000001,4,2\n")
+    # 12 days of millisecond offsets read as seconds reach 1e9 too: the message asks about time_unit
+    with pytest.raises(ConfigError, match="workload.time_unit"):
+        replay(tmp_path, "arrival_time,prompt_len,output_len\n0,4,2\n1036800000,4,2\n")
+    rs = replay(tmp_path, "arrival_time,prompt_len,output_len\n0,4,2\n1036800000,4,2\n", time_unit="ms")
+    assert [r.arrival_time for r in rs] == [0.0, 1036800.0]
+
+
+@pytest.mark.parametrize(
+    "name, text, columns, words",
+    [
+        ("t.csv", "timestamp,prompt_len,timestamp,output_len\n0,4,5,2\n", None, "one column for arrival_time, not 2"),
+        ("t.csv", "Timestamp,prompt_len,timestamp,output_len\n0,4,5,2\n", None, "(Timestamp, timestamp)"),
+        ("t.csv", "ts,ts,prompt_len,output_len\n0,5,4,2\n", {"arrival_time": "ts"}, "one column for arrival_time"),
+        ("t.jsonl", '{"timestamp": 0, "timestamp": 5, "input_length": 4, "output_length": 2}', None, "twice"),
+    ],
+)
+def test_a_column_named_twice_is_refused(tmp_path, name, text, columns, words):
+    with pytest.raises(ConfigError) as e:  # the last one was read before, unnoticed
+        replay(tmp_path, text, name, columns=columns)
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize("key", ["input_length", "output_length", "timestamp"])
+def test_json_booleans_are_not_counts_or_times(tmp_path, key):
+    row = {"timestamp": 0, "input_length": 4, "output_length": 2} | {key: True}  # true was 1 token
+    with pytest.raises(ConfigError, match=r"t.jsonl:1'.*\(got True: a boolean"):
+        replay(tmp_path, json.dumps(row), "t.jsonl")
+
+
 def test_window_limit_and_start_as_a_datetime(tmp_path):
     rs = replay(tmp_path, AZURE, start=4.4, duration=0.5)
     assert summary(rs) == [(2, 0.141877, 879, 55), (3, 0.310427, 91, 16)]

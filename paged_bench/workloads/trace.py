@@ -6,9 +6,10 @@ which column names and time formats are understood. What is replayed:
 
 - ``path``: the file, or the name of a trace shipped with paged_bench (``azure_llm_2023_conv``,
   see paged_bench/data/traces/README.md);
+- ``columns``: our field -> the file's column name (null: found by name);
 - ``start`` / ``duration``: a window, in seconds from the trace's first request (absolute
-  traces) or from 0 (relative ones); ``start`` may also be an ISO datetime. Arrival times are
-  counted from ``start``;
+  traces) or from 0 (relative ones); ``start`` may also be an ISO datetime, no earlier than
+  the first request (as a negative number is refused). Arrival times are counted from ``start``;
 - ``limit``: the first N requests (by arrival) of the window;
 - ``rate``: rescale the arrival times so the mean rate is ``rate`` requests/s (``inf``: all at
   once, for a closed loop with ``max_concurrency``); ``time_scale`` multiplies them instead
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,15 @@ from paged_bench.errors import ConfigError, check, check_int, check_number
 from paged_bench.memory import check_requests_fit
 from paged_bench.request import Request
 from paged_bench.workloads.base import Workload, WorkloadContext, check_max_concurrency, random_prompts
-from paged_bench.workloads.trace_files import SUFFIXES, TIME_UNITS, parse_time, read_trace, suffix
+from paged_bench.workloads.trace_files import (
+    SUFFIXES,
+    TIME_UNITS,
+    TraceRows,
+    check_columns,
+    parse_time,
+    read_trace,
+    suffix,
+)
 
 SHIPPED = Path(__file__).resolve().parent.parent / "data" / "traces"
 
@@ -57,7 +67,7 @@ class TraceWorkload(Workload):
         self,
         *,
         path: str,
-        columns: Mapping[str, str] | None = None,
+        columns: Mapping[str, str | None] | None = None,
         time_unit: str = "auto",
         start: float | str = 0.0,
         duration: float | None = None,
@@ -68,9 +78,7 @@ class TraceWorkload(Workload):
         seed: int = 0,
     ) -> None:
         self.path = resolve_trace(path)
-        self.columns = dict(columns or {})
-        check(all(isinstance(v, str) for v in self.columns.values()), "workload.columns", self.columns,
-              "a mapping of field -> column name")  # fmt: skip
+        self.columns = check_columns(columns)
         check(time_unit == "auto" or time_unit in TIME_UNITS, "workload.time_unit", time_unit,
               f"auto, {', '.join(TIME_UNITS)}")  # fmt: skip
         self.time_unit = time_unit
@@ -93,6 +101,10 @@ class TraceWorkload(Workload):
             is_datetime = False
         check(is_datetime and absolute, "workload.start", self.start,
               "seconds from the trace's start, or an ISO datetime for a trace with absolute times")  # fmt: skip
+        # earlier than the first request would replay an idle lead-in (years, for a mistyped year),
+        # which start=-1 is refused for
+        first = datetime.fromtimestamp(origin, timezone.utc).isoformat()
+        check(when >= origin, "workload.start", self.start, f"a datetime from the trace's first request ({first}) on")
         return when - origin
 
     def requests(self, ctx: WorkloadContext) -> list[Request]:
@@ -105,8 +117,7 @@ class TraceWorkload(Workload):
         arrivals = [t - origin - start for t in rows.times]
         kept = sorted((i for i, a in enumerate(arrivals) if 0 <= a < end - start), key=arrivals.__getitem__)
         kept = kept[: self.limit]
-        check(bool(kept), "workload.start", self.start,
-              f"a window holding at least one request of {self.path} (duration={self.duration})")  # fmt: skip
+        check(bool(kept), "workload.start", self.start, self._empty_window(rows, origin, start, end))
         times = self._rescale(np.array([arrivals[i] for i in kept]))
         kept_in_file_order = sorted(kept)
         lens = np.array([rows.prompt_lens[i] or 0 for i in kept_in_file_order if rows.prompts[i] is None], np.int64)
@@ -122,6 +133,13 @@ class TraceWorkload(Workload):
                   "output_len >= 1 and a non-empty prompt in every row")  # fmt: skip
             tokens[i] = prompt
         return [Request(i, t, tokens[i], rows.output_lens[i]) for i, t in zip(kept, times.tolist())]
+
+    def _empty_window(self, rows: TraceRows, origin: float, start: float, end: float) -> str:
+        """What an empty window is refused with: the window, and where the requests are."""
+        first, last = min(rows.times) - origin, max(rows.times) - origin
+        since = "its first request" if rows.absolute else "0"
+        return (f"a window holding at least one request (the window is {start:g} to {end:g} s; "
+                f"{self.path}'s requests arrive {first:g} to {last:g} s from {since})")  # fmt: skip
 
     def _rescale(self, arrivals: np.ndarray) -> np.ndarray:
         """To ``rate`` (mean gap 1/rate between the first and the last arrival), or by ``time_scale``."""

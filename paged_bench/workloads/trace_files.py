@@ -2,8 +2,9 @@
 
 A trace is a CSV or JSONL file (optionally gzipped: ``.csv.gz``, ``.jsonl.gz``), one request
 per row. Columns are found by name: ``workload.columns`` maps our fields to the file's
-names, and otherwise the names other tools write are recognised (case, spaces and dashes
-ignored):
+names (a null field is not mapped), and otherwise the names other tools write are recognised
+(case, spaces and dashes ignored). A column read must be named once: which of two
+``timestamp`` columns is meant, nothing says.
 
 - ``arrival_time``: arrival_time, timestamp (Azure ``TIMESTAMP``, BurstGPT ``Timestamp``,
   Mooncake ``timestamp``), time, arrival
@@ -16,10 +17,13 @@ ignored):
 Times are ISO datetimes (``2023-11-16 18:15:46.6805900``, with or without a zone; naive ones
 are read as UTC) or numbers in ``time_unit`` (``s``, ``ms``, ``us``; ``auto`` = seconds,
 except milliseconds for a Mooncake-style ``timestamp`` + ``input_length`` file). Datetimes and
-numbers >= 1e9 s (epoch seconds) are absolute; smaller numbers are seconds from the start.
+numbers >= 1e9 s (epoch seconds) are absolute; smaller numbers are seconds from the start. A
+file with both is refused: no LLM trace began before 2001 (1e9 epoch seconds) or ran for 31
+years (1e9 s of offsets), so a mix is offsets beside epoch seconds, or the wrong ``time_unit``.
 
 Every problem is one line naming the file and the line: a byte that is not UTF-8, a row the
-CSV or JSON parser cannot read, a missing or non-numeric value.
+CSV or JSON parser cannot read, a missing or non-numeric value (or a JSON boolean: ``true`` is
+no token count).
 """
 
 from __future__ import annotations
@@ -88,6 +92,26 @@ def _text(path: Path) -> str:
                           f"a UTF-8 text file (byte 0x{raw[e.start]:02x} is not UTF-8)") from None  # fmt: skip
 
 
+def check_columns(columns: Any) -> dict[str, str]:
+    """``workload.columns`` as field -> column name, the null (not mapped) fields left out."""
+    check(columns is None or isinstance(columns, Mapping), "workload.columns", columns,
+          f"a mapping of field -> column name, the fields among {', '.join(FIELDS)}")  # fmt: skip
+    for field, name in (columns or {}).items():
+        check(field in FIELDS, f"workload.columns.{field}", name, f"a field among {', '.join(FIELDS)}")
+        check(name is None or isinstance(name, str), f"workload.columns.{field}", name,
+              "a column name (quoted if it looks like a number), or null to find it by name")  # fmt: skip
+    return {field: name for field, name in (columns or {}).items() if name is not None}
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in row:  # json.loads would keep the last value, unnoticed
+            raise ValueError(f"key {key!r} twice")
+        row[key] = value
+    return row
+
+
 def _records(path: Path, text: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
     """(line number, row) for every non-empty row."""
     if suffix(path).startswith(".csv"):
@@ -105,22 +129,37 @@ def _records(path: Path, text: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
     for line_no, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError("workload.path", f"{path}:{line_no}", f"one JSON object per line ({e.msg})") from None
+                row = json.loads(line, object_pairs_hook=_unique_keys)
+            except ValueError as e:  # JSONDecodeError, or a repeated key
+                why = getattr(e, "msg", str(e))
+                raise ConfigError("workload.path", f"{path}:{line_no}", f"one JSON object per line ({why})") from None
             check(isinstance(row, dict), "workload.path", f"{path}:{line_no}", "one JSON object per line")
             yield line_no, row
 
 
+def _header(path: Path, text: str, first_row: Mapping[str, Any]) -> list[str]:
+    """The column names as the file spells them, repeats kept (a CSV row's dict holds the last)."""
+    if suffix(path).startswith(".csv"):
+        return next(csv.reader(io.StringIO(text, newline="")))
+    return list(first_row)  # a JSON row with a repeated key was refused
+
+
 def _find_columns(names: list[str], columns: Mapping[str, str], path: Path) -> dict[str, str | None]:
-    """Our field -> the file's column name (None if absent)."""
+    """Our field -> the file's column name (None if absent); ``columns`` as ``check_columns`` gives it."""
     for field, name in columns.items():
-        check(field in FIELDS, f"workload.columns.{field}", name, f"keys among {', '.join(FIELDS)}")
         check(name in names, f"workload.columns.{field}", name, f"a column of {path} ({', '.join(names)})")
-    by_normal = {_normal(n): n for n in names}
-    found = {}
+    by_normal: dict[str, list[str]] = {}
+    for name in names:
+        by_normal.setdefault(_normal(name), []).append(name)
+    found: dict[str, str | None] = {}
     for field in FIELDS:
-        found[field] = columns.get(field) or next((by_normal[a] for a in ALIASES[field] if a in by_normal), None)
+        if field in columns:
+            same = [name for name in names if name == columns[field]]
+        else:
+            same = next((by_normal[a] for a in ALIASES[field] if a in by_normal), [])
+        check(len(same) <= 1, "workload.path", str(path),
+              f"one column for {field}, not {len(same)} ({', '.join(same)}): rename or drop the others")  # fmt: skip
+        found[field] = same[0] if same else None
     missing = [f for f in ("arrival_time", "output_len") if found[f] is None]
     if found["prompt_len"] is None and found["prompt"] is None:
         missing.append("prompt_len or prompt")
@@ -136,7 +175,9 @@ _LONG_FRACTION = re.compile(r"(\.\d{6})\d+")
 
 def parse_time(value: Any) -> tuple[float, bool]:
     """(seconds, absolute): a number as is, an ISO datetime as epoch seconds (naive = UTC)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, bool):  # a JSON true would be read as 1 s
+        raise ValueError("a boolean, not a time")
+    if isinstance(value, (int, float)):
         return _finite(float(value)), False
     text = str(value).strip()
     try:
@@ -159,6 +200,8 @@ def _finite(seconds: float) -> float:
 
 
 def _count(value: Any) -> int:
+    if isinstance(value, bool):  # float(True) == 1: a JSON true would be read as 1 token
+        raise ValueError("a boolean, not a token count")
     number = float(value)
     if not (1 <= number <= MAX_TOKENS and number == int(number)):
         raise ValueError(f"not a whole number from 1 to {MAX_TOKENS:,}")
@@ -166,10 +209,10 @@ def _count(value: Any) -> int:
 
 
 def read_trace(path: Path, columns: Mapping[str, str], time_unit: str) -> TraceRows:
-    records = list(_records(path, _text(path)))
+    text = _text(path)
+    records = list(_records(path, text))
     check(bool(records), "workload.path", str(path), "a trace with at least one request")
-    names = list(records[0][1].keys())
-    found = _find_columns(names, columns, path)
+    found = _find_columns(_header(path, text, records[0][1]), columns, path)
     unit = time_unit
     if unit == "auto":
         mooncake = found["arrival_time"] == "timestamp" and found["prompt_len"] == "input_length"
@@ -186,21 +229,34 @@ def read_trace(path: Path, columns: Mapping[str, str], time_unit: str) -> TraceR
             field = "output_len"
             out.output_lens.append(_count(row[found[field]]))
             field = "prompt"
-            text = row.get(found[field]) if found[field] else None
-            if text in (None, ""):
+            prompt = row.get(found[field]) if found[field] else None
+            if prompt in (None, ""):
                 field = "prompt_len"
-                if found[field] is None:
-                    raise ValueError("an empty prompt and no prompt_len column")
+                check(found[field] is not None, "workload.path", f"{path}:{line_no}",
+                      f"a prompt in column {found['prompt']!r}, as the file has no prompt_len column")  # fmt: skip
                 out.prompt_lens.append(_count(row[found[field]]))
                 out.prompts.append(None)
             else:
                 out.prompt_lens.append(None)
-                out.prompts.append(str(text))
+                out.prompts.append(str(prompt))
         except (KeyError, ValueError, TypeError, OverflowError) as e:
             value = row.get(found[field]) if found[field] else None
             raise ConfigError("workload.path", f"{path}:{line_no}",
                               f"column {found[field]!r} holding {field} (got {value!r}: {e})") from None  # fmt: skip
         out.lines.append(line_no)
     check(len(kinds) == 1, "workload.path", str(path), "arrival times all datetimes or all numbers, not a mix")
-    out.absolute = kinds.pop() or min(out.times) >= EPOCH_MIN_S
+    out.absolute = kinds.pop() or _epoch_seconds(out, path, unit)
     return out
+
+
+def _epoch_seconds(rows: TraceRows, path: Path, unit: str) -> bool:
+    """Whether numeric times are epoch seconds (all >= 1e9 s) rather than offsets (all below)."""
+    first = min(range(len(rows.times)), key=rows.times.__getitem__)
+    last = max(range(len(rows.times)), key=rows.times.__getitem__)
+    epoch = rows.times[first] >= EPOCH_MIN_S
+    if epoch != (rows.times[last] >= EPOCH_MIN_S):
+        got = f"got {rows.times[last]:.12g} s here, {rows.times[first]:.12g} s on line {rows.lines[first]}"
+        raise ConfigError("workload.path", f"{path}:{rows.lines[last]}",
+                          f"arrival times all offsets (< 1e9 s) or all epoch seconds (>= 1e9 s), not both "
+                          f"({got}; times read in {unit}: is workload.time_unit right?)")  # fmt: skip
+    return epoch
