@@ -5,6 +5,7 @@ tokenizer where it matters), the official ``openai`` client and raw sockets."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import threading
@@ -128,7 +129,7 @@ def test_a_megabyte_prompt_is_refused_without_holding_up_the_streams(bpe):
     for r in answers:
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
         assert "bytes, so at least" in r.json()["error"]["message"]
-    during = [b - a for a, b in zip(arrivals, arrivals[1:]) if a < mark]
+    during = [b - a for a, b in itertools.pairwise(arrivals) if a < mark]
     assert len(arrivals) == 400 and max(during) < 0.5, max(during)  # a chunk per token
 
 
@@ -208,7 +209,7 @@ def test_a_non_ascii_api_key_works_as_clients_send_it(monkeypatch):
         url, body = handle.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2}
         sent = {"Authorization": "Bearer sécret-✓".encode()}  # UTF-8, as curl and httpx send it
         assert httpx.post(url, json=body, headers=sent).status_code == 200
-        for wrong in ("Bearer sécret-✓".encode("utf-8")[:-1], "Bearer s\xe9cret-".encode("latin-1")):
+        for wrong in ("Bearer sécret-✓".encode()[:-1], "Bearer s\xe9cret-".encode("latin-1")):
             assert httpx.post(url, json=body, headers={"Authorization": wrong}).status_code == 401
     finally:
         handle.stop()

@@ -59,11 +59,27 @@ def request_body(target: TargetConfig, model: str | None, req: Request, decode: 
 
 
 def _error_text(status: int, raw: bytes) -> str:
+    """One line: the server's message, or the start of its body (an HTML page's lines joined)."""
     try:
-        message = json.loads(raw)["error"]["message"]
+        message = str(json.loads(raw)["error"]["message"])
     except (ValueError, KeyError, TypeError):
-        message = raw.decode("utf-8", "replace").strip()[:200]
-    return f"HTTP {status}: {message}"
+        message = raw.decode("utf-8", "replace")
+    return f"HTTP {status}: {' '.join(message.split())[:200]}"
+
+
+def _count(usage: dict, key: str, before: int | None) -> int | None:
+    """A token count of ``usage``, which must be a whole number >= 0 when present."""
+    value = usage.get(key, before)
+    if value is not None and (value.__class__ is not int or value < 0):
+        raise ValueError(f"usage.{key} is {value!r}, not a token count")
+    return value
+
+
+def _text(choice: dict) -> str | None:
+    piece = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
+    if piece is not None and not isinstance(piece, str):
+        raise TypeError(f"a chunk's text is {piece!r}, not a string")
+    return piece
 
 
 async def _stream(client: httpx.AsyncClient, target: TargetConfig, body: dict, out: Outcome, now: Callable[[], float]) -> None:
@@ -82,20 +98,21 @@ async def _stream(client: httpx.AsyncClient, target: TargetConfig, body: dict, o
                 break
             t = now()
             chunk = json.loads(data)
-            if "error" in chunk:
-                err = chunk["error"]
+            if err := chunk.get("error"):  # a server may send "error": null in every chunk
                 out.error = f"error event: {err.get('message', err) if isinstance(err, dict) else err}"
                 return
             if usage := chunk.get("usage"):
-                out.prompt_tokens = usage.get("prompt_tokens", out.prompt_tokens)
-                out.completion_tokens = usage.get("completion_tokens", out.completion_tokens)
+                out.prompt_tokens = _count(usage, "prompt_tokens", out.prompt_tokens)
+                out.completion_tokens = _count(usage, "completion_tokens", out.completion_tokens)
             if choices := chunk.get("choices"):
                 out.chunk_times.append(t)
                 choice = choices[0]
-                piece = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
-                if piece:
+                if piece := _text(choice):
                     out.text.append(piece)
-                out.finish_reason = choice.get("finish_reason") or out.finish_reason
+                reason = choice.get("finish_reason")
+                if reason is not None and not isinstance(reason, str):
+                    raise TypeError(f"a chunk's finish_reason is {reason!r}, not a string")
+                out.finish_reason = reason or out.finish_reason
         if not done and out.finish_reason is None:
             out.error = "the stream ended before [DONE]"
 

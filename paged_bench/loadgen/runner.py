@@ -39,7 +39,7 @@ from paged_bench.loadgen.client import Outcome, request_body, send
 from paged_bench.loadgen.config import TargetConfig
 from paged_bench.loadgen.prometheus import ttft_totals
 from paged_bench.loadgen.spawn import spawned_server
-from paged_bench.model.tokenizers import serving_tokenizer
+from paged_bench.model.tokenizers import serving_tokenizer, text_token_count
 from paged_bench.records import RequestOutput, RequestRecords, text_digest
 from paged_bench.request import FinishReason, Request
 
@@ -62,14 +62,25 @@ def record(req: Request, out: Outcome, count_tokens: Callable[[str], int]) -> Re
     """The client's view of one request."""
     text = "".join(out.text)
     prompt = out.prompt_tokens if out.prompt_tokens is not None else req.num_prompt_tokens
-    completion = out.completion_tokens if out.completion_tokens is not None else count_tokens(text)
-    if out.error is not None:
-        reason = FinishReason.ERROR
-    else:
-        reason = FinishReason.STOP if out.finish_reason == "stop" else FinishReason.LENGTH
+    # as vLLM's calculate_metrics: no count, or 0 for a text that has tokens, is counted from the text
+    completion = out.completion_tokens or count_tokens(text)
+    error = out.error
+    reason = FinishReason.ERROR if error is not None else _finish_reason(out.finish_reason, completion, req.max_tokens)
+    if error is None and not reason.succeeded:
+        error = f"the server ended it with finish_reason {out.finish_reason!r}"
     end = out.end_time if out.end_time is not None else out.send_time
     return RequestOutput(req.request_id, out.send_time, req.max_tokens, prompt, completion, out.chunk_times, end,
-                         reason.value, out.error, text_digest(text))  # fmt: skip
+                         reason.value, error, text_digest(text))  # fmt: skip
+
+
+def _finish_reason(said: str | None, completion: int, max_tokens: int) -> FinishReason:
+    """Why a stream that ended well ended: as the server said, by length when it said nothing
+    and gave every token asked for, else stopped (a content filter or a tool call stops it)."""
+    if said in ("length", "abort", "error"):
+        return FinishReason(said)
+    if said is None and completion >= max_tokens:
+        return FinishReason.LENGTH
+    return FinishReason.STOP
 
 
 @dataclass
@@ -91,7 +102,9 @@ class _Run:
     async def main(self) -> dict[str, Any]:
         limit = self.target.concurrency or 10_000
         limits = httpx.Limits(max_connections=limit, max_keepalive_connections=min(limit, 1000))
-        async with httpx.AsyncClient(timeout=httpx.Timeout(self.target.timeout_s), limits=limits) as client:
+        # redirects followed, as vLLM's aiohttp client follows them (httpx would not by default)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(self.target.timeout_s), limits=limits,
+                                     follow_redirects=True) as client:  # fmt: skip
             self.model = self.target.model or await _first_model(client, self.target)
             await self._warmup(client)
             before = await ttft_totals(client, self.target)
@@ -150,7 +163,8 @@ class _Run:
         reason = FinishReason.ABORT if interrupted else FinishReason.ERROR
         return [
             self.records.get(i)
-            or RequestOutput(req.request_id, req.arrival_time, req.max_tokens, req.num_prompt_tokens, finish_time=now,
+            or RequestOutput(req.request_id, req.arrival_time, req.max_tokens, req.num_prompt_tokens,
+                             finish_time=max(now, req.arrival_time),  # one never sent ends no earlier than it is due
                              finish_reason=reason.value, error=f"not completed: {error}")
             for i, req in enumerate(self.requests)
         ]  # fmt: skip
@@ -209,7 +223,7 @@ def run_target(cfg: Mapping[str, Any], bench: Bench, run_dir: Path,
         tokenizer = serving_tokenizer(choice, tokenizer, bench.backend.vocab_size)
 
     def count_tokens(text: str) -> int:  # when the server reports no usage, as vLLM's client counts
-        return len(tokenizer.encode(text))
+        return text_token_count(tokenizer, text)
 
     error, interrupted, extra = None, False, {}
     with spawned_server(cfg, target, run_dir) if target.spawns else nullcontext(target) as live:

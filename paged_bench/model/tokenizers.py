@@ -29,6 +29,13 @@ class HFTokenizer:
         return self.hf.decode(token_ids, skip_special_tokens=True)
 
 
+def text_token_count(tokenizer: Any, text: str) -> int:
+    """How many tokens a response's text is, as vLLM's benchmark client counts it: no special
+    tokens (a checkpoint's tokenizer would add its BOS to every count)."""
+    hf = getattr(tokenizer, "hf", None)
+    return len(hf.encode(text, add_special_tokens=False) if hf is not None else tokenizer.encode(text))
+
+
 def load_tokenizer(model_path: str | None) -> HFTokenizer | ByteTokenizer:
     if not model_path or not any((Path(model_path) / f).is_file() for f in _FILES):
         return ByteTokenizer()
