@@ -22,6 +22,7 @@ from typing import Any
 
 import paged_bench.tracking  # noqa: F401  (telemetry off before mlflow is imported)
 from paged_bench.cli.sweep_folder import SWEEP_FILE, sweep_info
+from paged_bench.errors import PagedBenchError
 from paged_bench.report.load import REPORT_DIR, Run, find_runs
 from paged_bench.tracking import store
 from paged_bench.tracking.runs import (
@@ -190,10 +191,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no such folder: {', '.join(missing)}", file=sys.stderr)
         return 2
     try:
+        store.check_uri(args.tracking_uri, "--tracking-uri")
+    except PagedBenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    try:
         tally, notes = sync(args.paths, args.tracking_uri)
     except Exception as e:  # noqa: BLE001  (one line: the store is unreachable or refused)
-        first = (str(e).strip().splitlines() or [""])[0][:300]
-        print(f"error: sync failed: {type(e).__name__}: {first}", file=sys.stderr)
+        print(f"error: sync failed: {store.one_line(e)}", file=sys.stderr)
         return 1
     for note in notes:
         print(f"note: {note}", file=sys.stderr)

@@ -46,6 +46,8 @@ def test_a_run_and_a_sweep_log_to_a_real_server(tmp_path, server):
     _, runs = runs_of(server.uri, "paged_bench")
     parent, children = _split([r for r in runs if r.info.run_id != run.info.run_id])
     assert parent.info.status == "FINISHED" and "table.md" in artifact_paths(c, parent.info.run_id)
+    (sweep_dir,) = [p.parent for p in work.glob("runs/multirun/*/*/sweep.json")]
+    assert parent.data.tags["mlflow.note.content"] == (sweep_dir / "report" / "report.md").read_text()
     assert [(r.info.run_name, r.info.status) for r in children] == [("max_batch=4", "FINISHED"),
                                                                       ("max_batch=8", "FINISHED")]  # fmt: skip
 
@@ -76,6 +78,9 @@ def test_a_server_that_dies_mid_sweep_loses_nothing_after_sync(tmp_path, server)
     assert err.count("warning: MLflow tracking failed") == 1, err
     (sweep_dir,) = [p.parent for p in work.glob("runs/multirun/*/*/sweep.json")]
     assert "3 job(s), 0 not finished" in out
+    report = run_cli(work, "--experiment", "paged_bench", module="paged_bench.report", MLFLOW_TRACKING_URI=server.uri)
+    assert report.returncode == 1 and report.stderr.startswith("error: report failed: MlflowException:"), report.stderr
+    assert report.stderr.count("\n") == 1  # one line, as sync says it, not a traceback
 
     server.start()
     _, runs = runs_of(server.uri, "paged_bench")
@@ -89,6 +94,8 @@ def test_a_server_that_dies_mid_sweep_loses_nothing_after_sync(tmp_path, server)
     _, runs = runs_of(server.uri, "paged_bench")
     parent, children = _split(runs)
     assert parent.info.status == "FINISHED"
+    # the sweep's table as the description, as when the sweep closes its parent itself
+    assert parent.data.tags["mlflow.note.content"] == (sweep_dir / "report" / "report.md").read_text()
     assert [(r.info.run_name, r.info.status) for r in children] == [
         (f"max_batch={b}", "FINISHED") for b in (4, 8, 16)
     ]

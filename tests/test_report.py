@@ -174,3 +174,29 @@ def test_into_rewrites_only_the_marked_section_of_a_file(sweep, tmp_path, capsys
     unmarked.write_text("no markers\n")
     assert report_main([str(sweep), "--no-plots", "--into", str(unmarked)]) == 1
     assert "no <!-- report:start -->" in capsys.readouterr().err and unmarked.read_text() == "no markers\n"
+
+
+@pytest.mark.parametrize("given", ["option", "environment"])
+def test_a_store_that_is_down_is_one_line_in_seconds(tmp_path, capsys, monkeypatch, given):
+    """As sync says it (``error: sync failed: ...``): no traceback, a non-zero exit."""
+    import time
+
+    from tests.tracking_support import free_port
+
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    args = ["--experiment", "sched", "--out", str(tmp_path)]
+    if given == "option":
+        args += ["--tracking-uri", uri]
+    else:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    started = time.monotonic()
+    assert report_main(args) == 1
+    assert time.monotonic() - started < 30
+    err = capsys.readouterr().err
+    assert err.startswith("error: report failed: MlflowException: API request to") and err.count("\n") == 1, err
+    assert "Connection refused" in err  # why, kept where a long message is shortened
+
+
+def test_a_folder_as_the_store_is_refused_in_one_line(tmp_path, capsys):
+    assert report_main(["--experiment", "sched", "--tracking-uri", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --tracking-uri='{tmp_path}' is not allowed: a tracking URI")

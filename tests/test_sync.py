@@ -97,3 +97,17 @@ def test_a_job_killed_as_it_begins_is_still_known_by_name(monkeypatch, config, t
     info = json.loads((tmp_path / "run_info.json").read_text())
     assert (info["run_name"], info["job_num"]) == ("max_batch=8", 1)
 
+
+
+def test_a_sweep_parent_sync_makes_gets_the_table_as_its_description(tmp_path):
+    """As a parent closed by the sweep itself does: its report.md is the run's description."""
+    uri = fresh_store(tmp_path)
+    proc = run_cli(tmp_path, "-m", "max_batch=4,8", "workload.num_requests=8", "tracking.enabled=false")
+    assert proc.returncode == 0, proc.stderr
+    (sweep_dir,) = [p.parent for p in tmp_path.glob("runs/multirun/*/*/sweep.json")]
+    synced = _sync(tmp_path, sweep_dir)
+    assert synced.returncode == 0 and "1 sweep parent run(s) closed" in synced.stdout, synced.stderr
+    _, runs = runs_of(uri, "paged_bench")
+    (parent,) = [r for r in runs if r.data.tags.get("paged_bench.kind") == "sweep"]
+    report = (sweep_dir / "report" / "report.md").read_text()
+    assert "| max_batch |" in report and parent.data.tags["mlflow.note.content"] == report

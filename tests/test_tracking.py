@@ -72,14 +72,19 @@ def test_tracking_can_be_turned_off(tmp_path):
     assert _run_dirs(tmp_path) and not (tmp_path / "runs" / "mlflow.db").exists()
 
 
-@pytest.mark.parametrize("broken", ["unreachable", "not_a_database"])
+@pytest.mark.parametrize("broken", ["unreachable", "not_a_database", "a_folder"])
 def test_a_failing_store_warns_once_and_keeps_the_results(tmp_path, broken):
     if broken == "unreachable":
         uri = "http://127.0.0.1:9"  # discard port: nothing listens
-    else:
+    elif broken == "not_a_database":
         (tmp_path / "garbage.db").write_text("this is not an SQLite database\n" * 100)
         uri = f"sqlite:///{tmp_path / 'garbage.db'}"
+    else:  # one SQLite cannot open: MLflow alone would retry it for ~100 s
+        (tmp_path / "folder.db").mkdir()
+        uri = f"sqlite:///{tmp_path / 'folder.db'}"
+    started = time.monotonic()
     proc = run_cli(tmp_path, MLFLOW_TRACKING_URI=uri, MLFLOW_HTTP_REQUEST_MAX_RETRIES="0")
+    assert time.monotonic() - started < 30, "the store took long to fail"
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("warning: MLflow tracking failed") == 1, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -87,6 +92,8 @@ def test_a_failing_store_warns_once_and_keeps_the_results(tmp_path, broken):
     assert json.loads((run_dir / "summary.json").read_text())["completed"] == 48
     assert str(run_dir) in proc.stderr  # the warning says where the results are
     assert "requests completed" in proc.stdout  # the summary table was printed
+    if broken != "unreachable":
+        assert "cannot open the SQLite store" in proc.stderr, proc.stderr  # which store, and why
 
 
 @pytest.mark.slow

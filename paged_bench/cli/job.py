@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from paged_bench.app import JobOutcome, run_job
 from paged_bench.cli import signals, sweep_folder
 from paged_bench.cli.progress import JobBar, echo
-from paged_bench.cli.track import track_job
+from paged_bench.cli.track import check_tracking, track_job
 from paged_bench.errors import PagedBenchError
 from paged_bench.outputs import format_summary
 from paged_bench.report.load import save_config, update_run_info
@@ -163,6 +163,7 @@ def run(cfg: DictConfig) -> None:
     save_config(job.run_dir, config)
     bar = JobBar(enabled=not job.multirun or in_sweep_process, nested=job.multirun)
     try:
+        check_tracking(config)  # found after the run, a bad setting would cost its tracking
         with signals.stop_on_signals(signals.WITH_CTRL_C):
             # what the engine measured is written whole: a signal meanwhile waits for it
             outcome = run_job(config, job.run_dir, bar if bar.shown else None, options=job.options,

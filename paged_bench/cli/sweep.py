@@ -88,7 +88,7 @@ def _start(config: DictConfig) -> None:
     sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
     sweep_dir.mkdir(parents=True, exist_ok=True)
     total = count_jobs(config)
-    _check_parallel(config, total)
+    _check_jobs(config, total)
     experiment = OmegaConf.select(config, "experiment_name") or "paged_bench"
     settings = OmegaConf.to_container(config.tracking, resolve=True) if "tracking" in config else {}
     # +experiment=NAME -> param experiment (MLflow keys take no +/~)
@@ -132,11 +132,12 @@ def _stop_local_workers() -> None:
             pass
 
 
-def _check_parallel(config: DictConfig, total: int | None) -> None:
-    """Jobs side by side learn their share of the cores; a sweep that would oversubscribe
-    them for wall-clock backends stops here, before any job (Hydra only warns about a
-    callback's exceptions, so this one exits)."""
+def _check_jobs(config: DictConfig, total: int | None) -> None:
+    """Before any job: every job's tracking settings are checked, and jobs side by side learn
+    their share of the cores (a sweep that would oversubscribe them for wall-clock backends
+    stops here). Hydra only warns about a callback's exceptions, so this one exits."""
     from paged_bench.cli import parallel
+    from paged_bench.cli.track import check_sweep
     from paged_bench.errors import ConfigError
 
     try:
@@ -144,6 +145,7 @@ def _check_parallel(config: DictConfig, total: int | None) -> None:
     except Exception:  # noqa: BLE001  (the sweeper reports bad overrides itself)
         jobs = []
     try:
+        check_sweep(config, jobs)  # every job's tracking settings, before the first job
         parallel.prepare(config, jobs, total)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -221,13 +223,13 @@ def _finish(sweep: _Sweep, status: str | None) -> tuple[int, int]:
         _stop_local_workers()
     folder.record_unfinished(sweep.sweep_dir, "was stopped" if status == "KILLED" else "ended")
     _submit_rest(sweep)
-    failed, jobs, not_run, files, note = _summarize(sweep)
+    failed, jobs, not_run, files = _summarize(sweep)
     final = status or ("FAILED" if failed else "FINISHED")
     info = folder.sweep_info(sweep.sweep_dir)
     folder.write_info(sweep.sweep_dir, {**info, "ended": time.time(), "status": final})
     if sweep.link is not None:
-        _close_parent(sweep, final, files, {"jobs": str(jobs), "failed_jobs": str(failed),
-                                            "jobs_not_run": str(not_run), **({"mlflow.note.content": note} if note else {})})  # fmt: skip
+        # (its report.md becomes its description as it is closed: tracking.runs.finish_sweep)
+        _close_parent(sweep, final, files, {"jobs": str(jobs), "failed_jobs": str(failed), "jobs_not_run": str(not_run)})
     _outcome = (failed, jobs)
     return _outcome
 
@@ -255,7 +257,7 @@ def _close_parent(sweep: _Sweep, status: str, files: list[Path], tags: dict[str,
     uploader.close_shared()
 
 
-def _summarize(sweep: _Sweep) -> tuple[int, int, int, list[Path], str | None]:
+def _summarize(sweep: _Sweep) -> tuple[int, int, int, list[Path]]:
     """Build and print the sweep's report; a report that cannot be built must not keep the
     parent run open, so its failure is printed and the sweep still closes."""
     from paged_bench.report.load import REPORT_DIR, find_runs
@@ -272,12 +274,12 @@ def _summarize(sweep: _Sweep) -> tuple[int, int, int, list[Path], str | None]:
                               description=experiment_description(sweep.experiment))  # fmt: skip
     except Exception as e:  # noqa: BLE001  (the parent run must still be closed)
         print(f"warning: the sweep report could not be built: {type(e).__name__}: {e}", file=sys.stderr)
-        return failed, jobs, not_run, [], None
+        return failed, jobs, not_run, []
     not_run_text = f", {not_run} not run" if not_run else ""
     print(f"\nsweep {sweep.experiment}: {jobs} job(s), {failed} not finished{not_run_text} -> {sweep.sweep_dir}")
     print(report.table)
     print(f"report: {report.out_dir / 'report.md'}")
-    return failed, jobs, not_run, report.files, report.markdown
+    return failed, jobs, not_run, report.files
 
 
 def failed_jobs() -> tuple[int, int] | None:

@@ -8,19 +8,74 @@
   nothing to do, the sweep's process logs every job folder when the sweep ends.
 - A sweep's job on another host (SLURM, a Ray cluster): logged by its own process as a child
   of the parent run named in ``sweep.json``.
+
+``check_tracking`` refuses bad ``tracking.*`` settings and ``experiment_name`` before a run,
+``check_sweep`` before a sweep's first job: found after the run, they would cost its tracking.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from paged_bench.cli import sweep, sweep_folder
+from paged_bench.errors import ConfigError, check, check_int
+
+SETTINGS = ("enabled", "uri", "step_metrics", "plots")  # conf/config.yaml's tracking section
+MAX_EXPERIMENT_NAME = 500  # MLflow's limit
 
 
-def settings_of(config: dict[str, Any]) -> dict[str, Any]:
+def check_tracking(config: Mapping[str, Any]) -> None:
+    """Raise ConfigError for the first bad tracking setting of a resolved config."""
+    name = config.get("experiment_name")
+    ok = name is None or (isinstance(name, str) and name.strip() != "" and len(name) <= MAX_EXPERIMENT_NAME)
+    check(ok, "experiment_name", name, f"a name of 1 to {MAX_EXPERIMENT_NAME} characters (the MLflow experiment), "
+                                       "or null")  # fmt: skip
+    settings = config.get("tracking") or {}
+    check(isinstance(settings, Mapping), "tracking", settings, f"a mapping with keys {', '.join(SETTINGS)}")
+    for key, value in settings.items():
+        check(key in SETTINGS, f"tracking.{key}", value, f"one of {', '.join(SETTINGS)}")
+    enabled = settings.get("enabled", True)
+    check(isinstance(enabled, bool), "tracking.enabled", enabled, "true or false")
+    check_int("tracking.step_metrics", settings.get("step_metrics", 100), 0)
+    plots = settings.get("plots", "auto")
+    check(plots in (True, False, "auto"), "tracking.plots", plots, "auto, true or false")
+    if enabled:  # the store is looked at only when something will be logged to it
+        from paged_bench.tracking import store
+
+        store.check_uri(settings.get("uri"), "tracking.uri")
+
+
+def check_sweep(config: Mapping[str, Any], jobs: list[list[str]]) -> None:
+    """``check_tracking`` of the sweep's config and of each job's (``jobs``: their overrides,
+    as the sweeper expands them), before the first job runs."""
+    base = {"experiment_name": config.get("experiment_name"), "tracking": dict(config.get("tracking") or {})}
+    check_tracking(base)
+    for overrides in jobs:
+        check_tracking(_overridden(base, overrides))
+
+
+def _overridden(base: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``base`` with a job's own ``experiment_name`` and ``tracking.*`` overrides, typed as
+    Hydra types them (``tracking.uri=123`` is an integer)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out = {"experiment_name": base["experiment_name"], "tracking": dict(base["tracking"])}
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key, value = override.key_or_group, override.value()
+        if override.is_delete() or (isinstance(value, str) and "${" in value):
+            continue  # the default; or an interpolation, which only the job can resolve (and check)
+        if key == "experiment_name":
+            out[key] = value
+        elif key.startswith("tracking."):
+            out["tracking"][key.removeprefix("tracking.")] = value
+    return out
+
+
+def settings_of(config: Mapping[str, Any]) -> dict[str, Any]:
     return dict(config.get("tracking") or {})
 
 
@@ -35,6 +90,11 @@ def track_job(config: dict[str, Any], run_dir: Path, sweep_dir: Path | None) -> 
     from paged_bench.tracking import store
 
     if not settings.get("enabled", True) or store.failure():
+        return
+    try:
+        check_tracking(config)
+    except ConfigError as e:  # a job refused for it has said so; anything else warns, as a store would
+        store.report_failure(e, str(run_dir))
         return
     request: dict[str, Any] = {"run_dir": str(run_dir.resolve()), "settings": settings,
                                "plots": wants_plots(settings, sweep_dir is not None)}  # fmt: skip

@@ -45,6 +45,20 @@ def _report(runs, out: Path, name: str, args) -> str:
     return rep.markdown_at(target.resolve().parent if target else rep.out_dir)
 
 
+def _fetch(name: str, dest: Path, tracking_uri: str | None) -> list:
+    """The runs of experiment ``name``; a store that is down or refuses is one line, as in ``sync``."""
+    from paged_bench.report.mlflow_source import fetch_experiment
+    from paged_bench.tracking import store
+
+    store.check_uri(tracking_uri, "--tracking-uri")
+    try:
+        return fetch_experiment(name, dest, tracking_uri)
+    except PagedBenchError:
+        raise
+    except Exception as e:  # noqa: BLE001  (the store is unreachable or refused)
+        raise PagedBenchError(f"report failed: {store.one_line(e)}") from e
+
+
 def write_into(path: Path, markdown: str) -> None:
     """Replace what stands between the report markers of ``path``; the rest stays as it is."""
     text = path.read_text() if path.exists() else ""
@@ -71,10 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             out = (args.out / path.resolve().name if several else args.out) if args.out else path / REPORT_DIR
             sections.append(_report(runs, out, path.resolve().name, args))
         for name in args.experiment:
-            from paged_bench.report.mlflow_source import fetch_experiment
-
             with tempfile.TemporaryDirectory() as tmp:
-                runs = fetch_experiment(name, Path(tmp), args.tracking_uri)
+                runs = _fetch(name, Path(tmp), args.tracking_uri)
                 out = (args.out / name if several else args.out) if args.out else Path("runs", "reports", name)
                 sections.append(_report(runs, out, name, args))
     except PagedBenchError as e:

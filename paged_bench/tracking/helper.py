@@ -44,8 +44,7 @@ class Session:
         try:
             return OPS[op](request)
         except Exception as e:  # noqa: BLE001  (reported to the command, which warns once)
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            error = f"{type(e).__name__}: {first}"
+            error = store.one_line(e)
             if op != "sweep_finish":
                 self.failed = self.failed or error
             return {"error": error}

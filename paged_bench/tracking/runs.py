@@ -41,6 +41,8 @@ PREEMPTIONS_SERIES = "step/preemptions_total"  # cumulative, so that thinning lo
 PARENT_TAG = "mlflow.parentRunId"
 KIND_TAG = "paged_bench.kind"  # run | sweep
 UPLOADED_TAG = "paged_bench.uploaded"  # set last: the run holds everything its folder had
+NOTE_TAG = "mlflow.note.content"  # the run's description in the UI
+REPORT_FILE = "report.md"  # a sweep's report: its parent run's description
 RUN_DIR_TAG = "run_dir"  # a run's identity in the store (sync finds what is missing by it)
 SWEEP_DIR_TAG = "sweep_dir"
 RUN_FILES = ("summary.json", "requests.csv", "steps.csv", RUN_INFO, "config.yaml")
@@ -202,7 +204,7 @@ def upload_run(mlflow_client: Any, experiment_id: str, run_dir: Path, settings: 
         tags["error"] = str(info["error"])[:_MAX_TAG]
     note = _note(summary)
     if note:
-        tags["mlflow.note.content"] = note[:_MAX_TAG]
+        tags[NOTE_TAG] = note[:_MAX_TAG]
     if parent_run_id:
         tags[PARENT_TAG] = parent_run_id
     start_time = float(info.get("start_time") or run_dir.stat().st_mtime)
@@ -250,12 +252,19 @@ def start_sweep(mlflow_client: Any, experiment_id: str, run_name: str, tags: Map
 
 
 def finish_sweep(mlflow_client: Any, run_id: str, status: str, artifacts: list[Path], tags: Mapping[str, str]) -> None:
-    """Attach the sweep's summary (tables, plots) to its parent run and close it; the run is
+    """Attach the sweep's summary (tables, plots; its ``report.md`` as the description) to its
+    parent run and close it, whether the sweep's process or ``sync`` closes it; the run is
     closed even when the artifacts cannot be logged (and the failure raised after)."""
     from mlflow.entities import RunTag
 
+    tags = {**_description(artifacts), **tags}
     try:
         mlflow_client.log_batch(run_id, tags=[RunTag(k, str(v)[:_MAX_TAG]) for k, v in tags.items()])
         log_artifacts(mlflow_client, run_id, artifacts)
     finally:
         terminate(mlflow_client, run_id, status)
+
+
+def _description(artifacts: Iterable[Path]) -> dict[str, str]:
+    report = next((p for p in artifacts if p.name == REPORT_FILE and p.is_file()), None)
+    return {NOTE_TAG: report.read_text()} if report is not None else {}

@@ -1,17 +1,22 @@
-"""Where runs are logged: the tracking URI, the MLflow client and experiment, and the rule
-that a failing store warns once and is then left alone for the rest of the process."""
+"""Where runs are logged: the tracking URI (and which ones MLflow opens), the MLflow client
+and experiment, and the rule that a failing store warns once and is then left alone for the
+rest of the process."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import re
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import paged_bench.tracking  # noqa: F401  (telemetry off before mlflow is imported)
+from paged_bench.errors import check
 
 RUNS_DIR = "runs"
 DB_FILE = "mlflow.db"
@@ -26,7 +31,19 @@ _HTTP_DEFAULTS = {
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # a server's run links are not our output
 }
 
+URI_ENV = "MLFLOW_TRACKING_URI"
+URI_FORMS = "sqlite:///PATH, http(s)://HOST:PORT, databricks, or a database URL such as postgresql://..."
+# MLflow 3 refuses its file store (a bare path or file://) unless this is true
+FILE_STORE_ENV = "MLFLOW_ALLOW_FILE_STORE"
+ERROR_CHARS = 300  # a store's error as it is shown: one line, about this long
+
 _failure: str | None = None  # why tracking stopped in this process, once it has
+
+
+class StoreError(Exception):
+    """A store that cannot be opened; the message names it and says why."""
+
+    names_its_cause = True
 
 
 def default_uri(base: Path | None = None) -> str:
@@ -35,10 +52,36 @@ def default_uri(base: Path | None = None) -> str:
 
 def resolve_uri(configured: str | None = None) -> str:
     """``configured`` (tracking.uri), else ``$MLFLOW_TRACKING_URI``, else the embedded store;
-    a relative SQLite path is made absolute (jobs may run from other directories)."""
-    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or default_uri()
+    a relative path (SQLite's, a file store's) is made absolute (jobs, and the tracking helper,
+    run from other directories)."""
+    uri = configured or os.environ.get(URI_ENV) or default_uri()
     path = sqlite_path(uri)
-    return f"sqlite:///{path}" if path is not None else uri
+    if path is not None:
+        return f"sqlite:///{path}"
+    return Path(uri).resolve().as_uri() if _is_file_store(uri) and not urlparse(uri).scheme else uri  # a folder
+
+
+def check_uri(configured: Any, key: str) -> None:
+    """Refuse, before anything runs, a store that MLflow would refuse once the run is over:
+    ``configured`` (named ``key`` in the message), else ``$MLFLOW_TRACKING_URI`` when set."""
+    uri = configured
+    if uri in (None, ""):
+        uri, key = os.environ.get(URI_ENV) or None, URI_ENV
+    if uri is None:
+        return  # the embedded SQLite store
+    check(isinstance(uri, str) and uri.strip() != "", key, uri, f"a tracking URI: {URI_FORMS}")
+    check(not _is_file_store(uri) or _file_store_allowed(), key, uri,
+          f"a tracking URI: {URI_FORMS} (MLflow 3 opens a folder or file:// store only with "
+          f"{FILE_STORE_ENV}=true)")  # fmt: skip
+
+
+def _is_file_store(uri: str) -> bool:
+    """A folder or ``file://``: what MLflow opens as its file store (these names aside)."""
+    return uri not in ("databricks", "databricks-uc", "uc") and urlparse(uri).scheme in ("", "file")
+
+
+def _file_store_allowed() -> bool:
+    return os.environ.get(FILE_STORE_ENV, "").strip().lower() in ("true", "1")
 
 
 def sqlite_path(uri: str) -> Path | None:
@@ -58,9 +101,20 @@ def client(uri: str) -> Any:
     """The ``MlflowClient`` for ``uri``, one per process (a new SQLite store object checks its
     schema again), or a new one when the SQLite file was replaced (``rm -rf runs``)."""
     path = sqlite_path(uri)
-    if path is not None and not path.exists():
-        _new_client(uri).search_experiments(max_results=1)  # creates the file and its tables
+    if path is not None:
+        open_sqlite(path)
     return _client(uri, path.stat().st_ino if path is not None else None)
+
+
+def open_sqlite(path: Path) -> None:
+    """Open (create, if new) the SQLite file once, cheaply: MLflow retries a file it cannot open
+    with doubling waits, for about 100 s, before it says so."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=rwc", uri=True)) as db:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except (OSError, sqlite3.Error) as e:
+        raise StoreError(f"cannot open the SQLite store {path}: {e}") from e
 
 
 @functools.lru_cache(maxsize=8)
@@ -71,9 +125,7 @@ def _client(uri: str, identity: int | None) -> Any:
 def _new_client(uri: str) -> Any:
     for key, value in _HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    path = sqlite_path(uri)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if sqlite_path(uri) is not None:
         _forget_engine(uri)
     from mlflow import MlflowClient
 
@@ -126,10 +178,26 @@ def report_failure(error: BaseException, where: str) -> None:
     global _failure
     if _failure is not None:
         return
-    first = (str(error).strip().splitlines() or [""])[0][:300]
-    _failure = first if getattr(error, "names_its_cause", False) else f"{type(error).__name__}: {first}"
+    _failure = one_line(error)
     print(f"warning: MLflow tracking failed ({_failure}); tracking is off for this process, "
           f"the results are on disk in {where} (python -m paged_bench.sync uploads them)", file=sys.stderr)  # fmt: skip
+
+
+def one_line(error: BaseException, limit: int = ERROR_CHARS) -> str:
+    """``Type: message`` (the message alone when the error names its cause), its first line, in
+    at most ``limit`` characters. A longer one keeps its head (what failed; whole sentences or
+    words) and its tail (a chained cause says why there: "Connection refused")."""
+    first = (str(error).strip().splitlines() or [""])[0].strip()
+    text = first if getattr(error, "names_its_cause", False) else f"{type(error).__name__}: {first}"
+    if len(text) <= limit:
+        return text
+    head_room = limit * 2 // 3
+    sentence = text.rfind(". ", limit // 3, head_room)
+    head = text[: sentence + 1] if sentence > 0 else text[: max(text.rfind(" ", 0, head_room), limit // 3)]
+    tail_room = limit - len(head) - len(" ... ")
+    space = text.find(" ", len(text) - tail_room)
+    tail = text[space + 1 :] if space > 0 else text[-tail_room:]
+    return f"{head} ... {tail}"
 
 
 def reset_failure() -> None:
