@@ -41,7 +41,7 @@ bench: install
 
 # make ui: the MLflow UI on 127.0.0.1:$(UI_PORT) over the embedded store (runs/mlflow.db); telemetry
 # off, no job-execution workers, one web worker: 2 processes, ~0.5 GB (mlflow ui's defaults start
-# 7, ~0.8 GB; measured with ps on the dev VM)
+# 7 to 15, with the cores; counted with ps)
 UI_PORT ?= 5000
 ui: install
 	mkdir -p runs

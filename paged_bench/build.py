@@ -91,6 +91,12 @@ def build_engine(cfg: Mapping[str, Any], copies: int = 1) -> tuple[Engine, KVBud
     and how ``num_blocks=auto`` sized its pool (None when it did not). ``copies``: how many
     such engines the run builds (a cluster's replicas), for the memory check."""
     name, options = plugin_section(cfg, "backend")
+    # a backend that serves a fixed number of requests at once says so in its options: refused
+    # before its model loads, rather than at the first step that holds more
+    cap = options.get("max_batch")
+    if isinstance(cap, int) and cfg["max_batch"] > cap:
+        raise ConfigError("max_batch", cfg["max_batch"], f"at most {cap} with backend={name} (backend.max_batch: it "
+                                                         f"serves {cap} request(s) at a time)")  # fmt: skip
     backend = registry.create("backend", name, **options)
 
     name, options = plugin_section(cfg, "allocator")

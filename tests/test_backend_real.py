@@ -133,8 +133,8 @@ def test_hf_generate_serves_the_same_weights_one_request_at_a_time(tmp_path):
     # one at a time: each request starts only after the one before it has finished
     done = sorted(hf.result.requests, key=lambda r: r.first_scheduled_time)
     assert all(a.finish_time <= b.first_scheduled_time for a, b in itertools.pairwise(done))
-    wrong = run_job(compose_config("backend=hf_generate", "max_batch=4", *run), tmp_path / "wrong")
-    assert wrong.status == "failed" and "one request at a time" in wrong.error
+    with pytest.raises(ConfigError, match=r"max_batch=4 is not allowed: at most 1 with backend=hf_generate"):
+        run_job(compose_config("backend=hf_generate", "max_batch=4", *run), tmp_path / "wrong")  # before it loads
 
 
 def test_token_ids_outside_the_vocabulary_stop_the_run_with_a_clear_error():

@@ -144,6 +144,11 @@ def test_a_run_whose_every_request_fails_is_a_failed_run(tmp_path):
         (["workload=null"], "error: Config group override must be a string or a list"),
         (["--cfg", "job", "-m", "max_batch=1,2"], "error: Only one of --run, --multirun"),
         (["--experiments", "extra"], "error: --experiments takes nothing after it (got extra"),
+        # refused before its model loads (it was the first step that failed)
+        (["backend=hf_generate"], "error: max_batch=16 is not allowed: at most 1 with backend=hf_generate"),
+        # a distribution switched alone keeps the keys of the one it replaces
+        (["workload=uniform", "workload.prompt_len.dist=fixed"],
+         "error: workload.prompt_len.high=160 is not allowed: no key of dist=fixed, which takes value"),
         # a copy of a top-level knob, overridden alone, sized the pool from the other value
         (["allocator.block_size=1"], "error: allocator.block_size=1 is not allowed: block_size's value, 16"),
         (["allocator=contiguous", "allocator.max_model_len=5"], "error: allocator.max_model_len=5 is not allowed"),

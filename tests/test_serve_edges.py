@@ -213,3 +213,20 @@ def test_a_non_ascii_api_key_works_as_clients_send_it(monkeypatch):
             assert httpx.post(url, json=body, headers={"Authorization": wrong}).status_code == 401
     finally:
         handle.stop()
+
+
+@pytest.mark.parametrize(("endpoint", "param", "value"), [
+    ("completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("completions", "tool_choice", "auto"),
+    ("completions", "function_call", "auto"),
+    ("completions", "parallel_tool_calls", True),
+    ("chat", "suffix", "x"),
+])  # fmt: skip
+def test_what_one_endpoint_refuses_the_other_refuses_too(bpe, endpoint, param, value):
+    """Chat's tools sent to completions (and completions' suffix to chat) were ignored, 200."""
+    body = {"max_tokens": 2, param: value}
+    body |= {"prompt": "hi"} if endpoint == "completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
+    r = httpx.post(bpe.url + path, json=body)
+    assert (r.status_code, r.json()["error"]["param"]) == (400, param), r.text
+    assert f"{param} is not supported" in r.json()["error"]["message"]

@@ -214,7 +214,8 @@ def test_non_utf8_bytes_name_the_file_and_line(tmp_path):
         ("arrival_time,prompt_len,output_len\n0,4,2\n1,4,2,9\n", 3, "columns"),
         ("arrival_time,prompt_len,output_len\n0,4,2\n0.5,four,2\n", 3, "prompt_len"),
         ("arrival_time,prompt_len,output_len\n0,4,2\nsoon,4,2\n", 3, "arrival_time"),
-        ("arrival_time,prompt_len,output_len\n0,4,0\n", 2, "holding output_len (got '0': not a whole number from 1"),
+        ("arrival_time,prompt_len,output_len\n0,4,-1\n", 2, "holding output_len (got '-1': not a whole number from 0"),
+        ("arrival_time,prompt_len,output_len\n0,0,2\n", 2, "holding prompt_len (got '0': not a whole number from 1"),
         ("arrival_time,prompt_len,output_len\n0,-5,2\n", 2, "holding prompt_len (got '-5'"),  # a numpy traceback before
         ("arrival_time,prompt_len,output_len\n0,4,1e30\n", 2, "holding output_len (got '1e30'"),  # an OverflowError
         ("arrival_time,prompt_len,output_len\n0,4,2\nnan,4,2\n", 3, "not a finite time"),  # dropped unnoticed
@@ -252,3 +253,19 @@ def test_the_azure_preset_completes_2000_requests_on_the_simulator(tmp_path):
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["completed"] == 2000 and summary["failed"] == 0
+
+
+# BurstGPT's own example rows: its request logs keep failed requests, with 0 response tokens
+BURSTGPT = """Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type
+5,ChatGPT,472,18,490,Conversation log
+45,ChatGPT,1087,0,1087,Conversation log
+118,GPT-4,417,276,693,Conversation log"""
+
+
+def test_rows_that_failed_when_recorded_are_left_out_and_said_so(tmp_path, capsys):
+    """As vLLM's BurstGPT loader drops them (``Response tokens`` > 0): a request that failed
+    in production has no output length to replay. A trace of nothing else is refused."""
+    assert summary(replay(tmp_path, BURSTGPT)) == [(0, 5.0, 472, 18), (1, 118.0, 417, 276)]
+    assert "note: 1 rows of" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="a trace with at least one request of 1 output token or more"):
+        replay(tmp_path, BURSTGPT.split("\n")[0] + "\n45,ChatGPT,1087,0,1087,Conversation log\n")

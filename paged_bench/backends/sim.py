@@ -9,7 +9,7 @@ per sequence):
              + per_swap_block * blocks swapped
 
 ``cost_model=roofline`` prices a step instead by its FLOPs and bytes for a model
-(``backend.model``) on a hardware preset (``backend.hardware``: cpu, a100, h100, h200), and
+(``backend.model``) on a hardware preset (``backend.hardware``: cpu, a100, h100, h200, b200), and
 ``backend.preset=FILE`` replays a roofline calibrated against a real backend
 (``python -m paged_bench.model.calibrate``); see ``paged_bench.model.roofline``. A roofline
 knows its model and hardware, so it sizes the KV pool (``num_blocks=auto``, from

@@ -33,7 +33,9 @@ from paged_bench.model.calibrate_heap import time_heap_growth
 from paged_bench.model.calibrate_run import run_check
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.engine_cost import measure_engine_cost
-from paged_bench.model.roofline import Hardware, RooflineCost, StepWork, hardware, measure_cpu, save_preset, step_work
+from paged_bench.model.roofline import (
+    HARDWARE, Hardware, RooflineCost, StepWork, hardware, measure_cpu, save_preset, step_work,
+)  # fmt: skip
 from paged_bench.request import Request
 from paged_bench.step import NewRequestData, StepPlan
 
@@ -301,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, help="preset file to write (default runs/calibration/BACKEND-MODEL.json)")
     parser.add_argument(
-        "--hardware", default="measure", help="measure (this CPU, now) or a preset: cpu, a100, h100, h200"
+        "--hardware", default="measure", help=f"measure (this CPU, now) or a preset: {', '.join(HARDWARE)}"
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per shape (median)")
     args = parser.parse_args(argv)

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 from paged_bench.errors import PagedBenchError, check, check_int
 from paged_bench.model.config import DTYPE_BYTES, PRESETS, ModelConfig, resolve_model
-from paged_bench.model.roofline import RooflineCost, hardware
+from paged_bench.model.roofline import HARDWARE, RooflineCost, hardware
+
+GPU_PRESETS = [name for name, hw in HARDWARE.items() if hw.memory_bytes is not None]  # those with a memory figure
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence")
     parser.add_argument("--dtype", help="bytes per value: float32, bfloat16, float16 (default: the model's)")
     parser.add_argument("--batch", type=int, default=1, help="sequences held at once")
-    parser.add_argument("--hardware", help="also size the KV pool on this device preset (a100, h100, h200)")
+    parser.add_argument("--hardware", help=f"also size the KV pool on this device preset ({', '.join(GPU_PRESETS)})")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (with --hardware)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192, help="the profile forward's tokens")
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                   "a fraction in (0, 1]")  # fmt: skip
             budget = cost.kv_budget(args.gpu_memory_utilization, check_int("--max-num-batched-tokens",
                                     args.max_num_batched_tokens), check_int("--max-num-seqs", args.max_num_seqs))  # fmt: skip
-            check(budget is not None, "--hardware", args.hardware, "a preset with a memory figure (a100, h100, h200)")
+            check(budget is not None, "--hardware", args.hardware, f"a preset with a memory figure ({', '.join(GPU_PRESETS)})")
         block_size = check_int("--block-size", args.block_size)
     except PagedBenchError as e:
         print(f"error: {e}", file=sys.stderr)

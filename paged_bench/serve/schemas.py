@@ -56,7 +56,8 @@ class _SamplingRequest(_Lenient):
     ignore_eos: Bool | None = False
     user: Text | None = None
     return_tokens_as_token_ids: Bool | None = Field(False, description="vLLM's: logprobs name tokens 'token_id:<id>'")
-    # declared so that they are refused by name (see protocol.UNSUPPORTED), not silently ignored
+    # declared so that they are refused by name (see protocol.UNSUPPORTED), not silently ignored,
+    # on either endpoint (a client that sends chat's tools to completions learns it too)
     presence_penalty: Finite | None = None
     frequency_penalty: Finite | None = None
     logit_bias: dict[str, Finite] | None = None
@@ -65,13 +66,18 @@ class _SamplingRequest(_Lenient):
     top_k: Int | None = None
     min_p: Finite | None = None
     repetition_penalty: Finite | None = None
+    suffix: Text | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: Bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: Any = None
 
 
 class CompletionRequest(_SamplingRequest):
     prompt: Text | list[Int] | list[Text] | list[list[Int]]
     echo: Bool | None = Field(False, description="prepend the prompt (and, with logprobs, its token logprobs)")
     logprobs: Int | None = Field(None, ge=0, description="top entries per token (0: only the chosen token)")
-    suffix: Text | None = None
 
 
 class ContentPart(_Lenient):
@@ -89,11 +95,6 @@ class ChatRequest(_SamplingRequest):
     max_completion_tokens: Int | None = Field(None, description="wins over max_tokens")
     logprobs: Bool | None = False
     top_logprobs: Int | None = Field(None, ge=0)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    parallel_tool_calls: Bool | None = None
-    functions: list[dict[str, Any]] | None = None
-    function_call: Any = None
 
 
 # -- responses (documented in /openapi.json; the routes build plain dicts) ----------------

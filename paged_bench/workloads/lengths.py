@@ -138,4 +138,8 @@ def length_dist(key: str, spec: Mapping[str, Any] | int) -> LengthDist:
     except TypeError:
         allowed = [p for p in builder.__code__.co_varnames[1 : builder.__code__.co_argcount]]
         unknown = sorted(set(params) - set(allowed))
-        raise ConfigError(f"{key}.{unknown[0] if unknown else dist}", params, f"{dist} takes {', '.join(allowed)}") from None
+        if not unknown:
+            raise ConfigError(f"{key}.dist", dist, f"{dist} with its keys: {', '.join(allowed)}") from None
+        # keys left over from the distribution it replaces (prompt_len.dist=fixed keeps uniform's low/high)
+        raise ConfigError(f"{key}.{unknown[0]}", params[unknown[0]],
+                          f"no key of dist={dist}, which takes {', '.join(allowed)} (a fixed length: {key}=N)") from None

@@ -20,6 +20,7 @@ which column names and time formats are understood. What is replayed:
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -109,6 +110,9 @@ class TraceWorkload(Workload):
 
     def requests(self, ctx: WorkloadContext) -> list[Request]:
         rows = read_trace(self.path, self.columns, self.time_unit)
+        if rows.failed:
+            print(f"note: {rows.failed} rows of {self.path} with 0 output tokens (requests that failed when it was "
+                  "recorded) are left out", file=sys.stderr)  # fmt: skip
         origin = min(rows.times) if rows.absolute else 0.0
         start = self._window_start(origin, rows.absolute)
         end = math.inf if self.duration is None else start + self.duration

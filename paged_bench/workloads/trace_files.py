@@ -66,6 +66,7 @@ class TraceRows:
     prompts: list[str | None]
     output_lens: list[int]
     lines: list[int]
+    failed: int = 0  # rows left out: 0 output tokens, requests that failed when recorded (BurstGPT's)
 
 
 def suffix(path: Path) -> str:
@@ -199,12 +200,12 @@ def _finite(seconds: float) -> float:
     return seconds
 
 
-def _count(value: Any) -> int:
+def _count(value: Any, least: int = 1) -> int:
     if isinstance(value, bool):  # float(True) == 1: a JSON true would be read as 1 token
         raise ValueError("a boolean, not a token count")
     number = float(value)
-    if not (1 <= number <= MAX_TOKENS and number == int(number)):
-        raise ValueError(f"not a whole number from 1 to {MAX_TOKENS:,}")
+    if not (least <= number <= MAX_TOKENS and number == int(number)):
+        raise ValueError(f"not a whole number from {least} to {MAX_TOKENS:,}")
     return int(number)
 
 
@@ -225,9 +226,13 @@ def read_trace(path: Path, columns: Mapping[str, str], time_unit: str) -> TraceR
         try:
             t, absolute = parse_time(row[found[field]])
             kinds.add(absolute)
-            out.times.append(t if absolute else t * scale)
             field = "output_len"
-            out.output_lens.append(_count(row[found[field]]))
+            output_len = _count(row[found[field]], least=0)
+            if output_len == 0:  # a request that failed when the trace was recorded (as vLLM's
+                out.failed += 1  # BurstGPT loader does, it is left out)
+                continue
+            out.times.append(t if absolute else t * scale)
+            out.output_lens.append(output_len)
             field = "prompt"
             prompt = row.get(found[field]) if found[field] else None
             if prompt in (None, ""):
@@ -244,6 +249,7 @@ def read_trace(path: Path, columns: Mapping[str, str], time_unit: str) -> TraceR
             raise ConfigError("workload.path", f"{path}:{line_no}",
                               f"column {found[field]!r} holding {field} (got {value!r}: {e})") from None  # fmt: skip
         out.lines.append(line_no)
+    check(bool(out.times), "workload.path", str(path), "a trace with at least one request of 1 output token or more")
     check(len(kinds) == 1, "workload.path", str(path), "arrival times all datetimes or all numbers, not a mix")
     out.absolute = kinds.pop() or _epoch_seconds(out, path, unit)
     return out
