@@ -146,6 +146,11 @@ def test_a_run_whose_every_request_fails_is_a_failed_run(tmp_path):
         (["--experiments", "extra"], "error: --experiments takes nothing after it (got extra"),
         # refused before its model loads (it was the first step that failed)
         (["backend=hf_generate"], "error: max_batch=16 is not allowed: at most 1 with backend=hf_generate"),
+        # a cluster's refusals name the key (before: a traceback, the whole target mapping, "cluster")
+        (["cluster.prefill_replicas=1", "cluster.decode_replicas=1", "backend.dtype=fp8"],
+         "error: backend.dtype='fp8' is not allowed: float32, bfloat16, float16"),
+        (["cluster.replicas=2", "target=openai"], "error: target='openai' is not allowed"),
+        (["cluster.replicas=2", "clock=wall"], "error: clock='wall' is not allowed: virtual for 2 replicas"),
         # a distribution switched alone keeps the keys of the one it replaces
         (["workload=uniform", "workload.prompt_len.dist=fixed"],
          "error: workload.prompt_len.high=160 is not allowed: no key of dist=fixed, which takes value"),

@@ -123,7 +123,7 @@ def test_power_of_two_is_reproducible_from_its_seed(config, tmp_path):
         (("cluster.prefill_replicas=2", "cluster.replicas=2"), "cluster.replicas"),
         (("cluster.prefill_replicas=1", "cluster.decode_replicas=2", "cluster.replicas=4"), "cluster.replicas"),
         (("cluster.replicas=2", "cluster.link=carrier_pigeon"), "cluster.link"),
-        (("cluster.replicas=2", "backend=numpy"), "cluster"),
+        (("cluster.replicas=2", "backend=numpy"), "backend"),  # refused before a model loads per replica
         (("cluster.replicas=2", "router.name=nearest"), "router"),
         # a transfer that never arrives left every request unfinished, with no reason given
         (("cluster.prefill_replicas=1", "cluster.decode_replicas=1", "cluster.link_latency_us=inf"),

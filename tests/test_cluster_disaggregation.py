@@ -5,6 +5,7 @@ compute one token per step; the client's figures come out beside a colocated clu
 from __future__ import annotations
 
 import csv
+import itertools
 
 import pytest
 
@@ -96,3 +97,49 @@ def test_a_handed_over_request_enters_the_plan_once_with_its_prompt_computed(con
     assert all(new.num_computed_tokens == 40 for new in plan.new_reqs)
     assert plan.num_new_tokens == (1, 1) and plan.num_computed_tokens == (40, 40)
     assert sched.schedule(0.0).new_reqs == ()  # sent once
+
+
+def test_a_static_decode_replica_seats_hand_overs_only_into_an_empty_batch(config, tmp_path):
+    """The policy's admission rule holds for hand-overs too: static and continuous gave
+    byte-identical runs on a split cluster, the static batch growing while it ran."""
+    base = ("cluster.prefill_replicas=1", "cluster.decode_replicas=1", "max_batch=4", "tracking.enabled=false")
+    static = run_job(config(*base, "scheduler=static"), tmp_path / "static")
+    continuous = run_job(config(*base, "scheduler=continuous"), tmp_path / "continuous")
+    decode = [r for r in _rows(tmp_path / "static" / "steps.csv") if r["replica"] == "1"]
+    for before, step in itertools.pairwise(decode):
+        if int(step["batch_size"]) > int(before["running"]):  # someone was seated
+            assert int(before["running"]) == 0, (before, step)
+    assert static.summary["median_e2el_ms"] > 2 * continuous.summary["median_e2el_ms"]
+
+
+def test_a_model_backend_is_refused_for_a_split_cluster_before_it_loads(config, tmp_path):
+    """No K/V is copied between replicas (the transfer is priced): a numpy decode replica read
+    blocks that were never written and sampled wrong tokens, silently."""
+    from paged_bench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"cluster.prefill_replicas=1 is not allowed: 0 with backend=numpy"):
+        run_job(config(*SPLIT, "backend=numpy", "clock=virtual"), tmp_path)
+
+
+def test_an_interrupt_mid_step_leaves_every_replica_whole(config):
+    """Ctrl-C inside a step, after a finished request left the running list and before its
+    blocks were freed (here: the 5th free raises it): the cluster frees what is held, as the
+    plain engine does, instead of reporting a leak."""
+    from paged_bench.cluster.build import build_cluster
+    from paged_bench.cluster.spec import cluster_spec
+
+    cfg = config("cluster.replicas=2", "tracking.enabled=false")
+    bench = build_cluster(cfg, cluster_spec(cfg))
+    allocator = bench.cluster.replicas[0].engine.allocator
+    real_free, calls = allocator.free, []
+
+    def free(req):
+        calls.append(req)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_free(req)
+
+    allocator.free = free
+    run = bench.cluster.run(bench.requests)
+    assert run.interrupted and len(calls) >= 5
+    assert [r.leaks for r in run.results] == [[], []]

@@ -103,3 +103,12 @@ def test_unknown_option_is_one_line():
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "scheduler=nonexistent is not allowed" in lines[0] and "preemptive" in lines[0]
+
+
+def test_a_cluster_setting_is_refused_not_ignored():
+    """The cluster and router groups come with the server's config; it serves one engine, and
+    started one without a word when asked for four replicas."""
+    r = run_serve("cluster.replicas=4", "router=least_kv")
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("error: cluster='4 replicas' is not allowed: one replica: the server runs one engine "
+                                "(a cluster is simulated by python -m paged_bench)")  # fmt: skip

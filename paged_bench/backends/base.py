@@ -26,6 +26,7 @@ class Backend(ABC):
     eos_token_id: int | None = None
     kv_bytes_per_token: int | None = None  # for the byte figures, when the model is known
     reads_token_ids: ClassVar[bool] = True  # False: plans carry no token ids (a cost model needs none)
+    computes_kv: ClassVar[bool] = True  # writes real K/V into its pool (a cost model writes none)
     num_devices: int = 1  # GPUs (tensor-parallel ranks) a step runs on: throughput per GPU
 
     def __init__(self) -> None:

@@ -65,6 +65,7 @@ class SimBackend(Backend):
     name = "sim"
     clock = "virtual"
     reads_token_ids = False  # a cost model reads counts only: plans skip copying prompts
+    computes_kv = False  # so a cluster may hand a request's (priced, not copied) K/V between replicas
 
     def __init__(
         self,

@@ -27,7 +27,7 @@ from paged_bench.cluster.replica import Replica
 from paged_bench.cluster.spec import ClusterSpec
 from paged_bench.engine import Engine
 from paged_bench.errors import ConfigError, check
-from paged_bench.model.config import resolve_model
+from paged_bench.model.config import DTYPE_BYTES, resolve_model
 from paged_bench.model.kv_capacity import KVBudget
 from paged_bench.request import Request
 from paged_bench.routers.base import Router
@@ -58,7 +58,28 @@ def _kv_bytes_per_token(cfg: Mapping[str, Any], engine: Engine) -> int:
         return engine.backend.kv_bytes_per_token
     backend = cfg["backend"]
     model = resolve_model(backend.get("model"), backend.get("model_path"))
-    return model.kv_bytes_per_token(backend.get("dtype"))
+    dtype = backend.get("dtype")
+    check(dtype is None or dtype in DTYPE_BYTES, "backend.dtype", dtype, ", ".join(DTYPE_BYTES))
+    return model.kv_bytes_per_token(dtype)
+
+
+def _check_backend(cfg: Mapping[str, Any], spec: ClusterSpec) -> None:
+    """Before any replica is built (a real model loads once per replica): one simulated
+    timeline needs a virtual clock, and a hand-over needs K/V that need not be copied (the
+    cluster prices the transfer; it does not move a real model's K/V)."""
+    name, _ = plugin_section(cfg, "backend")
+    backend = registry.load("backend", name)
+    clock = cfg.get("clock", "auto")
+    if clock == "auto":
+        check(backend.clock == "virtual", "backend", name, f"a backend on virtual time for {spec.num_replicas} replicas "
+              "(backend=sim, or clock=virtual): replicas share one simulated timeline")  # fmt: skip
+    else:
+        check(clock == "virtual", "clock", clock, f"virtual for {spec.num_replicas} replicas: they share one "
+              "simulated timeline")  # fmt: skip
+    if spec.disaggregated:
+        check(not backend.computes_kv, "cluster.prefill_replicas", spec.num_prefill,
+              f"0 with backend={name}: a hand-over prices the K/V transfer but copies no K/V, so a model's "
+              "decode replica would attend over blocks never written (disaggregate backend=sim)")  # fmt: skip
 
 
 def build_cluster(cfg: Mapping[str, Any], spec: ClusterSpec) -> ClusterBench:
@@ -66,10 +87,9 @@ def build_cluster(cfg: Mapping[str, Any], spec: ClusterSpec) -> ClusterBench:
     choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
     router_name, router_options = _router(cfg)
     choices["router"] = router_name
+    _check_backend(cfg, spec)
     built = [build_engine(cfg, copies=spec.num_replicas) for _ in range(spec.num_replicas)]
     engines = [engine for engine, _ in built]
-    check(engines[0].clock.kind == "virtual", "cluster", f"{spec.num_replicas} replicas",
-          "a virtual clock: backend=sim (or clock=virtual); replicas share one simulated timeline")  # fmt: skip
     if spec.disaggregated:
         roles = ["prefill"] * spec.num_prefill + ["decode"] * spec.num_decode
     else:
@@ -83,8 +103,7 @@ def build_cluster(cfg: Mapping[str, Any], spec: ClusterSpec) -> ClusterBench:
         try:
             kv_bytes = _kv_bytes_per_token(cfg, engines[0])
         except ConfigError as e:
-            allowed = f"a model whose K/V size prices the transfer ({e.allowed})"
-            raise ConfigError("backend.model", e.value, allowed) from e
+            raise ConfigError(e.key, e.value, f"{e.allowed} (the K/V size prices a hand-over's transfer)") from e
         cluster = Cluster(replicas, router(), router(), spec.link, kv_bytes)
     else:
         cluster = Cluster(replicas, router())

@@ -34,7 +34,8 @@ def run_cluster_job(
     """As ``app.run_job``: what the run measured is summarized and written inside ``shield()``."""
     from paged_bench.app import step_callback  # app imports us lazily
 
-    check((cfg.get("target") or {}).get("name", "engine") == "engine", "target", cfg.get("target"),
+    target = (cfg.get("target") or {}).get("name", "engine")
+    check(target == "engine", "target", target,
           "target=engine for a cluster (cluster.replicas > 1 simulates the replicas in-process)")  # fmt: skip
     bench = build_cluster(cfg, spec)
     try:

@@ -217,6 +217,9 @@ class Cluster:
             replica.engine.scheduler.abort_all(reason, now, error)
             for req in replica.inbox:
                 req.finish(reason, now, f"not submitted: {error}")
+            # an interrupt can land mid-step, after a request left the scheduler's lists and
+            # before its blocks were freed: free whatever any request still holds (idempotent)
+            replica.engine.allocator.free_all(reqs)
         out = self._out
         for req in reqs:
             if not req.is_finished:

@@ -214,11 +214,12 @@ class Scheduler:
     def add_prefilled(self, req: Request) -> bool:
         """Admit a request whose prompt K/V was computed on another replica and moved here
         (disaggregated prefill): it takes blocks for its prompt, counts the prompt as computed
-        and runs from its next token. False, changing nothing, if ``max_batch`` or the pool
-        (less the admission reserve) has no room for it now."""
+        and runs from its next token. False, changing nothing, if the policy admits nobody now
+        (``may_admit``), or ``max_batch`` or the pool (less the admission reserve) has no room."""
         reserve = self.admission_reserve_blocks if self.running else 0
         prompt = req.num_prompt_tokens
-        if len(self.running) >= self.max_batch:
+        # the policy's admission rule, as at a step's admissions (static: only into an empty batch)
+        if len(self.running) >= self.max_batch or not self.may_admit(PlanDraft(self.max_num_batched_tokens)):
             return False
         if not self.allocator.allocate_slots(req, prompt, min_free_blocks=reserve):
             return False

@@ -27,6 +27,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from paged_bench.build import build
+from paged_bench.cluster.spec import cluster_spec
 from paged_bench.config import compose_config
 from paged_bench.engine import Engine
 from paged_bench.errors import ConfigError, check, check_int, check_number
@@ -122,6 +123,9 @@ def build_app(cfg: Mapping[str, Any]) -> tuple[FastAPI, ServerConfig]:
     """The app for a resolved config; raises ConfigError/PluginError before anything runs."""
     server_cfg = ServerConfig.from_mapping(cfg.get("server"))
     check(cfg.get("clock", "wall") in ("wall", "auto"), "clock", cfg.get("clock"), "wall (a server runs in real time)")
+    spec = cluster_spec(cfg)  # the cluster and router groups come with the config; one engine serves
+    check(spec is None, "cluster", f"{spec.num_replicas} replicas" if spec else None,
+          "one replica: the server runs one engine (a cluster is simulated by python -m paged_bench)")  # fmt: skip
     bench = build({**cfg, "clock": "wall"})
     engine = Engine(bench.engine.scheduler, bench.backend, bench.engine.clock, max_step_records=MAX_STEP_RECORDS)
     backend = bench.backend
