@@ -37,9 +37,12 @@ def cpu_share() -> int:
     return max(1, cpu_count() // parallel_jobs())
 
 
+MAX_THREADS = 1024  # far past any core count here; 30,000 made libgomp fail and 100,000 crashed torch
+
+
 def job_threads(key: str, threads: int | None) -> int:
-    """``threads`` if given (an integer >= 1), else the job's CPU share."""
-    return cpu_share() if threads is None else check_int(key, threads)
+    """``threads`` if given (an integer from 1 to ``MAX_THREADS``), else the job's CPU share."""
+    return cpu_share() if threads is None else check_int(key, threads, 1, MAX_THREADS)
 
 
 def pin_torch_threads(threads: int) -> int:

@@ -221,3 +221,12 @@ def test_an_eager_attention_pays_for_padding_and_for_gathers_past_the_core_cache
     assert spill.spilled_kv_bytes(work) == pytest.approx(model.num_layers * (per_layer - 65536))
     assert spill.seconds(work) - fused.seconds(work) == pytest.approx(spill.spilled_kv_bytes(work) * 1e-9)
     assert fused.spilled_kv_bytes(work) == 0.0  # no cache figure (the GPU presets): no such term
+
+
+def test_a_checkpoints_calibration_is_named_after_its_folder_not_the_small_preset():
+    """With backend.model_path set, backend.model still says small: numpy-small.json, the preset
+    the docs run with, was overwritten by a checkpoint's calibration."""
+    from paged_bench.model.calibrate import _model_name
+
+    assert _model_name({"model": "small", "model_path": "/data/ckpts/my-llama"}) == "my-llama"
+    assert _model_name({"model": "small"}) == "small" and _model_name({"model": {"preset": "tiny"}}) == "custom"

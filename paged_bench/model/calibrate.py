@@ -18,7 +18,7 @@ import argparse
 import itertools
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ import numpy as np
 
 from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.backends.base import Backend
-from paged_bench.errors import ConfigError, PagedBenchError, check
+from paged_bench.errors import ConfigError, PagedBenchError, check, check_int
 from paged_bench.model.calibrate_fit import _nnls, fit, fit_errors  # noqa: F401 (_nnls: the tests')
 from paged_bench.model.calibrate_heap import time_heap_growth
 from paged_bench.model.calibrate_run import run_check
@@ -296,6 +296,15 @@ def _pct(eff: float) -> str:
     return f"{eff:.0%}" if eff < 10 else "free"
 
 
+def _model_name(backend: Mapping[str, Any]) -> str:
+    """What the default preset file is named after: the checkpoint folder, the preset, or custom
+    (a checkpoint's calibration once overwrote numpy-small.json: its model option still said small)."""
+    if backend.get("model_path"):
+        return Path(backend["model_path"]).resolve().name
+    model = backend.get("model")
+    return model if isinstance(model, str) else "custom"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m paged_bench.model.calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -318,14 +327,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     try:
+        check_int("--repeats", args.repeats)
         hw = measure_cpu() if args.hardware == "measure" else hardware(args.hardware, "--hardware")
+        check_int("max_model_len", cfg.get("max_model_len"), 2)
         shapes = default_shapes(cfg["max_model_len"])
+        check(bool(shapes), "max_model_len", cfg["max_model_len"], "a context with room for a step to time (32 or more)")
+        out = args.out or Path("runs/calibration") / f"{cfg['backend'].get('name')}-{_model_name(cfg['backend'])}.json"
+        check(not out.is_dir(), "--out", str(out), "a file to write (this is a folder)")  # found before, not after, the work
         cost, info = calibrate(cfg, hw, shapes, args.repeats)
-        model = cfg["backend"].get("model")
-        out = (
-            args.out
-            or Path("runs/calibration") / f"{info['backend']}-{model if isinstance(model, str) else 'custom'}.json"
-        )
         save_preset(out, cost, info)
     except PagedBenchError as e:
         print(f"error: {e}", file=sys.stderr)

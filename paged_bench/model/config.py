@@ -50,6 +50,10 @@ class ModelConfig:
             f"a divisor of num_heads={self.num_heads} (grouped-query attention)",
         )
         check(self.dtype in DTYPE_BYTES, "backend.model.dtype", self.dtype, ", ".join(DTYPE_BYTES))
+        # rotary embeddings turn pairs of a head's dimensions
+        check(self.head_dim % 2 == 0, "backend.model.head_dim", self.head_dim, "an even number (rotary positions)")
+        check(isinstance(self.tie_word_embeddings, bool), "backend.model.tie_word_embeddings",
+              self.tie_word_embeddings, "true or false")  # fmt: skip
 
     # -- size figures -------------------------------------------------------------------
 
@@ -97,6 +101,10 @@ class ModelConfig:
         rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         check(rope_type == "default", f"{where}: rope_type", rope_type, "default (rope scaling is not supported)")
+        # Mistral's: attention over the last N tokens only, which this model does not do (it
+        # would attend over the whole sequence, silently another model past N tokens)
+        window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
+        check(window is None, f"{where}: sliding_window", window, "null (sliding-window attention is not supported)")
         heads = hf["num_attention_heads"]
         eos = hf.get("eos_token_id")
         dtype = str(hf.get("dtype") or hf.get("torch_dtype") or "float32").replace("torch.", "")
@@ -111,7 +119,7 @@ class ModelConfig:
             max_position_embeddings=hf.get("max_position_embeddings", 4096),
             rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
             dtype=dtype if dtype in DTYPE_BYTES else "float32",
             bos_token_id=hf.get("bos_token_id"),
             # the scheduler stops on one id; a list (several end tokens) gives its first
@@ -177,8 +185,12 @@ def read_hf_config(model_path: str | Path) -> ModelConfig:
     if not path.is_file():
         raise ConfigError("backend.model_path", str(model_path), "a local folder with a config.json (no hub downloads)")
     try:
-        return ModelConfig.from_hf(json.loads(path.read_text()), str(path))
-    except (KeyError, ValueError, TypeError) as e:
+        hf = json.loads(path.read_text())
+        check(isinstance(hf, dict), "backend.model_path", str(path), "a config.json holding a JSON object")
+        return ModelConfig.from_hf(hf, str(path))
+    except ConfigError:
+        raise
+    except (KeyError, ValueError, TypeError, ZeroDivisionError, OSError) as e:
         raise ConfigError("backend.model_path", str(model_path), f"a Llama config.json ({path}: {e!r})") from e
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from paged_bench.allocators.base import Allocator
 from paged_bench.backends.base import Backend
 from paged_bench.backends.request_state import RequestState, RequestStates
-from paged_bench.errors import EngineError, check_int
+from paged_bench.errors import EngineError, check, check_int
 from paged_bench.model.batch import StepBatch, build_batch, warmup_batch
 from paged_bench.model.config import ModelConfig, resolve_model
 from paged_bench.model.forward import forward
@@ -33,6 +33,9 @@ def adopt_model(backend: Backend, cfg: ModelConfig, model_path: str | None, kv_d
     its tokenizer (the checkpoint's, else the byte tokenizer), vocabulary, EOS and KV bytes."""
     backend.model_config = cfg
     backend.tokenizer = load_tokenizer(model_path)
+    # a tokenizer with ids past the model's vocabulary stopped the run at its first such token
+    check(backend.tokenizer.vocab_size <= cfg.vocab_size, "backend.model_path", model_path,
+          f"a tokenizer whose {backend.tokenizer.vocab_size} ids fit the model's vocabulary of {cfg.vocab_size}")  # fmt: skip
     backend.vocab_size = cfg.vocab_size
     backend.eos_token_id = cfg.eos_token_id
     backend.kv_bytes_per_token = cfg.kv_bytes_per_token(kv_dtype)

@@ -45,7 +45,11 @@ def load_tokenizer(model_path: str | None) -> HFTokenizer | ByteTokenizer:
         raise ConfigError(
             "backend.model_path", model_path, "a checkpoint whose tokenizer can be read: pip install transformers"
         ) from e
-    return HFTokenizer(AutoTokenizer.from_pretrained(model_path, local_files_only=True))
+    try:
+        return HFTokenizer(AutoTokenizer.from_pretrained(model_path, local_files_only=True))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:  # a broken tokenizer file
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ConfigError("backend.model_path", model_path, f"a readable tokenizer ({type(e).__name__}: {first})") from None
 
 
 TOKENIZER_CHOICES = ("auto", "bpe", "byte")

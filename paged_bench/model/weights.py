@@ -96,16 +96,50 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def weight_files(model_path: str | Path) -> list[Path]:
+    """The checkpoint's weight files: those its shard index names (as transformers reads them:
+    a stray ``*.safetensors`` beside them is no part of the model), else every one there."""
+    folder = Path(model_path)
+    index = folder / INDEX_FILE
+    if not index.is_file():
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise ConfigError("backend.model_path", str(model_path), "a folder with *.safetensors weights")
+        return files
+    try:
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError("backend.model_path", str(index), f"a shard index with a weight_map ({e})") from None
+    files = [folder / name for name in names]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise ConfigError("backend.model_path", str(model_path), f"every shard its index names ({missing[0]} is missing)")
+    return files
+
+
+def _read_checked(path: Path) -> dict[str, np.ndarray]:
+    try:
+        return _read_safetensors(path)
+    except ConfigError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:  # truncated, empty, not safetensors
+        raise ConfigError("backend.model_path", str(path), f"a whole safetensors file ({type(e).__name__}: {e})") from None
+
+
 def load_state(cfg: ModelConfig, model_path: str | Path) -> dict[str, np.ndarray]:
-    """Every ``*.safetensors`` file of the folder (one file or shards), checked against ``cfg``."""
-    files = sorted(Path(model_path).glob("*.safetensors"))
-    if not files:
-        raise ConfigError("backend.model_path", str(model_path), "a folder with *.safetensors weights")
+    """The checkpoint's weight files (one file or shards), checked against ``cfg``."""
     state: dict[str, np.ndarray] = {}
-    for f in files:
-        state.update(_read_safetensors(f))
-    if cfg.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
+    for f in weight_files(model_path):
+        state.update(_read_checked(f))
+    head = state.pop("lm_head.weight", None) if cfg.tie_word_embeddings else None
+    embed = state.get("model.embed_tokens.weight")
+    if head is not None and embed is not None and not np.array_equal(head, embed):
+        # transformers then keeps both, untied: refused rather than served as another model
+        raise ConfigError("backend.model_path", str(model_path), "tie_word_embeddings true with no lm_head.weight, "
+                          "or one equal to the embeddings (this one differs: set it false in config.json)")  # fmt: skip
     for name, shape in shapes(cfg).items():
         got = state.get(name)
         if got is None or tuple(got.shape) != shape:
