@@ -33,9 +33,10 @@ TOKENS = 9  # 3 chunks of 3
 WORKLOAD = ("workload=uniform", "workload.num_requests=4", "workload.rate=inf", "workload.prompt_len.low=8",
             "workload.prompt_len.high=9", f"workload.output_len.value={TOKENS}")  # fmt: skip
 # the server's clock against the client's: within 1 ms on a quiet machine, a few ms when other
-# processes hold both cores; the definitional gaps checked here are 220 ms (the stream's tail)
-# and 8x (TPOT per chunk instead of per token), far beyond it
-TOLERANCE_MS = 3.0
+# processes hold both cores (4.3 ms once, under make test's two workers on a clean clone); the
+# definitional gaps checked here are 220 ms (the stream's tail) and 8x (TPOT per chunk instead
+# of per token), far beyond it
+TOLERANCE_MS = 10.0
 
 
 @pytest.fixture(scope="module")
