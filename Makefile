@@ -40,8 +40,8 @@ bench: install
 	$(PY) benchmarks/sim_breakdown.py
 
 # make ui: the MLflow UI on 127.0.0.1:$(UI_PORT) over the embedded store (runs/mlflow.db); telemetry
-# off, no job-execution workers, one web worker: 2 processes, ~0.5 GB (mlflow ui's defaults start
-# 7 to 15, with the cores; counted with ps)
+# off, no job-execution workers, one web worker: 2 processes, ~0.5 GB (mlflow ui's defaults add
+# job-execution workers and a web worker per core)
 UI_PORT ?= 5000
 ui: install
 	mkdir -p runs

@@ -36,6 +36,26 @@ class PoolExhaustedError(EngineError):
     """A running sequence needs a KV block and the policy does not preempt."""
 
 
+ERROR_CHARS = 300  # an error from elsewhere (a store, a tokenizer), as it is shown: one line, about this long
+
+
+def one_line(error: BaseException, limit: int = ERROR_CHARS) -> str:
+    """``Type: message`` (the message alone when the error names its cause), its first line, in
+    at most ``limit`` characters. A longer one keeps its head (what failed; whole sentences or
+    words) and its tail (a chained cause says why there: "Connection refused")."""
+    first = (str(error).strip().splitlines() or [""])[0].strip()
+    text = first if getattr(error, "names_its_cause", False) else f"{type(error).__name__}: {first}"
+    if len(text) <= limit:
+        return text
+    head_room = limit * 2 // 3
+    sentence = text.rfind(". ", limit // 3, head_room)
+    head = text[: sentence + 1] if sentence > 0 else text[: max(text.rfind(" ", 0, head_room), limit // 3)]
+    tail_room = limit - len(head) - len(" ... ")
+    space = text.find(" ", len(text) - tail_room)
+    tail = text[space + 1 :] if space > 0 else text[-tail_room:]
+    return f"{head} ... {tail}"
+
+
 def check(ok: bool, key: str, value: Any, allowed: str) -> None:
     """Raise ConfigError(key, value, allowed) unless ``ok``."""
     if not ok:

@@ -22,7 +22,7 @@ from typing import Any
 
 import paged_bench.tracking  # noqa: F401  (telemetry off before mlflow is imported)
 from paged_bench.cli.sweep_folder import SWEEP_FILE, sweep_info
-from paged_bench.errors import PagedBenchError
+from paged_bench.errors import PagedBenchError, one_line
 from paged_bench.report.load import REPORT_DIR, Run, find_runs
 from paged_bench.tracking import store
 from paged_bench.tracking.runs import (
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tally, notes = sync(args.paths, args.tracking_uri)
     except Exception as e:  # noqa: BLE001  (one line: the store is unreachable or refused)
-        print(f"error: sync failed: {store.one_line(e)}", file=sys.stderr)
+        print(f"error: sync failed: {one_line(e)}", file=sys.stderr)
         return 1
     for note in notes:
         print(f"note: {note}", file=sys.stderr)

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from paged_bench.cli.track import check_sweep, check_tracking
-from paged_bench.errors import ConfigError
+from paged_bench.errors import ERROR_CHARS, ConfigError, one_line
 from paged_bench.tracking import store
 from tests.conftest import compose_config
 from tests.tracking_support import run_cli
@@ -101,8 +101,8 @@ def test_a_long_error_keeps_what_failed_and_why():
                    "latest MLflow features. The `mlflow migrate-filestore` tool migrates your existing data "
                    "losslessly. If the filesystem backend is required for your workflow, set "
                    "`MLFLOW_ALLOW_FILE_STORE=true` to opt out of this exception.")  # fmt: skip
-    line = store.one_line(RuntimeError(mlflow_says + "\nsecond line"))
-    assert len(line) <= store.ERROR_CHARS
+    line = one_line(RuntimeError(mlflow_says + "\nsecond line"))
+    assert len(line) <= ERROR_CHARS
     assert line.startswith("RuntimeError: The filesystem tracking backend (e.g., './mlruns') is in maintenance mode")
     assert line.endswith("set `MLFLOW_ALLOW_FILE_STORE=true` to opt out of this exception.")
     words = set(mlflow_says.split())

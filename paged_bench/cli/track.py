@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from paged_bench.cli import sweep, sweep_folder
-from paged_bench.errors import ConfigError, check, check_int
+from paged_bench.errors import check, check_int
 
 SETTINGS = ("enabled", "uri", "step_metrics", "plots")  # conf/config.yaml's tracking section
 MAX_EXPERIMENT_NAME = 500  # MLflow's limit
@@ -90,11 +90,6 @@ def track_job(config: dict[str, Any], run_dir: Path, sweep_dir: Path | None) -> 
     from paged_bench.tracking import store
 
     if not settings.get("enabled", True) or store.failure():
-        return
-    try:
-        check_tracking(config)
-    except ConfigError as e:  # a job refused for it has said so; anything else warns, as a store would
-        store.report_failure(e, str(run_dir))
         return
     request: dict[str, Any] = {"run_dir": str(run_dir.resolve()), "settings": settings,
                                "plots": wants_plots(settings, sweep_dir is not None)}  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from paged_bench.errors import ConfigError
+from paged_bench.errors import ConfigError, one_line
 from paged_bench.tokenizer import ByteTokenizer
 
 _FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
@@ -48,8 +48,7 @@ def load_tokenizer(model_path: str | None) -> HFTokenizer | ByteTokenizer:
     try:
         return HFTokenizer(AutoTokenizer.from_pretrained(model_path, local_files_only=True))
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:  # a broken tokenizer file
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise ConfigError("backend.model_path", model_path, f"a readable tokenizer ({type(e).__name__}: {first})") from None
+        raise ConfigError("backend.model_path", model_path, f"a readable tokenizer ({one_line(e)})") from None
 
 
 TOKENIZER_CHOICES = ("auto", "bpe", "byte")

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from paged_bench.errors import PagedBenchError
+from paged_bench.errors import PagedBenchError, one_line
 
 START, END = "<!-- report:start -->", "<!-- report:end -->"
 
@@ -56,7 +56,7 @@ def _fetch(name: str, dest: Path, tracking_uri: str | None) -> list:
     except PagedBenchError:
         raise
     except Exception as e:  # noqa: BLE001  (the store is unreachable or refused)
-        raise PagedBenchError(f"report failed: {store.one_line(e)}") from e
+        raise PagedBenchError(f"report failed: {one_line(e)}") from e
 
 
 def write_into(path: Path, markdown: str) -> None:

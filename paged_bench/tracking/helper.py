@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import paged_bench.tracking  # noqa: F401  (telemetry off before mlflow is imported)
+from paged_bench.errors import one_line
 from paged_bench.tracking import store
 
 IDLE_ENV = "PAGED_BENCH_TRACKING_IDLE_S"
@@ -44,7 +45,7 @@ class Session:
         try:
             return OPS[op](request)
         except Exception as e:  # noqa: BLE001  (reported to the command, which warns once)
-            error = store.one_line(e)
+            error = one_line(e)
             if op != "sweep_finish":
                 self.failed = self.failed or error
             return {"error": error}

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import paged_bench.tracking  # noqa: F401  (telemetry off before mlflow is imported)
-from paged_bench.errors import check
+from paged_bench.errors import check, one_line
 
 RUNS_DIR = "runs"
 DB_FILE = "mlflow.db"
@@ -35,7 +35,6 @@ URI_ENV = "MLFLOW_TRACKING_URI"
 URI_FORMS = "sqlite:///PATH, http(s)://HOST:PORT, databricks, or a database URL such as postgresql://..."
 # MLflow 3 refuses its file store (a bare path or file://) unless this is true
 FILE_STORE_ENV = "MLFLOW_ALLOW_FILE_STORE"
-ERROR_CHARS = 300  # a store's error as it is shown: one line, about this long
 
 _failure: str | None = None  # why tracking stopped in this process, once it has
 
@@ -181,23 +180,6 @@ def report_failure(error: BaseException, where: str) -> None:
     _failure = one_line(error)
     print(f"warning: MLflow tracking failed ({_failure}); tracking is off for this process, "
           f"the results are on disk in {where} (python -m paged_bench.sync uploads them)", file=sys.stderr)  # fmt: skip
-
-
-def one_line(error: BaseException, limit: int = ERROR_CHARS) -> str:
-    """``Type: message`` (the message alone when the error names its cause), its first line, in
-    at most ``limit`` characters. A longer one keeps its head (what failed; whole sentences or
-    words) and its tail (a chained cause says why there: "Connection refused")."""
-    first = (str(error).strip().splitlines() or [""])[0].strip()
-    text = first if getattr(error, "names_its_cause", False) else f"{type(error).__name__}: {first}"
-    if len(text) <= limit:
-        return text
-    head_room = limit * 2 // 3
-    sentence = text.rfind(". ", limit // 3, head_room)
-    head = text[: sentence + 1] if sentence > 0 else text[: max(text.rfind(" ", 0, head_room), limit // 3)]
-    tail_room = limit - len(head) - len(" ... ")
-    space = text.find(" ", len(text) - tail_room)
-    tail = text[space + 1 :] if space > 0 else text[-tail_room:]
-    return f"{head} ... {tail}"
 
 
 def reset_failure() -> None:
