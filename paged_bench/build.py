@@ -78,6 +78,17 @@ def _check_mirrors_top_level(cfg: Mapping[str, Any], allocator_options: Mapping[
                               "follow it)")  # fmt: skip
 
 
+def _check_positions(cfg: Mapping[str, Any], backend: Backend) -> None:
+    """A model computes positions up to its ``max_position_embeddings``; past them its rotary
+    angles are ones it never saw, and its output is another model's. vLLM refuses such a
+    ``max_model_len`` too (its derived maximum is the same config field)."""
+    model = backend.model_config
+    if model is not None and cfg["max_model_len"] > model.max_position_embeddings:
+        raise ConfigError("max_model_len", cfg["max_model_len"],
+                          f"at most {model.max_position_embeddings}, the model's max_position_embeddings "
+                          f"(set max_model_len={model.max_position_embeddings} or less)")  # fmt: skip
+
+
 def auto_num_blocks(cfg: Mapping[str, Any], budget: KVBudget | None) -> int:
     """What the backend's memory holds next to its model (``budget``, when it knows both), else
     enough blocks for ``max_batch`` sequences of ``max_model_len``: no memory pressure."""
@@ -98,6 +109,7 @@ def build_engine(cfg: Mapping[str, Any], copies: int = 1) -> tuple[Engine, KVBud
         raise ConfigError("max_batch", cfg["max_batch"], f"at most {cap} with backend={name} (backend.max_batch: it "
                                                          f"serves {cap} request(s) at a time)")  # fmt: skip
     backend = registry.create("backend", name, **options)
+    _check_positions(cfg, backend)
 
     name, options = plugin_section(cfg, "allocator")
     _check_mirrors_top_level(cfg, options)

@@ -12,6 +12,7 @@ freed, so the results gathered so far are complete and the pool is whole.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,12 +20,14 @@ from paged_bench.allocators.base import KVLayout
 from paged_bench.arrivals import feed
 from paged_bench.backends.base import Backend
 from paged_bench.clock import VirtualClock, WallClock
-from paged_bench.errors import EngineError
+from paged_bench.errors import EngineError, crash_message
 from paged_bench.request import FinishReason, Request
 from paged_bench.schedulers.base import Scheduler
 from paged_bench.step_records import STEP_COLUMNS, StepRecords
 
 __all__ = ["STEP_COLUMNS", "Engine", "EngineResult", "StepRecords"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -142,15 +145,22 @@ class Engine:
             error = str(e)
         except KeyboardInterrupt:
             error, interrupted = "interrupted", True
+        except Exception as e:  # a policy plugin's bug (or ours): stop as on an EngineError, keep what ran
+            error = crash_message(e)
+            log.exception("the run stopped: %s", error)
         if error is not None:
             now = clock.now()
             reason = FinishReason.ABORT if interrupted else FinishReason.ERROR
             sched.abort_all(reason, now, error)
             for req in arrivals.pending():
                 req.finish(reason, now, f"not submitted: {error}")
-            # an interrupt can land mid-step, after a request left the scheduler's lists and
-            # before its blocks were freed: free whatever any request still holds (idempotent)
+            # an interrupt or a crash can land mid-step, after a request left the scheduler's
+            # lists and before its blocks were freed: free whatever any request still holds
+            # (idempotent), and end whoever no list holds any more
             self.allocator.free_all(arrivals.requests)
+            for req in arrivals.requests:
+                if not req.is_finished:
+                    req.finish(reason, now, error)
         return self.result(arrivals.requests, error, interrupted)
 
     def result(self, reqs: list[Request], error: str | None, interrupted: bool) -> EngineResult:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import traceback
+from pathlib import Path
 from typing import Any
 
 
@@ -54,6 +56,16 @@ def one_line(error: BaseException, limit: int = ERROR_CHARS) -> str:
     space = text.find(" ", len(text) - tail_room)
     tail = text[space + 1 :] if space > 0 else text[-tail_room:]
     return f"{head} ... {tail}"
+
+
+def crash_message(error: BaseException) -> str:
+    """A bug's exception (a plugin's hook, or ours) as one line that says where it was raised:
+    ``Type: message (raised at file:line in function)``. The whole traceback is logged apart."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return one_line(error)
+    last = frames[-1]
+    return f"{one_line(error)} (raised at {Path(last.filename).name}:{last.lineno} in {last.name})"
 
 
 def check(ok: bool, key: str, value: Any, allowed: str) -> None:

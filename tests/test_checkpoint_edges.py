@@ -114,3 +114,17 @@ def test_torch_threads_past_any_core_count_are_refused():
 
     with pytest.raises(ConfigError, match="backend.threads=100000 is not allowed: an integer from 1 to 1,024"):
         build(compose_config("backend=torch", "backend.model=tiny", "backend.threads=100000"))
+
+
+def test_max_model_len_past_the_models_positions_is_refused(sharded):
+    """Positions past max_position_embeddings turn rotary angles the model never saw: its output
+    is another model's. It ran; vLLM refuses it (its derived max_model_len is the same field)."""
+    from paged_bench.build import build
+
+    ckpt = ("backend=numpy", f"backend.model_path={sharded}")
+    with pytest.raises(ConfigError, match="max_model_len=1024 is not allowed: at most 512, the model's"):
+        build(compose_config(*ckpt, "max_model_len=1024", "workload.num_requests=2"))
+    fits = build(compose_config(*ckpt, "max_model_len=512", "workload.num_requests=2"))
+    assert fits.engine.scheduler.max_model_len == 512
+    with pytest.raises(ConfigError, match="max_model_len=512 is not allowed: at most 256"):
+        build(compose_config("backend=numpy", "backend.model={preset: tiny, max_position_embeddings: 256}"))

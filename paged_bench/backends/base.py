@@ -15,6 +15,7 @@ from paged_bench.step import StepOutput, StepPlan
 from paged_bench.tokenizer import ByteTokenizer
 
 if TYPE_CHECKING:
+    from paged_bench.model.config import ModelConfig
     from paged_bench.model.kv_capacity import KVBudget
 
 
@@ -28,6 +29,7 @@ class Backend(ABC):
     reads_token_ids: ClassVar[bool] = True  # False: plans carry no token ids (a cost model needs none)
     computes_kv: ClassVar[bool] = True  # writes real K/V into its pool (a cost model writes none)
     num_devices: int = 1  # GPUs (tensor-parallel ranks) a step runs on: throughput per GPU
+    model_config: ModelConfig | None = None  # the model a backend computes (None: a cost model)
 
     def __init__(self) -> None:
         self.tokenizer = ByteTokenizer()

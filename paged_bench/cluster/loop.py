@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -28,9 +30,11 @@ from paged_bench.cluster.handoff import Transfer, prefill_copy, take_prefill
 from paged_bench.cluster.link import Link, LinkQueue
 from paged_bench.cluster.replica import Replica, View
 from paged_bench.engine import EngineResult
-from paged_bench.errors import EngineError
+from paged_bench.errors import EngineError, crash_message
 from paged_bench.request import FinishReason, Request
 from paged_bench.routers.base import Router
+
+log = logging.getLogger(__name__)
 
 INF = float("inf")
 
@@ -118,6 +122,9 @@ class Cluster:
             error = str(e)
         except KeyboardInterrupt:
             error, interrupted = "interrupted", True
+        except Exception as e:  # a plugin's bug (a router, a replica's policy) or ours: keep what ran
+            error = crash_message(e)
+            log.exception("the cluster run stopped: %s", error)
         if error is not None:
             self._stop(reqs, error, interrupted)
         out = self._out
@@ -152,7 +159,7 @@ class Cluster:
         heapq.heappush(self._events, (t, next(self._seq), action))
 
     def _route(self, req: Request) -> None:
-        replica = self.entry[self.router.route(req, self.entry_views)]
+        replica = self.entry[_routed(self.router, req, self.entry_views)]
         if replica.role == "prefill":
             copy = prefill_copy(req)
             self._origin[copy] = req
@@ -189,7 +196,7 @@ class Cluster:
             if self._on_step is not None:
                 self._on_step(self.now, [req])
             return
-        target = self.decode[self.decode_router.route(req, self.decode_views)]
+        target = self.decode[_routed(self.decode_router, req, self.decode_views)]
         target.num_incoming += 1
         num_bytes = self.kv_bytes_per_token * req.num_prompt_tokens
         done = self.links[source.index].send(self.now, num_bytes)
@@ -225,3 +232,16 @@ class Cluster:
             if not req.is_finished:
                 placed = req in out.placement or req in out.prefill_placement
                 req.finish(reason, now, error if placed else f"not submitted: {error}")
+
+
+def _routed(router: Router, req: Request, views: Sequence[View]) -> int:
+    """The router's choice for ``req``, checked: a negative index would pick from the end."""
+    choice = router.route(req, views)
+    try:
+        index = operator.index(choice)  # an int, numpy's included
+    except TypeError:
+        index = -1
+    if not 0 <= index < len(views):
+        raise EngineError(f"router {router.name!r}: route() returned {choice!r} for request {req.request_id}, "
+                          f"not the index of one of its {len(views)} replicas (0 to {len(views) - 1})")  # fmt: skip
+    return index

@@ -252,7 +252,7 @@ def calibrate(cfg: dict[str, Any], hw: Hardware, shapes: Sequence[Shape], repeat
     options = dict(cfg["backend"])
     name = options.pop("name")
     backend = registry.create("backend", name, **options)
-    model = getattr(backend, "model_config", None)
+    model = backend.model_config
     check(model is not None, "backend", name, "a real model backend (numpy, torch)")
     dtype = getattr(backend, "compute_dtype", "float32")
     try:

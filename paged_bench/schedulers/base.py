@@ -21,14 +21,21 @@ from collections import deque
 from typing import ClassVar, Literal
 
 from paged_bench.allocators.base import Allocator
-from paged_bench.errors import PoolExhaustedError, check, check_int
+from paged_bench.errors import EngineError, PoolExhaustedError, check, check_int
 from paged_bench.request import FinishReason, Request, RequestStatus
 from paged_bench.step import NewRequestData, ReqId, StepOutput, StepPlan
 
 RUNNING = RequestStatus.RUNNING
+_WAITING_STATES = frozenset((RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED))
 LENGTH = FinishReason.LENGTH
 _NO_ROWS: frozenset[int] = frozenset()
 _new_tuple = tuple.__new__  # builds a named tuple from its fields in order, in C
+
+
+def _hook_error(sched: Scheduler, hook: str, value: object, allowed: str) -> EngineError:
+    """A policy hook's answer the machinery cannot act on: the run stops, naming the hook."""
+    shown = f"request {value.request_id}" if isinstance(value, Request) else repr(value)[:80]
+    return EngineError(f"scheduler {sched.name!r}: {hook}() returned {shown}, which is {allowed}")
 
 
 class PlanDraft:
@@ -295,6 +302,8 @@ class Scheduler:
             if n:
                 while not allocate(req, n):
                     victim = self.choose_victim(req)
+                    if getattr(victim, "status", None) is not RUNNING:
+                        raise _hook_error(self, "choose_victim", victim, "not running: return a running request")
                     if running.index(victim) <= i:
                         i -= 1  # the victim sat at or before req: the rest shifts left
                     self._preempt(victim, draft)
@@ -308,6 +317,8 @@ class Scheduler:
         allocator, waiting = self.allocator, self.waiting
         while waiting and len(self.running) < self.max_batch and draft.budget > 0:
             req = self.pick_waiting()
+            if getattr(req, "status", None) not in _WAITING_STATES:
+                raise _hook_error(self, "pick_waiting", req, "not waiting: return a waiting request")
             # an empty engine admits regardless of the reserve, or nothing could ever run
             reserve = self.admission_reserve_blocks if self.running else 0
             if req.status is RequestStatus.SWAPPED:

@@ -1,0 +1,115 @@
+"""A policy plugin that misbehaves mid-run: its hook raises, or answers what the machinery
+cannot act on (a victim that is not running, a waiting request that is not waiting, a replica
+index past the cluster). The run stops as on an engine error: every request is ended with the
+reason, the pool is whole, what ran is on disk, and the error is one line naming the hook (and
+where a crash was raised) with a non-zero exit. Before, the exception went up through the CLI
+as a traceback with the pool held and no files written."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from paged_bench.build import build
+from paged_bench.cluster.build import build_cluster
+from paged_bench.cluster.spec import cluster_spec
+from paged_bench.config import compose_config
+from paged_bench.request import FinishReason
+from paged_bench.routers.base import Router
+from paged_bench.schedulers.continuous import ContinuousScheduler
+from tests.plugin_support import fake_distribution
+from tests.tracking_support import run_cli
+
+FAULTY = '''from paged_bench.schedulers.base import Scheduler
+
+
+class CrashesLater(Scheduler):
+    """FCFS until 5 requests have finished; then its admission hook raises."""
+
+    done = 0
+
+    def update(self, plan, output, now):
+        finished = super().update(plan, output, now)
+        self.done += len(finished)
+        return finished
+
+    def may_admit(self, draft):
+        if self.done >= 5:
+            raise RuntimeError("admission table is corrupt")
+        return True
+'''
+RAISED_AT = FAULTY.splitlines().index('            raise RuntimeError("admission table is corrupt")') + 1
+
+
+def _engine_with(cls, *overrides):
+    bench = build(compose_config("backend=sim", "tracking.enabled=false", *overrides))
+    engine = bench.engine
+    sched = cls.__new__(cls)
+    sched.__dict__.update(engine.scheduler.__dict__)  # the same settings, another policy
+    engine.scheduler = sched
+    return engine, bench.requests
+
+
+class VictimNotRunning(ContinuousScheduler):
+    def choose_victim(self, req):
+        return self.waiting[0]
+
+
+class PicksARunningOne(ContinuousScheduler):
+    def pick_waiting(self):
+        return self.running[0] if self.running else self.waiting[0]
+
+
+@pytest.mark.parametrize("cls, says", [
+    (VictimNotRunning, "choose_victim() returned request "),
+    (PicksARunningOne, "pick_waiting() returned request "),
+])  # fmt: skip
+def test_a_hook_answer_the_machinery_cannot_act_on_stops_the_run_whole(cls, says):
+    short_pool = ("workload.num_requests=30", "num_blocks=12", "max_model_len=128", "workload.rate=50")
+    engine, requests = _engine_with(cls, *short_pool)
+    result = engine.run(requests)
+    assert result.error.startswith(f"scheduler {cls.name!r}: {says}") and "which is not" in result.error
+    assert all(r.is_finished for r in result.requests)
+    assert len(result.steps) > 0  # what ran before stays
+    errors = {r.error for r in result.requests if r.finish_reason is FinishReason.ERROR}
+    assert errors <= {result.error, f"not submitted: {result.error}"}
+    assert result.leaks == [] and engine.allocator.num_free_blocks == engine.allocator.layout.num_blocks
+
+
+class BackwardsRouter(Router):
+    name = "backwards"
+
+    def route(self, req, replicas):
+        return -1  # indexes the last replica from the end: silently another replica
+
+
+def test_a_router_index_outside_the_cluster_stops_the_run_whole():
+    cfg = compose_config("backend=sim", "tracking.enabled=false", "cluster.replicas=2", "workload.num_requests=20")
+    bench = build_cluster(cfg, cluster_spec(cfg))
+    bench.cluster.router = BackwardsRouter()
+    run = bench.cluster.run(bench.requests)
+    assert run.error == "router 'backwards': route() returned -1 for request 0, not the index of one of its 2 " \
+                        "replicas (0 to 1)"  # fmt: skip
+    assert all(r.is_finished and r.finish_reason is FinishReason.ERROR for r in run.requests)
+
+
+def test_a_crashing_plugin_keeps_what_ran_and_exits_with_one_line(tmp_path):
+    site = fake_distribution(tmp_path / "site", "faulty-plugins",
+                             {"paged_bench.schedulers": {"crashes_later": "faulty_plugins:CrashesLater"}},
+                             {"faulty_plugins": FAULTY})  # fmt: skip
+    proc = run_cli(tmp_path, "scheduler.name=crashes_later", "tracking.enabled=false", "max_batch=4",
+                   PYTHONPATH=str(site))  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    (line,) = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    where = f"(raised at faulty_plugins.py:{RAISED_AT} in may_admit)"
+    assert f"run failed: RuntimeError: admission table is corrupt {where}" in line
+    (run_dir,) = [p.parent for p in tmp_path.glob("runs/20*/*/summary.json")]
+    assert "results so far are in" in line and str(run_dir.name) in line
+    rows = list(csv.DictReader((run_dir / "requests.csv").open()))
+    assert len(rows) == 48 and sum(r["finish_reason"] == "length" for r in rows) >= 5
+    assert {r["finish_reason"] for r in rows} == {"length", "error"}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["completed"] >= 5 and summary["completed"] + summary["failed"] == 48
+    assert "Traceback" in (run_dir / "__main__.log").read_text()  # the whole traceback, for the plugin's author
