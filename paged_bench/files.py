@@ -6,6 +6,7 @@ killed; a sweep's by its jobs as they start; the tokenizer cache by concurrent f
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -17,3 +18,9 @@ def write_whole(path: Path, text: str) -> Path:
         f.write(text)
     os.replace(f.name, path)
     return path
+
+
+def folder_name(name: str) -> str:
+    """``name`` (an experiment's) as one folder name: nothing that climbs out (``..``, ``/``) or
+    that a file system refuses."""
+    return re.sub(r"[^\w.-]", "_", name).lstrip(".") or "_"

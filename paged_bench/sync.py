@@ -16,14 +16,14 @@ import os
 import socket
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import paged_bench.tracking  # noqa: F401  (telemetry off before mlflow is imported)
 from paged_bench.cli.sweep_folder import SWEEP_FILE, sweep_info
 from paged_bench.errors import PagedBenchError, one_line
-from paged_bench.report.load import REPORT_DIR, Run, find_runs
+from paged_bench.report.load import REPORT_DIR, Run, RunFileError, find_runs
 from paged_bench.tracking import store
 from paged_bench.tracking.runs import (
     RUN_DIR_TAG, SWEEP_DIR_TAG, UPLOADED_TAG, finish_sweep, start_sweep, upload_run, uploaded,
@@ -36,6 +36,7 @@ class Tally:
     present: int = 0
     closed: int = 0
     replaced: int = 0
+    unreadable: list[str] = field(default_factory=list)  # runs left out: why, naming the file
 
 
 class Store:
@@ -85,7 +86,11 @@ def sync_run(st: Store, run: Run, tally: Tally, parent_run_id: str | None = None
         return
     tally.replaced += st.drop_broken(exp, run_dir)
     settings = run.config.get("tracking") or {}
-    st.runs(exp)[str(run_dir)] = upload_run(st.client, exp, run_dir, settings, parent_run_id)
+    try:
+        st.runs(exp)[str(run_dir)] = upload_run(st.client, exp, run_dir, settings, parent_run_id)
+    except RunFileError as e:  # found before anything was logged: the other runs still go
+        tally.unreadable.append(str(e))
+        return
     tally.uploaded += 1
 
 
@@ -137,12 +142,13 @@ def sync_sweep(st: Store, sweep_dir: Path, runs: list[Run], tally: Tally) -> str
     return None
 
 
-def _groups(paths: Iterable[Path]) -> tuple[dict[Path, list[Run]], list[Run]]:
-    """Sweeps (their folder -> jobs) and single runs under ``paths``."""
+def _groups(paths: Iterable[Path], unreadable: list[RunFileError]) -> tuple[dict[Path, list[Run]], list[Run]]:
+    """Sweeps (their folder -> jobs) and single runs under ``paths``; runs whose files cannot be
+    read go to ``unreadable`` instead."""
     sweeps: dict[Path, list[Run]] = {}
     singles: list[Run] = []
     for path in paths:
-        for run in find_runs(path):
+        for run in find_runs(path, unreadable=unreadable):
             folder = run.path.resolve().parent
             if (folder / SWEEP_FILE).is_file():
                 sweeps.setdefault(folder, []).append(run)
@@ -161,7 +167,8 @@ def sync(paths: list[Path], tracking_uri: str | None = None) -> tuple[Tally, lis
     from paged_bench.tracking.uploader import wait_for_helper
 
     wait_for_helper()  # what a killed command handed over is being logged right now
-    sweeps, singles = _groups(paths)
+    unreadable: list[RunFileError] = []
+    sweeps, singles = _groups(paths, unreadable)
     stores: dict[str, Store] = {}
 
     def store_for(recorded: str | None) -> Store:
@@ -170,7 +177,7 @@ def sync(paths: list[Path], tracking_uri: str | None = None) -> tuple[Tally, lis
             stores[uri] = Store(uri)
         return stores[uri]
 
-    tally, notes = Tally(), []
+    tally, notes = Tally(unreadable=[str(e) for e in unreadable]), []
     for sweep_dir, runs in sorted(sweeps.items()):
         link = sweep_info(sweep_dir).get("tracking") or {}
         note = sync_sweep(store_for(link.get("uri")), sweep_dir, runs, tally)
@@ -202,9 +209,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
+    for why in tally.unreadable:
+        print(f"error: not uploaded: {why}", file=sys.stderr)
     print(f"sync: {tally.uploaded} run(s) uploaded, {tally.present} already in the store, "
-          f"{tally.closed} sweep parent run(s) closed" + (f", {tally.replaced} broken upload(s) replaced" if tally.replaced else ""))  # fmt: skip
-    return 0
+          f"{tally.closed} sweep parent run(s) closed" + (f", {tally.replaced} broken upload(s) replaced" if tally.replaced else "")
+          + (f", {len(tally.unreadable)} unreadable run(s) left out" if tally.unreadable else ""))  # fmt: skip
+    return 1 if tally.unreadable else 0
 
 
 if __name__ == "__main__":

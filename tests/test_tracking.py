@@ -135,7 +135,9 @@ def test_step_series_are_thinned_without_losing_preemptions_or_the_last_step():
     steps = _steps(1000, preempt_at=(3, 5, 998))
     metrics = step_metrics(steps, start_ms=1_000_000, max_points=100)
     series = {name: [m for m in metrics if m.key == name] for name in [*STEP_SERIES.values(), PREEMPTIONS_SERIES]}
-    assert all(len(points) == 101 for points in series.values())  # every 10th step, plus the last
+    # at most max_points, as tracking.step_metrics says: every 10th step to 980, then the last
+    assert all(len(points) == 100 for points in series.values())
+    assert step_metrics(steps, 0, 1)[-1].step == 999 and len(step_metrics(steps, 0, 1)) == len(series)
     assert series[PREEMPTIONS_SERIES][-1].value == 3 and series[PREEMPTIONS_SERIES][-1].step == 999
     batch = series["step/batch_size"]
     assert [m.step for m in batch[:3]] == [0, 10, 20] and [m.value for m in batch[:3]] == [0.0, 3.0, 6.0]

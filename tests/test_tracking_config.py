@@ -22,9 +22,13 @@ BAD_SETTINGS = [
     ("tracking.step_metrics=-1", "tracking.step_metrics=-1 is not allowed: an integer >= 0"),
     ("tracking.step_metrics=1.5", "tracking.step_metrics=1.5 is not allowed: an integer >= 0"),
     ("tracking.plots=foo", "tracking.plots='foo' is not allowed: auto, true or false"),
+    ("tracking.plots=1", "tracking.plots=1 is not allowed: auto, true or false"),  # 1 == True meant no plots
+    ("tracking.uri=sqlite:///:memory:", "tracking.uri='sqlite:///:memory:' is not allowed: an SQLite store in a file"),
+    ("tracking.uri=sqlite://", "tracking.uri='sqlite://' is not allowed: an SQLite store in a file"),
     ("tracking.uri=123", "tracking.uri=123 is not allowed: a tracking URI: sqlite:///PATH"),
     ("+tracking.url=x", "tracking.url='x' is not allowed: one of enabled, uri, step_metrics, plots"),
-    ("experiment_name=123", "experiment_name=123 is not allowed: a name of 1 to 500 characters"),
+    ("experiment_name=123", "experiment_name=123 is not allowed: a name of 1 to 500 characters (the MLflow "
+                            "experiment), or null (a number is a name in quotes: \"experiment_name='123'\")"),
     ("experiment_name=' '", "experiment_name=' ' is not allowed: a name of 1 to 500 characters"),
 ]
 FILE_STORES = ["/tmp/fstore", "file:///tmp/fstore", "relative/folder"]

@@ -32,8 +32,9 @@ def check_tracking(config: Mapping[str, Any]) -> None:
     """Raise ConfigError for the first bad tracking setting of a resolved config."""
     name = config.get("experiment_name")
     ok = name is None or (isinstance(name, str) and name.strip() != "" and len(name) <= MAX_EXPERIMENT_NAME)
+    quote = f" (a number is a name in quotes: \"experiment_name='{name}'\")" if isinstance(name, (int, float)) else ""
     check(ok, "experiment_name", name, f"a name of 1 to {MAX_EXPERIMENT_NAME} characters (the MLflow experiment), "
-                                       "or null")  # fmt: skip
+                                       f"or null{quote}")  # fmt: skip
     settings = config.get("tracking") or {}
     check(isinstance(settings, Mapping), "tracking", settings, f"a mapping with keys {', '.join(SETTINGS)}")
     for key, value in settings.items():
@@ -42,7 +43,8 @@ def check_tracking(config: Mapping[str, Any]) -> None:
     check(isinstance(enabled, bool), "tracking.enabled", enabled, "true or false")
     check_int("tracking.step_metrics", settings.get("step_metrics", 100), 0)
     plots = settings.get("plots", "auto")
-    check(plots in (True, False, "auto"), "tracking.plots", plots, "auto, true or false")
+    # isinstance, not ``in (True, False)``: 1 == True, and 1 then meant no plots
+    check(isinstance(plots, bool) or plots == "auto", "tracking.plots", plots, "auto, true or false")
     if enabled:  # the store is looked at only when something will be logged to it
         from paged_bench.tracking import store
 

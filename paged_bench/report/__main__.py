@@ -14,7 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from paged_bench.errors import PagedBenchError, one_line
+from paged_bench.errors import ConfigError, PagedBenchError, one_line
+from paged_bench.files import folder_name
 
 START, END = "<!-- report:start -->", "<!-- report:end -->"
 
@@ -36,13 +37,29 @@ def _report(runs, out: Path, name: str, args) -> str:
     from paged_bench.cli.catalog import experiment_description
     from paged_bench.report.build import build_report
 
-    metrics = args.metrics.split(",") if args.metrics else None
+    metrics = _metrics(args.metrics, runs)
     title = runs and (runs[0].config.get("experiment_name") or name)
     rep = build_report(runs, out, title=title, description=experiment_description(title), metrics=metrics,
                        plots=not args.no_plots)  # fmt: skip
     print(f"report of {len(runs)} run(s) -> {out}", file=sys.stderr)
     target = args.into or args.md
     return rep.markdown_at(target.resolve().parent if target else rep.out_dir)
+
+
+def _metrics(option: str | None, runs) -> list[str] | None:
+    """``--metrics``, each a figure the report knows or one of these runs has; a typo is an
+    error, not a column that silently never shows."""
+    if not option:
+        return None
+    from paged_bench.report.tables import METRICS, figures
+
+    wanted = [m.strip() for m in option.split(",") if m.strip()]
+    known = set(METRICS).union(*(figures(r) for r in runs))
+    unknown = [m for m in wanted if m not in known]
+    if unknown or not wanted:
+        raise ConfigError("--metrics", option, f"summary keys such as {', '.join(list(METRICS)[:6])}, ... "
+                                               f"({', '.join(unknown) or 'none given'}: not a figure of these runs)")  # fmt: skip
+    return wanted
 
 
 def _fetch(name: str, dest: Path, tracking_uri: str | None) -> list:
@@ -57,6 +74,16 @@ def _fetch(name: str, dest: Path, tracking_uri: str | None) -> list:
         raise
     except Exception as e:  # noqa: BLE001  (the store is unreachable or refused)
         raise PagedBenchError(f"report failed: {one_line(e)}") from e
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    """``name``, or ``name-2``, ``name-3``...: two sources of one folder name get two folders."""
+    unique, n = name, 1
+    while unique in taken:
+        n += 1
+        unique = f"{name}-{n}"
+    taken.add(unique)
+    return unique
 
 
 def write_into(path: Path, markdown: str) -> None:
@@ -76,18 +103,21 @@ def main(argv: list[str] | None = None) -> int:
     from paged_bench.report.load import REPORT_DIR, find_runs
 
     several = len(args.paths) + len(args.experiment) > 1
-    sections = []
+    sections, taken = [], set()
     try:
         for path in args.paths:
             runs = find_runs(path)
             if not runs:
-                raise PagedBenchError(f"no runs found in {path} (a run directory holds summary.json)")
-            out = (args.out / path.resolve().name if several else args.out) if args.out else path / REPORT_DIR
+                raise PagedBenchError(f"no runs found in {path} (a run directory holds summary.json or run_info.json)")
+            out = path / REPORT_DIR
+            if args.out:
+                out = args.out / _unique(path.resolve().name, taken) if several else args.out
             sections.append(_report(runs, out, path.resolve().name, args))
         for name in args.experiment:
             with tempfile.TemporaryDirectory() as tmp:
                 runs = _fetch(name, Path(tmp), args.tracking_uri)
-                out = (args.out / name if several else args.out) if args.out else Path("runs", "reports", name)
+                folder = _unique(folder_name(name), taken)
+                out = (args.out / folder if several else args.out) if args.out else Path("runs", "reports", folder)
                 sections.append(_report(runs, out, name, args))
     except PagedBenchError as e:
         print(f"error: {e}", file=sys.stderr)

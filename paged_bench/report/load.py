@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from paged_bench.errors import PagedBenchError
 from paged_bench.files import write_whole
 from paged_bench.flat import display_key, flatten
 
@@ -25,7 +26,11 @@ CONFIG_FILE = "config.yaml"
 RUN_INFO = "run_info.json"  # the run's status, error, choices, name, start and end
 REPORT_DIR = "report"  # where a report of a directory goes; never read back as a run
 _NOT_RUNS = (REPORT_DIR, "mlartifacts", "plots")  # copies of runs' files (the embedded store's artifacts)
-_RUN_MARKERS = ("summary.json", RUN_INFO, CONFIG_FILE, ".hydra/config.yaml")
+_RUN_MARKERS = ("summary.json", RUN_INFO)  # what only a run writes (a config.yaml may be anyone's)
+_CONFIG_MARKERS = (CONFIG_FILE, ".hydra/config.yaml")  # a run's, when they hold paged_bench's plugin sections
+# the columns a report reads from a run's tables (the plots): a file without them was not written by a run
+TABLE_COLUMNS = {"requests": ("ttft_ms",), "steps": ("time", "duration", "kv_live_slots", "kv_reserved_slots",
+                                                     "preemptions")}  # fmt: skip
 # config keys that say how a run was recorded, not what was measured
 _NOT_DIMENSIONS = ("tracking.", "report.", "experiment_name")
 # plugin choices come first when picking the dimension compared side by side
@@ -42,7 +47,10 @@ def update_run_info(run_dir: Path, fields: Mapping[str, Any]) -> Path:
     """Add ``fields`` to the run's ``run_info.json`` (created if the run wrote none)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / RUN_INFO
-    info = read_json(path)
+    try:
+        info = read_json(path)
+    except RunFileError:  # an earlier run's, cut short: this run's record starts over
+        info = {}
     info.update(fields)
     return write_whole(path, json.dumps(info, indent=2, default=str) + "\n")
 
@@ -73,21 +81,50 @@ class Run:
             path = self.path / f"{name}.csv"
             # low_memory=False: one pass types each column whole (in chunks, a long run's mostly
             # empty error column came out mixed, with a DtypeWarning on every report)
-            df = pd.read_csv(path, low_memory=False) if path.is_file() and path.stat().st_size else None
+            try:
+                df = pd.read_csv(path, low_memory=False) if path.is_file() and path.stat().st_size else None
+            except (ValueError, OSError) as e:  # pandas' ParserError is a ValueError
+                raise RunFileError(path, f"not a CSV table ({str(e).splitlines()[0]})") from e
+            missing = [c for c in TABLE_COLUMNS.get(name, ()) if df is not None and c not in df]
+            if missing:
+                raise RunFileError(path, f"has no column {', '.join(missing)}")
             self._tables[name] = df if df is not None and len(df) else None
         return self._tables[name]
 
 
+class RunFileError(PagedBenchError):
+    """A run's file that is there but is not what the run wrote (cut short, or edited)."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"{path}: {why}; was it cut short or edited? (fix or remove it)")
+
+
 def read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
+    """A run's JSON record; {} when the file is not there (the run never wrote it)."""
+    if not path.is_file():
         return {}
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise RunFileError(path, f"not JSON ({e})") from e
+    if not isinstance(value, dict):
+        raise RunFileError(path, f"a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        value = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise RunFileError(path, f"not YAML ({str(e).splitlines()[0]})") from e
+    if not isinstance(value, dict):
+        raise RunFileError(path, f"a YAML {type(value).__name__}, not a mapping")
+    return value
 
 
 def _read_config(path: Path) -> dict[str, Any]:
     if (path / CONFIG_FILE).is_file():
-        return yaml.safe_load((path / CONFIG_FILE).read_text()) or {}
+        return read_yaml(path / CONFIG_FILE)
     hydra_config = path / ".hydra" / "config.yaml"
     if hydra_config.is_file():  # a run from before config.yaml was written: resolve Hydra's copy
         from omegaconf import OmegaConf
@@ -100,7 +137,18 @@ def _read_config(path: Path) -> dict[str, Any]:
 
 
 def is_run_dir(path: Path) -> bool:
-    return any((path / marker).is_file() for marker in _RUN_MARKERS)
+    """A folder a paged_bench run wrote: its records, or (a job that failed before writing them)
+    its config with the plugin sections; another tool's config.yaml is not a run."""
+    if any((path / marker).is_file() for marker in _RUN_MARKERS):
+        return True
+    for marker in _CONFIG_MARKERS:
+        if (path / marker).is_file():
+            try:
+                config = read_yaml(path / marker)
+            except RunFileError:
+                return False
+            return all(isinstance(config.get(kind), dict) for kind in ("workload", "scheduler", "backend"))
+    return False
 
 
 def load_run(path: Path) -> Run:
@@ -114,17 +162,24 @@ def load_run(path: Path) -> Run:
     return Run(path, job, status, error, _read_config(path), summary, str(path))
 
 
-def find_runs(path: Path, depth: int = 4) -> list[Run]:
-    """Every run in ``path``: the run itself, a sweep's jobs, or all runs below a folder."""
+def find_runs(path: Path, depth: int = 4, unreadable: list[RunFileError] | None = None) -> list[Run]:
+    """Every run in ``path``: the run itself, a sweep's jobs, or all runs below a folder. A run
+    whose files cannot be read raises, or with ``unreadable`` given is left out and noted there."""
     path = Path(path)
     if is_run_dir(path):
-        return [load_run(path)]
+        try:
+            return [load_run(path)]
+        except RunFileError as e:
+            if unreadable is None:
+                raise
+            unreadable.append(e)
+            return []
     if depth == 0 or not path.is_dir():
         return []
     runs: list[Run] = []
     for child in path.iterdir():
         if child.is_dir() and child.name not in _NOT_RUNS and not child.name.startswith("."):
-            runs += find_runs(child, depth - 1)
+            runs += find_runs(child, depth - 1, unreadable)
     return sorted(runs, key=lambda r: (str(r.path.parent), r.job if r.job is not None else math.inf, r.path.name))
 
 

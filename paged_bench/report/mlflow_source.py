@@ -18,6 +18,7 @@ def fetch_experiment(name: str, dest: Path, tracking_uri: str | None = None) -> 
     from paged_bench.tracking.runs import KIND_TAG, PARENT_TAG
 
     uri = store.resolve_uri(tracking_uri)
+    store.check_store_to_read(uri)
     client = store.client(uri)
     exp = client.get_experiment_by_name(name)
     if exp is None:

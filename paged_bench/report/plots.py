@@ -108,9 +108,13 @@ def versus_axis(rs: RunSet, metrics: list[str], out_dir: Path) -> Path | None:
     axis = "max_batch" if "max_batch" in rs.axes else rs.axes[0]
     series: dict[str, list[Run]] = {}
     rest = [k for k in rs.dims if k not in (axis, rs.policy)]
-    for run in rs.runs:
-        if run.summary:
-            series.setdefault(rs.label(run, [k for k in (rs.policy, *rest) if k]) or "runs", []).append(run)
+    keys = [k for k in (rs.policy, *rest) if k]
+    # a run that did not finish measured part of its workload: no point beside those that did;
+    # nor can an infinite setting (workload.rate=inf) sit on an axis
+    drawn = [r for r in rs.runs if r.status == "finished" and r.summary and math.isfinite(rs.value(r, axis))]
+    for run in drawn:
+        series.setdefault(rs.label(run, keys) if keys else "runs", []).append(run)
+    undrawn = sorted({str(rs.value(r, axis)) for r in rs.runs if not math.isfinite(rs.value(r, axis))})
     metrics = plotted_metrics([r for runs in series.values() for r in runs], metrics)
     if not series or not metrics:
         return None
@@ -128,7 +132,7 @@ def versus_axis(rs: RunSet, metrics: list[str], out_dir: Path) -> Path | None:
         if len(xs_all) > 2 and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 8:
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs_all, [str(x) for x in xs_all])
-        ax.set_xlabel(display_key(axis))
+        ax.set_xlabel(display_key(axis) + (f" ({', '.join(undrawn)}: in the table)" if undrawn else ""))
         ax.set_title(metric(key).label)
         ax.grid(alpha=0.3)
         _legend(ax)

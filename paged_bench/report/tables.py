@@ -58,6 +58,10 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def fmt(m: Metric, value: Any) -> str:
     if _missing(value):
         return "n/a"
@@ -69,7 +73,7 @@ def fmt(m: Metric, value: Any) -> str:
 
 def gain(m: Metric, baseline: Any, value: Any) -> str:
     """How many times better ``value`` is than ``baseline`` (a plain ratio when neither way is better)."""
-    if _missing(baseline) or _missing(value):
+    if _missing(baseline) or _missing(value) or not _number(baseline) or not _number(value):
         return "n/a"
     num, den = (baseline, value) if m.better == "lower" else (value, baseline)
     if den == 0 or num == 0:  # a count that is zero on one side: no "times better" to tell
@@ -133,7 +137,9 @@ def comparison_markdown(rs: RunSet, metrics: list[str]) -> str:
 
 def head_to_head_markdown(rs: RunSet, metrics: list[str]) -> str | None:
     """The policies side by side with each one's gain over the baseline; None when there is
-    no policy to compare or nothing to put beside it."""
+    no policy to compare or nothing to put beside it. A run that did not finish shows its
+    status, not the figures of the part it ran; runs of one setting repeated (the same sweep
+    twice) are rows of their own, numbered."""
     if rs.policy is None:
         return None
     values = rs.policy_values()
@@ -142,27 +148,30 @@ def head_to_head_markdown(rs: RunSet, metrics: list[str]) -> str | None:
     others = [k for k in rs.dims if k != rs.policy]
     cells: dict[tuple, dict[Any, Run]] = {}
     for run in rs.runs:
-        key = tuple(str(rs.value(run, k)) for k in others)
-        cells.setdefault(key, {})[rs.value(run, rs.policy)] = run
+        setting, policy = tuple(str(rs.value(run, k)) for k in others), rs.value(run, rs.policy)
+        repeat = 1
+        while policy in cells.get((*setting, repeat), {}):
+            repeat += 1
+        cells.setdefault((*setting, repeat), {})[policy] = run
+    repeated = any(key[-1] > 1 for key in cells)
     base = values[0]
-    headers = [display_key(k) for k in others] + ["metric"] + [str(v) for v in values]
-    headers += [f"{v} vs {base}" for v in values[1:]]
+    headers = [display_key(k) for k in others] + (["repeat"] if repeated else []) + ["metric"]
+    headers += [str(v) for v in values] + [f"{v} vs {base}" for v in values[1:]]
     rows = []
     for key, by_policy in cells.items():
+        finished = {v: r for v, r in by_policy.items() if r.status == "finished" and r.summary}
         for k in metrics:
             m = metric(k)
-            got = {v: (figures(by_policy[v]).get(k) if v in by_policy else None) for v in values}
-            if all(_missing(x) for x in got.values()):
+            got = {v: (figures(finished[v]).get(k) if v in finished else None) for v in values}
+            if all(_missing(x) for x in got.values()) and len(finished) == len(by_policy):
                 continue
-            row = list(key) + [m.label]
-            row += [
-                fmt(m, got[v]) if v in by_policy and by_policy[v].summary else _status(by_policy.get(v)) for v in values
-            ]
+            row = list(key[:-1]) + ([str(key[-1])] if repeated else []) + [m.label]
+            row += [fmt(m, got[v]) if v in finished else _status(by_policy.get(v)) for v in values]
             row += [gain(m, got[base], got[v]) for v in values[1:]]
             rows.append(row)
     if not rows:
         return None
-    numeric = [k in rs.axes for k in others] + [False] + [True] * (2 * len(values) - 1)
+    numeric = [k in rs.axes for k in others] + [True] * repeated + [False] + [True] * (2 * len(values) - 1)
     return markdown_table(headers, rows, numeric)
 
 

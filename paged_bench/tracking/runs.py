@@ -23,10 +23,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from paged_bench.flat import flatten
-from paged_bench.report.load import RUN_INFO, read_json
+from paged_bench.report.load import RUN_INFO, RunFileError, read_json, read_yaml
 
 # a job's status -> MLflow's
 RUN_STATUS = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
@@ -132,10 +130,13 @@ def step_metrics(steps: list[Mapping[str, Any]], start_ms: int, max_points: int)
     if not steps or max_points <= 0:
         return []
     stride = math.ceil(len(steps) / max_points)
+    kept = list(range(0, len(steps), stride))
+    kept[-1] = len(steps) - 1  # the last step is always a point (the run's end): still at most max_points
+    kept_set = set(kept)
     out, preempted = [], 0
     for i, row in enumerate(steps):
         preempted += int(float(row.get("preemptions") or 0))
-        if i % stride and i != len(steps) - 1:
+        if i not in kept_set:
             continue
         step, ts = int(float(row["step"])), start_ms + ms(float(row["time"]))
         out += [Metric(name, rounded(float(row[c])), ts, step) for c, name in STEP_SERIES.items() if row.get(c) != ""]
@@ -143,11 +144,19 @@ def step_metrics(steps: list[Mapping[str, Any]], start_ms: int, max_points: int)
     return out
 
 
-def _read_steps(path: Path) -> list[dict[str, str]]:
+def _step_metrics_of(path: Path, start_ms: int, max_points: int) -> list:
+    """``step_metrics`` of a run's ``steps.csv`` (none when it wrote none), or a one-line error
+    naming the file when it is not the table a run writes."""
     if not path.is_file():
         return []
     with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+        rows = list(csv.DictReader(f))
+    try:
+        return step_metrics(rows, start_ms, max_points)
+    except KeyError as e:
+        raise RunFileError(path, f"has no column {e}") from e
+    except (TypeError, ValueError) as e:  # a cell that is no number, or a short row
+        raise RunFileError(path, f"a cell that is no number ({e})") from e
 
 
 def _note(summary: Mapping[str, Any]) -> str | None:
@@ -192,7 +201,7 @@ def upload_run(mlflow_client: Any, experiment_id: str, run_dir: Path, settings: 
     from mlflow.entities import Param, RunTag
 
     run_dir = Path(run_dir).resolve()
-    config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
+    config = read_yaml(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else {}
     info = read_json(run_dir / RUN_INFO)
     summary = read_json(run_dir / "summary.json")
     status = info.get("status") or ("finished" if summary else "failed")
@@ -209,11 +218,11 @@ def upload_run(mlflow_client: Any, experiment_id: str, run_dir: Path, settings: 
         tags[PARENT_TAG] = parent_run_id
     start_time = float(info.get("start_time") or run_dir.stat().st_mtime)
     run_name = info.get("run_name") or run_dir.name
+    end_ms = ms(float(info.get("end_time") or start_time))
+    metrics = summary_metrics(summary, end_ms)  # read whole before the run is created: a bad file logs nothing
+    metrics += _step_metrics_of(run_dir / "steps.csv", ms(start_time), int(settings.get("step_metrics", 100) or 0))
     run_id = mlflow_client.create_run(experiment_id, start_time=ms(start_time), tags=tags, run_name=run_name).info.run_id
     try:
-        end_ms = ms(float(info.get("end_time") or start_time))
-        metrics = summary_metrics(summary, end_ms)
-        metrics += step_metrics(_read_steps(run_dir / "steps.csv"), ms(start_time), int(settings.get("step_metrics", 100) or 0))
         params = [Param(k, v) for k, v in params_of(config or {}).items()]
         mlflow_client.log_batch(run_id, metrics=metrics, params=params)
         log_artifacts(mlflow_client, run_id, _artifacts(run_dir))

@@ -8,7 +8,6 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import sqlite3
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from urllib.parse import urlparse
 
 import paged_bench.tracking  # noqa: F401  (telemetry off before mlflow is imported)
 from paged_bench.errors import check, one_line
+from paged_bench.files import folder_name
 
 RUNS_DIR = "runs"
 DB_FILE = "mlflow.db"
@@ -72,6 +72,10 @@ def check_uri(configured: Any, key: str) -> None:
     check(not _is_file_store(uri) or _file_store_allowed(), key, uri,
           f"a tracking URI: {URI_FORMS} (MLflow 3 opens a folder or file:// store only with "
           f"{FILE_STORE_ENV}=true)")  # fmt: skip
+    # SQLAlchemy's sqlite:// and sqlite:///:memory: are a database in one process's memory: the
+    # tracking helper's, gone with it, and every run logged there with it
+    check(not uri.startswith("sqlite:") or sqlite_path(uri) is not None, key, uri,
+          "an SQLite store in a file, sqlite:///PATH (an in-memory one is lost when the process ends)")  # fmt: skip
 
 
 def _is_file_store(uri: str) -> bool:
@@ -116,6 +120,24 @@ def open_sqlite(path: Path) -> None:
         raise StoreError(f"cannot open the SQLite store {path}: {e}") from e
 
 
+def check_store_to_read(uri: str) -> None:
+    """For a command that only reads (a report): an SQLite ``uri`` must be an MLflow store
+    already. Opening it with MLflow would create the file, or add MLflow's tables to another
+    program's database."""
+    path = sqlite_path(uri)
+    if path is None:
+        return
+    if not path.is_file():
+        raise StoreError(f"no MLflow store at {path}: nothing was logged there (a run or sync creates it)")
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error as e:
+        raise StoreError(f"cannot read the SQLite store {path}: {e}") from e
+    if not {"experiments", "runs"} <= tables:
+        raise StoreError(f"{path} is an SQLite database but not an MLflow store (it has no experiments table)")
+
+
 @functools.lru_cache(maxsize=8)
 def _client(uri: str, identity: int | None) -> Any:
     return _new_client(uri)
@@ -155,7 +177,7 @@ def experiment_id(mlflow_client: Any, name: str, uri: str) -> str:
     exp = mlflow_client.get_experiment_by_name(name)
     if exp is None:
         root = artifact_root(uri)
-        location = (root / re.sub(r"[^\w.-]", "_", name)).as_uri() if root is not None else None
+        location = (root / folder_name(name)).as_uri() if root is not None else None
         try:
             return mlflow_client.create_experiment(name, artifact_location=location)
         except MlflowException:  # another job of the sweep created it first
