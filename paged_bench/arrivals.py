@@ -10,14 +10,17 @@ The engine's run loop and the HTTP load generator both consume a feed the same w
     pending()             the requests never sent (to report when a run stops early)
 
 A closed loop is what ``vllm bench serve --max-concurrency N`` and guidellm's ``concurrent``
-profile do: a request waits for its arrival time *and* a free slot, and its clock starts when
-it is sent (vLLM's client times from sending, after its semaphore), so a request the cap held
-back has ``arrival_time`` moved to its send time. With every arrival at 0 (``workload.rate=inf``)
-that is N users each sending the next request as soon as the last one ends.
+profile do: a request waits for its arrival time *and* a free slot. vLLM's client starts a
+request's clock when it takes a slot (after its semaphore), so a request the cap held back has
+``arrival_time`` moved to when a slot opened for it; one that arrived while a slot was free keeps
+its arrival time, even if it is sent later (the engine takes requests in only between steps, as
+it does in an open loop): a cap that never binds changes nothing. With every arrival at 0
+(``workload.rate=inf``) that is N users each sending the next request as soon as the last one ends.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from paged_bench.request import Request
@@ -59,13 +62,16 @@ class ClosedLoop(OpenLoop):
         super().__init__(requests)
         self.max_concurrency = max_concurrency
         self.in_flight = 0
+        # when a slot last opened in a full loop: a request sent later that arrived before then
+        # was held by the cap (the loop was full when it arrived, or filled before it was sent)
+        self.slot_opened = -math.inf
 
     def due(self, now: float) -> list[Request]:
         sent = super().due(now)
         self.in_flight += len(sent)
         for req in sent:
-            if req.arrival_time < now:  # held back by the cap: its clock starts now
-                req.arrival_time = now
+            if req.arrival_time < self.slot_opened:  # held back by the cap: its clock starts with its slot
+                req.arrival_time = self.slot_opened
         return sent
 
     def _limit(self) -> int:
@@ -77,6 +83,8 @@ class ClosedLoop(OpenLoop):
         return super().next_time()
 
     def finished(self, reqs: list[Request], now: float) -> None:
+        if reqs and self.in_flight >= self.max_concurrency:
+            self.slot_opened = now
         self.in_flight -= len(reqs)
 
 

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from paged_bench.errors import check_int, check_number
+from paged_bench.errors import MAX_TOKENS, ConfigError, check, check_int, check_number
 from paged_bench.memory import check_requests_fit
 from paged_bench.request import Request
 from paged_bench.workloads.lengths import length_dist
@@ -42,6 +42,23 @@ class Workload(ABC):
 
 def check_max_concurrency(value: Any) -> int | None:
     return None if value is None else check_int("workload.max_concurrency", value)
+
+
+def check_shared_prefix(spec: Mapping[str, Any] | None, num_requests: int) -> tuple[int, int]:
+    """(num_prefixes, length) of ``workload.shared_prefix``: both set or both 0 (one alone was
+    ignored), and no more prefixes than requests (each is drawn, used or not: 1e9 of them hung)."""
+    prefix = dict(spec or {})
+    key = "workload.shared_prefix"
+    count = prefix.get("num_prefixes", 0)
+    check_int(f"{key}.num_prefixes", count, 0)
+    check(count <= num_requests, f"{key}.num_prefixes", count,
+          f"at most workload.num_requests ({num_requests:,}) prefixes: more are drawn and never sent")  # fmt: skip
+    length = check_int(f"{key}.length", prefix.get("length", 0), 0, MAX_TOKENS)
+    if bool(count) != bool(length):
+        missing, given = ("length", f"num_prefixes={count}") if count else ("num_prefixes", f"length={length}")
+        raise ConfigError(f"{key}.{missing}", prefix.get(missing, 0),
+                          f"an integer >= 1 when {key}.{given} is set (or both 0: no shared prefix)")  # fmt: skip
+    return count, length
 
 
 def random_prompts(rng: np.random.Generator, lengths: np.ndarray, vocab_size: int) -> list[np.ndarray]:
@@ -70,10 +87,9 @@ class SyntheticWorkload(Workload):
         self.num_requests = check_int("workload.num_requests", num_requests)
         self.rate = check_number("workload.rate", rate, 0, strict=True, finite=False)
         self.prompt_len = length_dist("workload.prompt_len", prompt_len)
+        self.prompt_spec = prompt_len if isinstance(prompt_len, int) else dict(prompt_len)  # as configured
         self.output_len = length_dist("workload.output_len", output_len)
-        prefix = dict(shared_prefix or {})
-        self.num_prefixes = check_int("workload.shared_prefix.num_prefixes", prefix.get("num_prefixes", 0), 0)
-        self.prefix_len = check_int("workload.shared_prefix.length", prefix.get("length", 0), 0)
+        self.num_prefixes, self.prefix_len = check_shared_prefix(shared_prefix, self.num_requests)
         self.max_concurrency = check_max_concurrency(max_concurrency)
         self.seed = check_int("seed", seed, 0)
 
@@ -81,10 +97,19 @@ class SyntheticWorkload(Workload):
     def gaps(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` inter-arrival gaps in seconds, with mean ``1 / rate``."""
 
-    def requests(self, ctx: WorkloadContext) -> list[Request]:
+    def _check_fit(self) -> None:
+        """The requests fit in memory; if not one does, the longer of its prefix and its own
+        tokens is the knob named."""
+        lengths_key, lengths = "workload.prompt_len", self.prompt_spec
+        if self.prefix_len > self.prompt_len.expected:
+            lengths_key, lengths = "workload.shared_prefix.length", self.prefix_len
         n = self.num_requests
         check_requests_fit(n, self.prompt_len.expected + self.prefix_len, count_key="workload.num_requests", count=n,
-                           lengths_key="workload.prompt_len", lengths=self.prompt_len)  # fmt: skip
+                           lengths_key=lengths_key, lengths=lengths)  # fmt: skip
+
+    def requests(self, ctx: WorkloadContext) -> list[Request]:
+        n = self.num_requests
+        self._check_fit()
         arrival_rng, prompt_rng, output_rng, token_rng = (
             np.random.default_rng(s) for s in np.random.SeedSequence(self.seed).spawn(4)
         )

@@ -2,7 +2,10 @@
 
 - ``fixed``: ``value``
 - ``uniform``: integers in ``[low, high]``
-- ``lognormal``: ``mean`` (of the lengths) and ``sigma`` (of their log), clipped to ``[min, max]``
+- ``lognormal``: ``mean`` (of the lengths) and ``sigma`` (of their log), clipped to ``[min, max]``.
+  ``mean`` is the mean before clipping: the median is ``mean * exp(-sigma**2 / 2)``, so a wide
+  sigma puts many lengths near ``min`` and a few far out, which ``max`` clips: mean 64, sigma
+  2.5, max 256 has a median of 3 (40% are 1) and a mean of about 25. ``sigma`` is at most 5.
 - ``heavy_tail``: the seeds' mix: ``long_fraction`` of requests near ``long``, the rest near
   ``short``, each spread uniformly by +-``spread`` (a fraction of the centre)
 """
@@ -17,6 +20,8 @@ from typing import Any
 import numpy as np
 
 from paged_bench.errors import MAX_TOKENS, ConfigError, check, check_int, check_number
+
+MAX_SIGMA = 5  # of a lognormal's log: past it, the lengths are its min or max and nothing between
 
 
 class LengthDist:
@@ -93,20 +98,29 @@ def _fixed(key: str, value: Any) -> LengthDist:
     return Fixed(check_int(f"{key}.value", value, 1, MAX_TOKENS))
 
 
+def _upper(key: str, value: Any, lower: str, least: int, also: str = "") -> None:
+    """``value`` is an integer from ``least`` (the bound named ``lower``) to MAX_TOKENS (a bool is
+    not one: ``high: true`` was read as 1)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and least <= value <= MAX_TOKENS
+    check(ok, key, value, f"an integer from {lower}={least} to {MAX_TOKENS:,}{also}")
+
+
 def _uniform(key: str, low: Any, high: Any) -> LengthDist:
     check_int(f"{key}.low", low, 1, MAX_TOKENS)
-    check(isinstance(high, int) and low <= high <= MAX_TOKENS, f"{key}.high", high, f"an integer from low={low} to {MAX_TOKENS:,}")
+    _upper(f"{key}.high", high, "low", low)
     return Uniform(low, high)
 
 
 def _lognormal(key: str, mean: Any, sigma: Any = 0.5, min: Any = 1, max: Any = None) -> LengthDist:
     check_number(f"{key}.mean", mean, 1)
     check(mean <= MAX_TOKENS, f"{key}.mean", mean, f"a number from 1 to {MAX_TOKENS:,}")
-    check_number(f"{key}.sigma", sigma, 0)
     check_int(f"{key}.min", min, 1, MAX_TOKENS)
+    # past 5 the median, mean * exp(-sigma**2 / 2), is under a millionth of the mean: the lengths
+    # are min or max and nothing between (and 1e200 overflowed the sampler)
+    check(isinstance(sigma, (int, float)) and not isinstance(sigma, bool) and 0 <= sigma <= MAX_SIGMA,
+          f"{key}.sigma", sigma, f"a number from 0 to {MAX_SIGMA} (wider, nearly every length is min or max)")  # fmt: skip
     if max is not None:
-        check(isinstance(max, int) and min <= max <= MAX_TOKENS, f"{key}.max", max,
-              f"an integer from min={min} to {MAX_TOKENS:,}, or null")  # fmt: skip
+        _upper(f"{key}.max", max, "min", min, ", or null")
     return LogNormal(float(mean), float(sigma), min, max)
 
 
@@ -142,4 +156,6 @@ def length_dist(key: str, spec: Mapping[str, Any] | int) -> LengthDist:
             raise ConfigError(f"{key}.dist", dist, f"{dist} with its keys: {', '.join(allowed)}") from None
         # keys left over from the distribution it replaces (prompt_len.dist=fixed keeps uniform's low/high)
         raise ConfigError(f"{key}.{unknown[0]}", params[unknown[0]],
-                          f"no key of dist={dist}, which takes {', '.join(allowed)} (a fixed length: {key}=N)") from None
+                          f"no key of dist={dist}, which takes {', '.join(allowed)}; to switch distributions on the "
+                          f"command line, drop the old keys: '~{key}' '+{key}={{dist:{dist},...}}' "
+                          f"(a fixed length: {key}=N)") from None

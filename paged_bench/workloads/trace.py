@@ -1,8 +1,8 @@
 """Replay of a recorded trace: a CSV or JSONL file (or a shipped one, by name), one request per row.
 
 Each row gives an arrival time, a prompt (its length: random token ids drawn from ``seed``;
-or its text, tokenized by the engine's tokenizer) and an output length; ``trace_files`` says
-which column names and time formats are understood. What is replayed:
+its text, tokenized by the engine's tokenizer; or its token ids) and an output length;
+``trace_files`` says which column names and time formats are understood. What is replayed:
 
 - ``path``: the file, or the name of a trace shipped with paged_bench (``azure_llm_2023_conv``,
   see paged_bench/data/traces/README.md);
@@ -132,11 +132,21 @@ class TraceWorkload(Workload):
         tokens = {}
         for i in kept_in_file_order:
             where = f"{self.path}:{rows.lines[i]}"
-            prompt = next(drawn) if rows.prompts[i] is None else ctx.encode(rows.prompts[i])
-            check(len(prompt) >= 1 and rows.output_lens[i] >= 1, "workload.path", where,
-                  "output_len >= 1 and a non-empty prompt in every row")  # fmt: skip
-            tokens[i] = prompt
+            tokens[i] = self._prompt_tokens(rows.prompts[i], drawn, ctx, where)
         return [Request(i, t, tokens[i], rows.output_lens[i]) for i, t in zip(kept, times.tolist())]
+
+    @staticmethod
+    def _prompt_tokens(prompt: str | list[int] | None, drawn: Any, ctx: WorkloadContext, where: str) -> Any:
+        """A row's prompt tokens: drawn at random (a length), tokenized (a text) or as given (token ids)."""
+        if prompt is None:
+            return next(drawn)
+        if isinstance(prompt, str):
+            tokens = ctx.encode(prompt)
+            check(len(tokens) >= 1, "workload.path", where, "a non-empty prompt in every row")
+            return tokens
+        check(max(prompt) < ctx.vocab_size, "workload.path", where,
+              f"token ids below the model's vocabulary size, {ctx.vocab_size:,} (got {max(prompt):,})")  # fmt: skip
+        return prompt
 
     def _empty_window(self, rows: TraceRows, origin: float, start: float, end: float) -> str:
         """What an empty window is refused with: the window, and where the requests are."""

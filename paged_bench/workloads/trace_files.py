@@ -4,7 +4,7 @@ A trace is a CSV or JSONL file (optionally gzipped: ``.csv.gz``, ``.jsonl.gz``),
 per row. Columns are found by name: ``workload.columns`` maps our fields to the file's
 names (a null field is not mapped), and otherwise the names other tools write are recognised
 (case, spaces and dashes ignored). A column read must be named once: which of two
-``timestamp`` columns is meant, nothing says.
+``timestamp`` columns, or of ``time`` and ``arrival_time``, is meant, nothing says.
 
 - ``arrival_time``: arrival_time, timestamp (Azure ``TIMESTAMP``, BurstGPT ``Timestamp``,
   Mooncake ``timestamp``), time, arrival
@@ -12,7 +12,8 @@ names (a null field is not mapped), and otherwise the names other tools write ar
   (BurstGPT), prompt_tokens_count (guidellm), prompt_tokens, input_tokens, input_len
 - ``output_len``: output_len, output_length (Mooncake), GeneratedTokens (Azure), Response
   tokens (BurstGPT), output_tokens_count (guidellm), output_tokens, completion_tokens, max_tokens
-- ``prompt`` (text, tokenized by the engine's tokenizer): prompt, text_input (aiperf), text, input
+- ``prompt`` (text, tokenized by the engine's tokenizer; or, in JSONL, a list of token ids):
+  prompt, text_input (aiperf), text, input
 
 Times are ISO datetimes (``2023-11-16 18:15:46.6805900``, with or without a zone; naive ones
 are read as UTC) or numbers in ``time_unit`` (``s``, ``ms``, ``us``; ``auto`` = seconds,
@@ -20,6 +21,7 @@ except milliseconds for a Mooncake-style ``timestamp`` + ``input_length`` file).
 numbers >= 1e9 s (epoch seconds) are absolute; smaller numbers are seconds from the start. A
 file with both is refused: no LLM trace began before 2001 (1e9 epoch seconds) or ran for 31
 years (1e9 s of offsets), so a mix is offsets beside epoch seconds, or the wrong ``time_unit``.
+So are epoch seconds past 2100: epoch milliseconds read as seconds.
 
 Every problem is one line naming the file and the line: a byte that is not UTF-8, a row the
 CSV or JSON parser cannot read, a missing or non-numeric value (or a JSON boolean: ``true`` is
@@ -53,6 +55,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
 }
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 EPOCH_MIN_S = 1e9  # numbers from here on are epoch seconds (2001-09-09 onwards), not offsets
+# 2100-01-01: epoch "seconds" past it are milliseconds or microseconds read as seconds (1.7e12
+# is 2023 in ms, year 55845 in s), which no datetime can even hold past year 9999
+EPOCH_MAX_S = 4102444800.0
 SUFFIXES = (".csv", ".jsonl", ".csv.gz", ".jsonl.gz")
 
 
@@ -62,8 +67,8 @@ class TraceRows:
 
     times: list[float]  # seconds: epoch seconds when ``absolute``, else from the trace's start
     absolute: bool
-    prompt_lens: list[int | None]  # None where the row gives a prompt text instead
-    prompts: list[str | None]
+    prompt_lens: list[int | None]  # None where the row gives a prompt (text or token ids) instead
+    prompts: list[str | list[int] | None]
     output_lens: list[int]
     lines: list[int]
     failed: int = 0  # rows left out: 0 output tokens, requests that failed when recorded (BurstGPT's)
@@ -149,17 +154,16 @@ def _find_columns(names: list[str], columns: Mapping[str, str], path: Path) -> d
     """Our field -> the file's column name (None if absent); ``columns`` as ``check_columns`` gives it."""
     for field, name in columns.items():
         check(name in names, f"workload.columns.{field}", name, f"a column of {path} ({', '.join(names)})")
-    by_normal: dict[str, list[str]] = {}
-    for name in names:
-        by_normal.setdefault(_normal(name), []).append(name)
     found: dict[str, str | None] = {}
     for field in FIELDS:
         if field in columns:
             same = [name for name in names if name == columns[field]]
-        else:
-            same = next((by_normal[a] for a in ALIASES[field] if a in by_normal), [])
+        else:  # every recognised name: of time and arrival_time, which is meant nothing says
+            same = [name for name in names if _normal(name) in ALIASES[field]]
+        # distinct names can be picked by name; a name written twice can only be renamed
+        fix = f"pick one with workload.columns.{field}=COLUMN" if len(set(same)) == len(same) else "rename the others"
         check(len(same) <= 1, "workload.path", str(path),
-              f"one column for {field}, not {len(same)} ({', '.join(same)}): rename or drop the others")  # fmt: skip
+              f"one column for {field}, not {len(same)} ({', '.join(same)}): {fix}")  # fmt: skip
         found[field] = same[0] if same else None
     missing = [f for f in ("arrival_time", "output_len") if found[f] is None]
     if found["prompt_len"] is None and found["prompt"] is None:
@@ -209,6 +213,16 @@ def _count(value: Any, least: int = 1) -> int:
     return int(number)
 
 
+def _prompt(value: Any) -> str | list[int]:
+    """A prompt's text, or its token ids (a JSON list of them, as vLLM's ``prompt_token_ids``);
+    any other JSON value (a chat's messages, an object) was tokenized as its Python repr."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        return value
+    raise ValueError("a text, or a list of token ids (integers >= 0)")
+
+
 def read_trace(path: Path, columns: Mapping[str, str], time_unit: str) -> TraceRows:
     text = _text(path)
     records = list(_records(path, text))
@@ -235,7 +249,7 @@ def read_trace(path: Path, columns: Mapping[str, str], time_unit: str) -> TraceR
             out.output_lens.append(output_len)
             field = "prompt"
             prompt = row.get(found[field]) if found[field] else None
-            if prompt in (None, ""):
+            if prompt in (None, "", []):
                 field = "prompt_len"
                 check(found[field] is not None, "workload.path", f"{path}:{line_no}",
                       f"a prompt in column {found['prompt']!r}, as the file has no prompt_len column")  # fmt: skip
@@ -243,7 +257,7 @@ def read_trace(path: Path, columns: Mapping[str, str], time_unit: str) -> TraceR
                 out.prompts.append(None)
             else:
                 out.prompt_lens.append(None)
-                out.prompts.append(str(prompt))
+                out.prompts.append(_prompt(prompt))
         except (KeyError, ValueError, TypeError, OverflowError) as e:
             value = row.get(found[field]) if found[field] else None
             raise ConfigError("workload.path", f"{path}:{line_no}",
@@ -251,12 +265,12 @@ def read_trace(path: Path, columns: Mapping[str, str], time_unit: str) -> TraceR
         out.lines.append(line_no)
     check(bool(out.times), "workload.path", str(path), "a trace with at least one request of 1 output token or more")
     check(len(kinds) == 1, "workload.path", str(path), "arrival times all datetimes or all numbers, not a mix")
-    out.absolute = kinds.pop() or _epoch_seconds(out, path, unit)
+    out.absolute = kinds.pop() or _epoch_seconds(out, path, unit, found["arrival_time"])
     return out
 
 
-def _epoch_seconds(rows: TraceRows, path: Path, unit: str) -> bool:
-    """Whether numeric times are epoch seconds (all >= 1e9 s) rather than offsets (all below)."""
+def _epoch_seconds(rows: TraceRows, path: Path, unit: str, column: str | None) -> bool:
+    """Whether numeric times are epoch seconds (all from 1e9 s to 2100) rather than offsets (all below 1e9 s)."""
     first = min(range(len(rows.times)), key=rows.times.__getitem__)
     last = max(range(len(rows.times)), key=rows.times.__getitem__)
     epoch = rows.times[first] >= EPOCH_MIN_S
@@ -265,4 +279,9 @@ def _epoch_seconds(rows: TraceRows, path: Path, unit: str) -> bool:
         raise ConfigError("workload.path", f"{path}:{rows.lines[last]}",
                           f"arrival times all offsets (< 1e9 s) or all epoch seconds (>= 1e9 s), not both "
                           f"({got}; times read in {unit}: is workload.time_unit right?)")  # fmt: skip
+    if epoch and rows.times[last] >= EPOCH_MAX_S:
+        raise ConfigError("workload.path", f"{path}:{rows.lines[last]}",
+                          f"epoch seconds before 2100 in column {column!r} (got {rows.times[last]:.12g} s, "
+                          f"times read in {unit}): if they are milliseconds, set workload.time_unit=ms "
+                          f"(us: microseconds)")  # fmt: skip
     return epoch
