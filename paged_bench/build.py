@@ -7,6 +7,7 @@ are checked here so that a bad value names its key before anything is built.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -154,10 +155,21 @@ def workload_requests(workload: Workload, backend: Backend) -> list[Request]:
     return workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
 
 
+def _note_capped(requests: list[Request], max_model_len: int) -> None:
+    """Say so when requests ask for more tokens than a sequence may hold: the engine ends them
+    at max_model_len (as vLLM's engine does), so the run serves shorter outputs than asked."""
+    capped = sum(r.num_prompt_tokens < max_model_len < r.num_prompt_tokens + r.max_tokens for r in requests)
+    if capped:
+        print(f"note: {capped} of {len(requests)} requests ask for more tokens than max_model_len={max_model_len} "
+              "holds (prompt + max_tokens): their outputs end there (finish_reason length), as vLLM's engine ends "
+              "them; raise max_model_len to serve them whole", file=sys.stderr)  # fmt: skip
+
+
 def build(cfg: Mapping[str, Any]) -> Bench:
     check_top_level(cfg)
     choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
     engine, budget = build_engine(cfg)
     workload = build_workload(cfg)
     requests = workload_requests(workload, engine.backend)
+    _note_capped(requests, cfg["max_model_len"])
     return Bench(engine, requests, dict(cfg), choices, kv_budget=budget, max_concurrency=workload.max_concurrency)

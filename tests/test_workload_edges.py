@@ -179,3 +179,16 @@ def test_switching_a_length_distribution_says_how_and_that_works(config):
     switched = build_workload(config("workload=poisson", "~workload.prompt_len",
                                      "+workload.prompt_len={dist:lognormal,mean:100}"))  # fmt: skip
     assert switched.prompt_len.expected == 100
+
+
+def test_requests_longer_than_max_model_len_are_said_to_be_cut(config, capsys):
+    """The engine ends them at max_model_len, as vLLM's does; the run said nothing of it, and its
+    throughput described shorter requests than the workload asked for."""
+    from paged_bench.build import build
+
+    build(config("workload=poisson", "workload.num_requests=20", "workload.prompt_len=500",
+                 "workload.output_len=100"))  # fmt: skip
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("note: 20 of 20 requests ask for more tokens than max_model_len=512 holds")
+    build(config("workload=poisson", "workload.num_requests=20", "workload.prompt_len=300", "workload.output_len=100"))
+    assert capsys.readouterr().err == ""
