@@ -4,12 +4,15 @@
 the config, run ``app.run_job`` with a progress bar, print the summary, log the run to
 MLflow (a sweep's jobs as children of its parent run, see ``sweep``), and turn a failure into
 one line on stderr and a non-zero exit (in a sweep the other jobs go on instead; the sweep's
-exit status says it failed). A job that measured nothing still leaves its status file.
+exit status says it failed). A job that measured nothing still leaves its status file. Hydra
+reuses a job's folder (the same ``hydra.run.dir``, a sweep rerun into its folder): a job first
+clears what an earlier run wrote there, so that its results cannot pass for this job's.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -26,10 +29,16 @@ from omegaconf.errors import OmegaConfBaseException
 from paged_bench.app import JobOutcome, run_job
 from paged_bench.cli import signals, sweep_folder
 from paged_bench.cli.progress import JobBar, echo
+from paged_bench.cli.sweep import unswept_params
 from paged_bench.cli.track import check_tracking, track_job
 from paged_bench.errors import PagedBenchError
 from paged_bench.outputs import format_summary
-from paged_bench.report.load import save_config, update_run_info
+from paged_bench.report.load import CONFIG_FILE, REPORT_DIR, RUN_INFO, save_config, update_run_info
+
+# what a run writes into its folder (outputs.write_run, a cluster's replicas.csv, its config,
+# its plots, a report of it, the server it spawned): never another tool's files
+RESULTS = ("summary.json", "requests.csv", "steps.csv", "replicas.csv", RUN_INFO, CONFIG_FILE, "plots", REPORT_DIR,
+           "server")  # fmt: skip
 
 
 @dataclass
@@ -41,6 +50,7 @@ class Job:
     sweep_dir: Path | None
     num: int | None
     name: str  # its overrides, or "default": the MLflow run name
+    sweep: dict[str, Any] = field(default_factory=dict)  # what its sweep's sweep.json says
     options: dict[str, str] = field(default_factory=dict)  # the config option per group (workload=seed)
     unswept: str | None = None  # why a config that defines a sweep cannot run as one job
 
@@ -58,9 +68,16 @@ class Job:
             sweep_dir=sweep_dir,
             num=hc.job.num if multirun else None,
             name=sweep_folder.job_name(task, sweep_dir),
+            sweep=sweep_folder.sweep_info(sweep_dir) if sweep_dir else {},
             options={k: str(v) for k, v in hc.runtime.choices.items() if v is not None},
             unswept=None if multirun else _sweep_without_multirun(dict(hc.sweeper.params or {}), task),
         )
+
+    def record(self, started: float) -> dict[str, Any]:
+        """Who the job is, in its ``run_info.json``: what tracking, ``sync`` and its sweep
+        know it by."""
+        return {"run_name": self.name, "job_num": self.num, sweep_folder.SWEEP_ID: self.sweep.get("id"),
+                "start_time": started}  # fmt: skip
 
     @property
     def label(self) -> str:
@@ -86,11 +103,22 @@ def _interrupted_before_measuring(job: Job, e: KeyboardInterrupt) -> str:
     return f"interrupted by {name} before the engine ran: nothing was measured"
 
 
+def clear_results(run_dir: Path) -> None:
+    """Remove what an earlier run wrote into ``run_dir`` (``RESULTS``), other files kept; only
+    where a run left its record (``hydra.run.dir=.`` must not cost a project its report/)."""
+    if not any((run_dir / name).is_file() for name in (RUN_INFO, "summary.json")):
+        return
+    for path in (run_dir / name for name in RESULTS):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def _sweep_without_multirun(params: dict[str, str], overrides: list[str]) -> str | None:
     """A config that defines a sweep (``+experiment=X``) run without ``-m`` would silently be
     one run of its defaults: say so, unless every swept key was given one value."""
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-    missing = {k: v for k, v in params.items() if k not in given}
+    missing = unswept_params(params, overrides)
     if not missing:
         return None
     swept = " ".join(f"{k}={v}" for k, v in missing.items())
@@ -100,7 +128,7 @@ def _sweep_without_multirun(params: dict[str, str], overrides: list[str]) -> str
 def _record(job: Job, started: float, status: str, error: str | None) -> None:
     """The job's own record in ``run_info.json`` (a job that measured nothing still leaves its
     status, so the sweep counts it): what tracking and ``sync`` log it by."""
-    fields = {"run_name": job.name, "job_num": job.num, "start_time": started, "end_time": time.time()}
+    fields = {**job.record(started), "end_time": time.time()}
     if status != "finished" or error:
         fields.update(status=status, error=error)
     update_run_info(job.run_dir, fields)
@@ -141,7 +169,8 @@ def run(cfg: DictConfig) -> None:
     started = time.time()
     if job.unswept:
         return _fail(job.unswept, 2, job)
-    in_sweep_process = job.sweep_dir is not None and sweep_folder.sweep_info(job.sweep_dir).get("pid") == os.getpid()
+    clear_results(job.run_dir)
+    in_sweep_process = job.multirun and job.sweep.get("pid") == os.getpid()
     if job.multirun and not in_sweep_process:
         signals.note_between_jobs()
         _thread_lock_for_tqdm()
@@ -158,8 +187,7 @@ def run(cfg: DictConfig) -> None:
         return _fail(message, 2, job)
     # who the job is, before its config and before it runs: a job cut off with its process is
     # still logged by name, and the sweep's process passes a signal on to the process running it
-    update_run_info(job.run_dir, {"run_name": job.name, "job_num": job.num, "start_time": started,
-                                  "pid": os.getpid(), "host": socket.gethostname()})  # fmt: skip
+    update_run_info(job.run_dir, {**job.record(started), "pid": os.getpid(), "host": socket.gethostname()})
     save_config(job.run_dir, config)
     bar = JobBar(enabled=not job.multirun or in_sweep_process, nested=job.multirun)
     try:

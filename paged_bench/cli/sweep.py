@@ -1,13 +1,15 @@
 """The life of a sweep (``python -m paged_bench -m ...``), as a Hydra callback.
 
-When the sweep starts: count its jobs, open the MLflow parent run, and write ``sweep.json``
-into the sweep folder (the parent run, this process and host) so that every job, in whichever
-process or machine the launcher puts it, knows who logs it (see ``track``). While it runs: a
-progress bar of finished jobs. When it ends, also when jobs failed or it was interrupted:
-every job folder on this host is logged as a child (a job cut off before it recorded its end
-as interrupted), the summary table (CSV + markdown) and comparison plots go to
-``<sweep>/report`` and onto the parent run, which is then closed; the table is printed, and
-the command exits non-zero if any job that started failed.
+When the sweep starts: count its jobs (a sweep of none, or over experiments that are sweeps
+themselves, is refused), open the MLflow parent run, and write ``sweep.json`` into the sweep
+folder (the sweep's id, the parent run, this process and host) so that every job, in
+whichever process or machine the launcher puts it, knows who logs it (see ``track``). While it
+runs: a progress bar of finished jobs. When it ends, also when jobs failed or it was
+interrupted: every job folder of this sweep on this host is logged as a child (a job cut off
+before it recorded its end as interrupted), the summary table (CSV + markdown) and comparison
+plots go to ``<sweep>/report`` and onto the parent run, which is then closed; the table is
+printed, and the command exits non-zero if any job that started failed. Only this sweep's
+jobs count: not an earlier sweep's in the same folder, nor older runs below it.
 
 Hydra 1.3 skips ``on_multirun_end`` when a job raises; the CLI then calls ``finish`` itself
 (``KILLED`` after Ctrl-C, ``FAILED`` otherwise), and an ``atexit`` hook is the last resort, so
@@ -19,11 +21,13 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from paged_bench.cli import signals
 from paged_bench.cli import sweep_folder as folder
+from paged_bench.report.load import REPORT_DIR
 from paged_bench.tracking.runs import SWEEP_DIR_TAG
 
 
@@ -67,6 +72,12 @@ def job_overrides(config: DictConfig) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(_overrides(config), None) for job in batch]
 
 
+def unswept_params(params: dict[str, str], overrides: list[str]) -> dict[str, str]:
+    """The sweeper params (``hydra.sweeper.params``) that ``overrides`` give no value of."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    return {k: v for k, v in params.items() if k not in given}
+
+
 def count_jobs(config: DictConfig) -> int | None:
     """How many jobs the basic sweeper will launch (None for other sweepers)."""
     if not str(OmegaConf.select(config, "hydra.sweeper._target_") or "").endswith("BasicSweeper"):
@@ -86,9 +97,11 @@ def start(config: DictConfig) -> None:
 def _start(config: DictConfig) -> None:
     global _active, _outcome
     sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
-    sweep_dir.mkdir(parents=True, exist_ok=True)
     total = count_jobs(config)
     _check_jobs(config, total)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    if folder.sweep_info(sweep_dir):  # an earlier sweep's folder: its report must not pass for this one's
+        shutil.rmtree(sweep_dir / REPORT_DIR, ignore_errors=True)
     experiment = OmegaConf.select(config, "experiment_name") or "paged_bench"
     settings = OmegaConf.to_container(config.tracking, resolve=True) if "tracking" in config else {}
     # +experiment=NAME -> param experiment (MLflow keys take no +/~)
@@ -97,6 +110,7 @@ def _start(config: DictConfig) -> None:
     info: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "total_jobs": total,
                             "started": time.time(), "experiment": experiment, "run_name": f"sweep {experiment} {sweep_dir.name}",
                             "params": spec, "tags": tags}  # fmt: skip
+    info["id"] = uuid.uuid4().hex  # what this sweep's jobs record, to be told from an earlier sweep's
     # what every job shares (e.g. +experiment=...): a job's name is what is left, its own settings
     info["shared_keys"] = [o.get_key_element() for o in _safe_overrides(config) if not o.is_sweep_override()]
     link = _open_parent(settings, info) if settings.get("enabled", True) else None
@@ -145,11 +159,67 @@ def _check_jobs(config: DictConfig, total: int | None) -> None:
     except Exception:  # noqa: BLE001  (the sweeper reports bad overrides itself)
         jobs = []
     try:
+        _refuse_no_jobs(config, total)
+        _refuse_experiments_that_sweep(config, jobs)
         check_sweep(config, jobs)  # every job's tracking settings, before the first job
         parallel.prepare(config, jobs, total)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(e.exit_code) from e
+
+
+def _refuse_no_jobs(config: DictConfig, total: int | None) -> None:
+    """A sweep of no jobs (``max_batch='range(4,4)'``) would end as a success that measured nothing."""
+    from paged_bench.errors import ConfigError
+
+    if total != 0:
+        return
+    empty = [o for o in _safe_overrides(config) if o.is_sweep_override() and not list(o.sweep_string_iterator())]
+    key, value = (empty[0].get_key_element(), _typed_value(empty[0])) if empty else ("-m", "")
+    raise ConfigError(key, value, "a sweep of at least one value (this one has no jobs)")
+
+
+def _refuse_experiments_that_sweep(config: DictConfig, jobs: list[list[str]]) -> None:
+    """Swept over (``+experiment=a,b``), an experiment whose config is a sweep would run as one
+    job of its defaults: the basic sweeper reads the params of the command line's config only."""
+    from paged_bench.errors import ConfigError
+
+    swept = [o for o in _safe_overrides(config) if o.is_sweep_override() and o.key_or_group == "experiment"]
+    if not swept:
+        return
+    sweeps = [name for name, overrides in _experiment_jobs(jobs).items() if _is_sweep(config, overrides)]
+    if sweeps:
+        are = "is a sweep of its" if len(sweeps) == 1 else "are sweeps of their"
+        raise ConfigError(swept[0].get_key_element(), _typed_value(swept[0]),
+                          f"{', '.join(sweeps)} {are} own: run one such experiment per command "
+                          "(python -m paged_bench -m +experiment=NAME)")  # fmt: skip
+
+
+def _typed_value(override: Any) -> str:
+    """An override's value as the command line typed it (``range(4,4)``)."""
+    return override.input_line.split("=", 1)[1]
+
+
+def _experiment_jobs(jobs: list[list[str]]) -> dict[str, list[str]]:
+    """The first job's overrides of each experiment the jobs run."""
+    first: dict[str, list[str]] = {}
+    for overrides in jobs:
+        for key, _, value in (o.partition("=") for o in overrides):
+            if key.lstrip("+~") == "experiment":
+                first.setdefault(value, overrides)
+    return first
+
+
+def _is_sweep(config: DictConfig, overrides: list[str]) -> bool:
+    """Whether the job's config (composed as its launcher will) sweeps keys its overrides leave."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    try:
+        job_config = GlobalHydra.instance().config_loader().load_sweep_config(config, overrides)
+    except Exception:  # noqa: BLE001  (a config that does not compose: the launcher reports it)
+        return False
+    params = OmegaConf.select(job_config, "hydra.sweeper.params") or {}
+    return bool(unswept_params(dict(params), overrides))
 
 
 def _open_parent(settings: dict[str, Any], info: dict[str, Any]) -> dict[str, str] | None:
@@ -237,11 +307,9 @@ def _finish(sweep: _Sweep, status: str | None) -> tuple[int, int]:
 def _submit_rest(sweep: _Sweep) -> None:
     """Hand every job folder the sweep's process has not logged yet to its tracking helper
     (jobs that ran in other processes on this host)."""
-    from paged_bench.report.load import find_runs
-
-    for run in find_runs(sweep.sweep_dir, depth=1):
-        if run.path.resolve() not in sweep.submitted:
-            _submit(sweep, run.path)
+    for run_dir in folder.job_dirs(sweep.sweep_dir):
+        if run_dir.resolve() not in sweep.submitted:
+            _submit(sweep, run_dir)
 
 
 def _close_parent(sweep: _Sweep, status: str, files: list[Path], tags: dict[str, str]) -> None:
@@ -260,12 +328,12 @@ def _close_parent(sweep: _Sweep, status: str, files: list[Path], tags: dict[str,
 def _summarize(sweep: _Sweep) -> tuple[int, int, int, list[Path]]:
     """Build and print the sweep's report; a report that cannot be built must not keep the
     parent run open, so its failure is printed and the sweep still closes."""
-    from paged_bench.report.load import REPORT_DIR, find_runs
-
-    runs = find_runs(sweep.sweep_dir)
+    runs = _job_runs(sweep.sweep_dir)
     failed = sum(r.status != "finished" for r in runs)
     jobs = max(len(runs), sweep.total or 0)
     not_run = jobs - len(runs)  # an interrupted sweep's jobs that never started
+    if not runs:  # none started (Hydra refused the batch, or a signal came first): nothing to show
+        return failed, jobs, not_run, []
     try:
         from paged_bench.cli.catalog import experiment_description
         from paged_bench.report.build import build_report
@@ -277,9 +345,25 @@ def _summarize(sweep: _Sweep) -> tuple[int, int, int, list[Path]]:
         return failed, jobs, not_run, []
     not_run_text = f", {not_run} not run" if not_run else ""
     print(f"\nsweep {sweep.experiment}: {jobs} job(s), {failed} not finished{not_run_text} -> {sweep.sweep_dir}")
-    print(report.table)
+    if len(report.table.strip().splitlines()) > 2:  # rows under its header: not one job that failed
+        print(report.table)
     print(f"report: {report.out_dir / 'report.md'}")
     return failed, jobs, not_run, report.files
+
+
+def _job_runs(sweep_dir: Path) -> list[Any]:
+    """This sweep's jobs as runs to report (``report.load.Run``), numbered as launched (a job
+    folder need not be named by its number); one that cannot be read is left out, said so."""
+    from paged_bench.errors import PagedBenchError
+    from paged_bench.report.load import load_run
+
+    runs = []
+    for run_dir in folder.job_dirs(sweep_dir):
+        try:
+            runs.append(replace(load_run(run_dir), job=folder.job_num(run_dir)))
+        except PagedBenchError as e:
+            print(f"warning: {e}", file=sys.stderr)
+    return runs
 
 
 def failed_jobs() -> tuple[int, int] | None:

@@ -2,24 +2,36 @@
 sweep's process as it starts, read by every job, wherever the launcher runs it) and what each
 job folder recorded in its ``run_info.json`` (who runs it, how it ended). The sweep's process
 reads it to count jobs, to signal the running ones, and to record those cut off (``sweep``).
+
+A job folder is known by what it holds, not by its name (``hydra.sweep.subdir`` may be any
+path), and as this sweep's by the sweep's id in its record: rerun into the same folder, a
+sweep must not count, summarise or log an earlier sweep's jobs, nor older runs below it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from paged_bench.errors import PagedBenchError
 from paged_bench.files import write_whole
-from paged_bench.report.load import RUN_INFO, read_json, update_run_info
+from paged_bench.report.load import NOT_RUNS, RUN_INFO, read_json, update_run_info
 
 SWEEP_FILE = "sweep.json"
 STATUS_FILE = RUN_INFO  # every job writes it, with its status, when it ends
+SWEEP_ID = "sweep_id"  # the key, in a job's record, of the id of the sweep it belongs to
+HYDRA_DIR = ".hydra"  # what Hydra writes into a job's folder as it starts the job
+# a job cut off before it recorded its sweep is this sweep's if Hydra started it after the sweep
+# began; file times come from a coarser clock than time.time(), and may lag it a little
+CLOCK_SLACK_S = 0.5
 
 
 def sweep_info(sweep_dir: Path) -> dict[str, Any]:
@@ -48,28 +60,67 @@ def job_name(overrides: list[str], sweep_dir: Path | None) -> str:
 
 
 def job_info(run_dir: Path) -> dict[str, Any]:
-    """What a job recorded in its folder (who runs it, how it ended); empty before it did."""
-    return read_json(run_dir / STATUS_FILE)
+    """What a job recorded in its folder (who runs it, how it ended); empty before it did, or
+    while its record cannot be read."""
+    try:
+        return read_json(run_dir / STATUS_FILE)
+    except PagedBenchError:  # a record cut short (report.load raises it for such files)
+        return {}
+
+
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """The folders of this sweep's jobs (the sweep ``sweep.json`` describes; every job folder
+    below ``sweep_dir`` if it names none), in launch order."""
+    info = sweep_info(sweep_dir)
+    jobs = [d for d in _job_folders(sweep_dir) if _of_sweep(d, info)]
+    return sorted(jobs, key=_launch_order)
+
+
+def _job_folders(path: Path, depth: int = 4) -> Iterator[Path]:
+    """Folders below ``path`` where Hydra started a job or a job recorded itself (walked as
+    ``report.load.find_runs`` walks runs: not into copies of runs' files)."""
+    for child in path.iterdir() if path.is_dir() and depth else ():
+        if child.is_dir() and child.name not in NOT_RUNS and not child.name.startswith("."):
+            holds_job = (child / HYDRA_DIR).is_dir() or (child / STATUS_FILE).is_file()
+            yield from [child] if holds_job else _job_folders(child, depth - 1)
+
+
+def _of_sweep(run_dir: Path, info: dict[str, Any]) -> bool:
+    """Whether the job in ``run_dir`` is the sweep's: it recorded the sweep's id, or Hydra
+    started it after the sweep began (a job cut off before it recorded who it is)."""
+    if "id" not in info:
+        return True
+    if job_info(run_dir).get(SWEEP_ID) == info["id"]:
+        return True
+    try:
+        return (run_dir / HYDRA_DIR / "hydra.yaml").stat().st_mtime >= info["started"] - CLOCK_SLACK_S
+    except (OSError, KeyError, TypeError):
+        return False
+
+
+def job_num(run_dir: Path) -> int | None:
+    """A job's number in its sweep: what it recorded, else what Hydra recorded as it started it."""
+    num = job_info(run_dir).get("job_num")
+    if num is None:
+        num = ((_hydra_file(run_dir, "hydra.yaml") or {}).get("hydra") or {}).get("job", {}).get("num")
+    return num if isinstance(num, int) else None
+
+
+def _launch_order(run_dir: Path) -> tuple[float, str]:
+    num = job_num(run_dir)
+    return math.inf if num is None else num, run_dir.name
 
 
 def job_counts(sweep_dir: Path) -> tuple[int, int]:
-    """(jobs ended, jobs that did not finish) from the job folders' status files."""
-    done = failed = 0
-    for path in sweep_dir.glob(f"*/{STATUS_FILE}"):
-        done += 1
-        try:
-            failed += json.loads(path.read_text()).get("status") != "finished"
-        except (OSError, ValueError):
-            failed += 1
-    return done, failed
+    """(jobs ended, jobs that did not finish) from what this sweep's jobs recorded."""
+    ended = [job_info(d).get("status") for d in job_dirs(sweep_dir)]
+    ended = [status for status in ended if status is not None]
+    return len(ended), sum(status != "finished" for status in ended)
 
 
 def started_jobs(sweep_dir: Path) -> list[Path]:
-    """Job folders (Hydra makes one as it starts a job) that have not recorded their end."""
-    from paged_bench.report.load import is_run_dir
-
-    jobs = [d for d in sweep_dir.iterdir() if d.name.isdigit() and is_run_dir(d)]
-    return [d for d in jobs if "status" not in job_info(d)]
+    """This sweep's job folders (Hydra makes one as it starts a job) that have not recorded their end."""
+    return [d for d in job_dirs(sweep_dir) if "status" not in job_info(d)]
 
 
 def job_pids(run_dirs: list[Path]) -> list[int]:
@@ -89,7 +140,8 @@ def record_unfinished(sweep_dir: Path, how: str) -> None:
         if "run_name" not in job_info(run_dir):  # cut off before it knew its name
             if how == "was stopped" and _withdraw(run_dir):
                 continue
-            fields.update(run_name=job_name(_hydra_overrides(run_dir), sweep_dir), job_num=int(run_dir.name))
+            overrides = list(_hydra_file(run_dir, "overrides.yaml") or [])
+            fields.update(run_name=job_name(overrides, sweep_dir), job_num=job_num(run_dir))
         update_run_info(run_dir, fields)
 
 
@@ -97,20 +149,22 @@ def _withdraw(run_dir: Path) -> bool:
     """Remove the folder Hydra made for a job that never began (a launcher handed it out as
     the sweep stopped: only Hydra's files, its log empty), so that it counts as not run."""
     logs = list(run_dir.glob("*.log"))
-    if {p.name for p in run_dir.iterdir()} - {".hydra", *(p.name for p in logs)} or any(p.stat().st_size for p in logs):
+    hydra_files = {HYDRA_DIR, *(p.name for p in logs)}
+    if {p.name for p in run_dir.iterdir()} - hydra_files or any(p.stat().st_size for p in logs):
         return False
     for path in logs:
         path.unlink()
-    shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
+    shutil.rmtree(run_dir / HYDRA_DIR, ignore_errors=True)
     with contextlib.suppress(OSError):
         run_dir.rmdir()
     return not run_dir.exists()
 
 
-def _hydra_overrides(run_dir: Path) -> list[str]:
+def _hydra_file(run_dir: Path, name: str) -> Any:
+    """One of the files Hydra wrote as it started the job (None if it wrote none)."""
     import yaml
 
     try:
-        return list(yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or [])
+        return yaml.safe_load((run_dir / HYDRA_DIR / name).read_text())
     except (OSError, ValueError, yaml.YAMLError):
-        return []
+        return None

@@ -25,7 +25,7 @@ from paged_bench.flat import display_key, flatten
 CONFIG_FILE = "config.yaml"
 RUN_INFO = "run_info.json"  # the run's status, error, choices, name, start and end
 REPORT_DIR = "report"  # where a report of a directory goes; never read back as a run
-_NOT_RUNS = (REPORT_DIR, "mlartifacts", "plots")  # copies of runs' files (the embedded store's artifacts)
+NOT_RUNS = (REPORT_DIR, "mlartifacts", "plots")  # copies of runs' files (the embedded store's artifacts)
 _RUN_MARKERS = ("summary.json", RUN_INFO)  # what only a run writes (a config.yaml may be anyone's)
 _CONFIG_MARKERS = (CONFIG_FILE, ".hydra/config.yaml")  # a run's, when they hold paged_bench's plugin sections
 # the columns a report reads from a run's tables (the plots): a file without them was not written by a run
@@ -178,7 +178,7 @@ def find_runs(path: Path, depth: int = 4, unreadable: list[RunFileError] | None 
         return []
     runs: list[Run] = []
     for child in path.iterdir():
-        if child.is_dir() and child.name not in _NOT_RUNS and not child.name.startswith("."):
+        if child.is_dir() and child.name not in NOT_RUNS and not child.name.startswith("."):
             runs += find_runs(child, depth - 1, unreadable)
     return sorted(runs, key=lambda r: (str(r.path.parent), r.job if r.job is not None else math.inf, r.path.name))
 
