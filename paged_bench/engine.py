@@ -170,7 +170,7 @@ class Engine:
         return EngineResult(
             requests=reqs,
             steps=self.steps,
-            duration=last.time if (last := self.steps.last()) is not None else 0.0,
+            duration=_duration(self.steps, reqs),
             layout=self.allocator.layout,
             kv_bytes_per_token=self.backend.kv_bytes_per_token,
             num_preemptions=sched.num_preemptions,
@@ -184,3 +184,11 @@ class Engine:
             interrupted=interrupted,
             leaks=self.allocator.leaks(),
         )
+
+
+def _duration(steps: StepRecords, reqs: list[Request]) -> float:
+    """From the start until every request has returned, as vLLM's ``benchmark_duration``: the
+    end of the last step, or later where a request ended after it (refused at its arrival)."""
+    last = steps.last()
+    ends = [r.finish_time for r in reqs if r.finish_time is not None]
+    return max([last.time if last is not None else 0.0, *ends])

@@ -68,6 +68,16 @@ def test_eos_stops_a_request_unless_it_ignores_eos():
     assert rs[1].finish_reason is FinishReason.LENGTH and rs[1].num_output_tokens == 10
 
 
+def test_eos_as_the_last_token_allowed_is_a_stop_as_vllm_reports_it():
+    """vLLM v1's check_stop tests EOS before the length cap; the length went first here, so an
+    EOS sampled as the last allowed token (max_tokens=1, or at max_model_len) read "length"."""
+    rs = reqs([(0.0, 4, 1), (0.0, 60, 100)])
+    for r in rs:
+        r.ignore_eos = False
+    engine_with(ScriptedBackend(token=3, eos=3), max_model_len=61).run(rs)
+    assert [(r.finish_reason, r.num_output_tokens) for r in rs] == [(FinishReason.STOP, 1)] * 2
+
+
 def test_a_sequence_stops_at_max_model_len():
     rs = reqs([(0.0, 60, 100)])
     engine_with(ScriptedBackend(), max_model_len=64).run(rs)
@@ -239,3 +249,23 @@ def test_a_clock_past_its_horizon_stops_the_run_with_every_figure_finite(config,
     assert "NaN" not in text and "Infinity" not in text
     reasons = [line.split(",")[14] for line in (tmp_path / "requests.csv").read_text().splitlines()[1:]]
     assert len(reasons) == 48 and all(reasons) and "error" in reasons
+
+
+def test_a_prefilled_request_handed_over_stops_on_eos_before_its_length():
+    from paged_bench.cluster.handoff import prefill_copy, take_prefill
+
+    (req,) = reqs([(0.0, 4, 1)])
+    req.ignore_eos = False
+    copy = prefill_copy(req)
+    copy.token_ids.append(3)
+    copy.token_times.append(0.1)
+    assert take_prefill(req, copy, max_model_len=64, eos_token_id=3) is False
+    assert req.finish_reason is FinishReason.STOP and req.output_token_ids == [3]
+
+
+def test_duration_lasts_until_every_request_has_returned_as_vllm_times_it():
+    """vLLM's benchmark_duration ends when every request has returned, failed ones included; a
+    request refused at its arrival after the last step was left out (duration 0.02 s, not 5)."""
+    rs = reqs([(0.0, 4, 2), (5.0, 600, 2)])
+    result = engine_with(ScriptedBackend(duration=0.01), max_model_len=64).run(rs)
+    assert rs[1].finish_reason is FinishReason.REJECTED and result.duration == pytest.approx(5.0)

@@ -181,6 +181,10 @@ WRONG_TYPES = [
     ({"prompt": 5}, "prompt", "must be a string, a list of token ids, a list of strings or a list of lists"),
     ({"stop": 5}, "stop", "must be a string or a list of strings (got 5)"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "can only be set when stream is true"),
+    # what vLLM's SamplingParams refuses (vllm/sampling_params.py _verify_args, _verify_greedy_sampling)
+    ({"temperature": 2.5}, "temperature", "less than or equal to 2"),
+    ({"stop": ["", "xy"]}, "stop", "stop cannot contain an empty string"),
+    ({"temperature": 0, "n": 2}, "n", "n must be 1 when using greedy sampling, got 2"),
 ]
 
 

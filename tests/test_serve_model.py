@@ -38,6 +38,9 @@ def test_seed_and_temperature_reach_the_sampler(tiny):
     sampled = {text(temperature=1.0, seed=s) for s in range(4)}
     assert len(sampled) > 1  # different seeds, different samples (a random model over 258 tokens)
     assert text(temperature=0.0) == text(temperature=0.0, seed=123)  # greedy ignores the seed
+    # vLLM's SamplingParams reads seed -1 as no seed; here it was a seed, the same text every time
+    assert len({text(temperature=1.0, seed=-1) for _ in range(4)}) > 1
+    assert text(temperature=1.0, seed=-2) == text(temperature=1.0, seed=-2)
 
 
 TEMPLATE = "{% for m in messages %}<s> [{{ m['role'] }}] {{ m['content'] }} {% endfor %}[assistant]"
@@ -65,7 +68,8 @@ def checkpoint(tmp_path_factory):
 @pytest.mark.slow
 def test_checkpoint_tokenizer_and_chat_template(checkpoint):
     path, hf = checkpoint
-    handle = serve_in_thread("backend=numpy", f"backend.model_path={path}", "server.port=0", "server.log_level=warning")
+    handle = serve_in_thread("backend=numpy", f"backend.model_path={path}", "max_model_len=512", "server.port=0",
+                             "server.log_level=warning")
     try:
         client = openai.OpenAI(base_url=handle.url + "/v1", api_key="unused", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["tiny-llama"]  # the folder's name

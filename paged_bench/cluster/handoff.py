@@ -60,8 +60,8 @@ def take_prefill(req: Request, copy: Request, max_model_len: int, eos_token_id: 
     token, now = copy.token_ids[-1], copy.token_times[0]
     req.token_ids.append(token)
     req.token_times.append(now)
-    if req.num_tokens >= min(req.num_prompt_tokens + req.max_tokens, max_model_len):
-        req.finish(FinishReason.LENGTH, now)
-    elif token == eos_token_id and not req.ignore_eos:
+    if token == eos_token_id and not req.ignore_eos:  # EOS before the length cap, as in Scheduler.update
         req.finish(FinishReason.STOP, now)
+    elif req.num_tokens >= min(req.num_prompt_tokens + req.max_tokens, max_model_len):
+        req.finish(FinishReason.LENGTH, now)
     return not req.is_finished

@@ -201,10 +201,11 @@ class Scheduler:
                 continue
             tokens.append(token)
             req.token_times.append(now)
-            if computed >= req.max_num_tokens - 1:  # now holds max_num_tokens tokens
-                req.finish(LENGTH, now)
-            elif token == eos and not req.ignore_eos:
+            # EOS first, as vLLM v1's check_stop: an EOS that is also the last token allowed is a stop
+            if token == eos and not req.ignore_eos:
                 req.finish(FinishReason.STOP, now)
+            elif computed >= req.max_num_tokens - 1:  # now holds max_num_tokens tokens
+                req.finish(LENGTH, now)
             else:
                 continue
             finished.append(req)

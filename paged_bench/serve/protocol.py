@@ -7,7 +7,8 @@ Behaviours follow vLLM's OpenAI server (``vllm/entrypoints/openai/protocol.py``,
 - an unknown model is 404 ``NotFoundError``;
 - ``max_tokens`` (or ``max_completion_tokens``) beyond the room the prompt leaves is 400, naming
   the context length (vLLM: "'max_tokens' or 'max_completion_tokens' is too large ...");
-- ``seed`` is any 64-bit integer (a negative one too); ``temperature`` below 1e-5 is greedy;
+- ``seed`` is any 64-bit integer (a negative one too; -1 is no seed, as in vLLM); ``temperature``
+  is at most 2 and below 1e-5 greedy (with ``n`` 1), an empty stop string is refused (as vLLM);
 - ``n`` choices per prompt and a list of prompts fan out into one engine request each, choice
   ``i * n + j`` for prompt ``i``, sample ``j``; sample ``j`` of a seeded request uses
   ``seed + j`` (vLLM v1's parallel sampling);
@@ -281,7 +282,9 @@ def _stops(stop: Any, limits: Limits) -> tuple[str, ...]:
     longest = max((len(s) for s in stops), default=0)
     if longest > limits.max_stop_chars:
         raise RequestError(f"a stop string of {longest} characters; at most {limits.max_stop_chars}", "stop")
-    return tuple(s for s in stops if s)
+    if not all(stops):  # as vLLM's SamplingParams refuses it (it was dropped silently)
+        raise RequestError("stop cannot contain an empty string", "stop")
+    return stops
 
 
 def _params(req: Any, prompts: list[list[int]], ctx: ServingContext, key: str, max_tokens: int | None,
@@ -300,6 +303,8 @@ def _params(req: Any, prompts: list[list[int]], ctx: ServingContext, key: str, m
         raise RequestError(f"logprobs={logprobs}; at most {ctx.limits.max_logprobs}",
                            "top_logprobs" if key == "max_completion_tokens" else "logprobs")  # fmt: skip
     temperature = 1.0 if req.temperature is None else req.temperature
+    if temperature < GREEDY_BELOW and n > 1:  # every choice would be the same: vLLM refuses it
+        raise RequestError(f"n must be 1 when using greedy sampling, got {n}", "n")
     stream = bool(req.stream)
     if req.stream_options is not None and not stream:  # as vLLM refuses it
         raise RequestError("stream_options can only be set when stream is true", "stream_options")
@@ -312,7 +317,7 @@ def _params(req: Any, prompts: list[list[int]], ctx: ServingContext, key: str, m
         max_tokens=max_tokens,
         temperature=0.0 if temperature < GREEDY_BELOW else temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
-        seed=req.seed,
+        seed=None if req.seed == -1 else req.seed,  # vLLM's SamplingParams reads -1 as no seed
         stop=_stops(req.stop, ctx.limits),
         ignore_eos=bool(req.ignore_eos),
         stream=stream,

@@ -46,7 +46,8 @@ class StreamOptions(_Lenient):
 class _SamplingRequest(_Lenient):
     model: Text | None = None
     max_tokens: Int | None = Field(None, description="default: whatever room max_model_len leaves")
-    temperature: Finite | None = Field(None, ge=0.0, description="default 1.0; below 1e-5 is greedy (as vLLM)")
+    temperature: Finite | None = Field(None, ge=0.0, le=2.0, description="default 1.0, at most 2; below 1e-5 is greedy "
+                                                                         "(as vLLM)")
     top_p: Finite | None = Field(None, gt=0.0, le=1.0, description="default 1.0")
     n: Int | None = Field(None, ge=1, description="choices per prompt; default 1")
     seed: Int | None = Field(None, ge=INT64_MIN, le=INT64_MAX, description="any 64-bit integer; null = random")
