@@ -170,3 +170,17 @@ def test_a_batch_hydra_refuses_prints_no_table_and_writes_no_report(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "|" not in proc.stdout and "job(s)" not in proc.stdout
     assert not (tmp_path / "runs" / "refused" / "report").exists()
+
+
+def test_a_sweep_logs_no_store_setting_as_a_param_a_name_or_a_tag(tmp_path):
+    """A tracking URI may carry credentials: the runs' params leave tracking.* out, but the sweep
+    parent's params, its overrides tag and its jobs' run names carried it."""
+    uri = fresh_store(tmp_path)
+    proc = run_cli(tmp_path, "-m", "max_batch=2,4", "workload.num_requests=10", f"tracking.uri={uri}",
+                   "experiment_name=no_store_params")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    _, runs = runs_of(uri, "no_store_params")
+    assert len(runs) == 3
+    for run in runs:
+        shown = [*run.data.params, *run.data.params.values(), run.info.run_name, *run.data.tags.values()]
+        assert not any("tracking" in str(text) or uri in str(text) for text in shown), run.info.run_name

@@ -106,7 +106,9 @@ def _start(config: DictConfig) -> None:
     settings = OmegaConf.to_container(config.tracking, resolve=True) if "tracking" in config else {}
     # +experiment=NAME -> param experiment (MLflow keys take no +/~)
     spec = {str(o.get_key_element()).lstrip("+~"): _value_text(o) for o in _safe_overrides(config)}
-    tags = {SWEEP_DIR_TAG: str(sweep_dir), "jobs": str(total or ""), "overrides": " ".join(config.hydra.overrides.task)}
+    spec = {k: v for k, v in spec.items() if not k.startswith("tracking.")}  # the store is no param
+    overrides = " ".join(folder.recorded(list(config.hydra.overrides.task)))
+    tags = {SWEEP_DIR_TAG: str(sweep_dir), "jobs": str(total or ""), "overrides": overrides}
     info: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "total_jobs": total,
                             "started": time.time(), "experiment": experiment, "run_name": f"sweep {experiment} {sweep_dir.name}",
                             "params": spec, "tags": tags}  # fmt: skip

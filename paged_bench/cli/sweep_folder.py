@@ -52,10 +52,16 @@ def stopping(sweep_dir: Path) -> bool:
     return "stopping" in sweep_info(sweep_dir)
 
 
+def recorded(overrides: list[str]) -> list[str]:
+    """The overrides a run's name and tags may show: not the store settings (``tracking.*``: a
+    tracking URI may carry credentials, and MLflow params leave them out too)."""
+    return [o for o in overrides if not o.lstrip("+~").startswith("tracking.")]
+
+
 def job_name(overrides: list[str], sweep_dir: Path | None) -> str:
     """A job's MLflow run name: its own overrides (not Hydra's, not those the sweep shares)."""
     shared = set(sweep_info(sweep_dir).get("shared_keys", [])) if sweep_dir else set()
-    own = [o for o in overrides if not o.startswith("hydra") and o.split("=", 1)[0] not in shared]
+    own = [o for o in recorded(overrides) if not o.startswith("hydra") and o.split("=", 1)[0] not in shared]
     return " ".join(own) or "default"
 
 
