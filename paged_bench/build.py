@@ -110,8 +110,16 @@ def build_engine(cfg: Mapping[str, Any], copies: int = 1) -> tuple[Engine, KVBud
         raise ConfigError("max_batch", cfg["max_batch"], f"at most {cap} with backend={name} (backend.max_batch: it "
                                                          f"serves {cap} request(s) at a time)")  # fmt: skip
     backend = registry.create("backend", name, **options)
-    _check_positions(cfg, backend)
+    try:
+        return _engine_on(backend, cfg, copies)
+    except BaseException:  # a refused setting must not leave the backend's model or workers behind
+        backend.close()
+        raise
 
+
+def _engine_on(backend: Backend, cfg: Mapping[str, Any], copies: int) -> tuple[Engine, KVBudget | None]:
+    """``build_engine`` once its backend is made: the allocator, the scheduler and the clock."""
+    _check_positions(cfg, backend)
     name, options = plugin_section(cfg, "allocator")
     _check_mirrors_top_level(cfg, options)
     budget = None
@@ -168,8 +176,12 @@ def _note_capped(requests: list[Request], max_model_len: int) -> None:
 def build(cfg: Mapping[str, Any]) -> Bench:
     check_top_level(cfg)
     choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
+    workload = build_workload(cfg)  # its settings are checked before a model loads
     engine, budget = build_engine(cfg)
-    workload = build_workload(cfg)
-    requests = workload_requests(workload, engine.backend)
+    try:
+        requests = workload_requests(workload, engine.backend)
+    except BaseException:
+        engine.backend.close()
+        raise
     _note_capped(requests, cfg["max_model_len"])
     return Bench(engine, requests, dict(cfg), choices, kv_budget=budget, max_concurrency=workload.max_concurrency)

@@ -25,7 +25,7 @@ def checkpoint(tmp_path_factory):
     """A tiny random Llama saved like any HF checkpoint, and its greedy continuations."""
     cfg = transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
         initializer_range=0.2, bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
     torch.manual_seed(0)

@@ -180,6 +180,11 @@ def test_bad_tp_sizes_are_one_line_errors(checkpoint):  # noqa: F811
     with pytest.raises(ConfigError, match="backend.tensor_parallel_size=0"):
         build(compose_config("backend=torch", "backend.tensor_parallel_size=0"))
     assert _wait_gone(children()) == []  # a refused config starts no worker
+    # refused once the workers are up (the model's positions, the pool): they are stopped again
+    for refused in ("max_model_len=1024", "num_blocks=2"):
+        with pytest.raises(ConfigError, match=refused):
+            build(compose_config("backend=torch", f"backend.model_path={path}", *TP2, refused))
+        assert _wait_gone(children()) == []
 
 
 @pytest.mark.slow
