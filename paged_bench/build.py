@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from paged_bench import registry
+from paged_bench.allocators.base import KVLayout
 from paged_bench.backends.base import Backend
 from paged_bench.clock import make_clock
 from paged_bench.engine import Engine
-from paged_bench.errors import MAX_TOKENS, ConfigError, check, check_int, check_number
+from paged_bench.errors import MAX_TOKENS, ConfigError, PluginError, check, check_int, check_number
 from paged_bench.memory import check_kv_pool_fits
 from paged_bench.metrics import SLO_KEYS
 from paged_bench.model.kv_capacity import KVBudget
@@ -90,6 +91,27 @@ def _check_positions(cfg: Mapping[str, Any], backend: Backend) -> None:
                           f"(set max_model_len={model.max_position_embeddings} or less)")  # fmt: skip
 
 
+def _check_layout_follows(cfg: Mapping[str, Any], layout: KVLayout, num_blocks: int, name: str) -> None:
+    """An allocator's pool is the one the config sizes (an option file without
+    ``block_size: ${block_size}`` kept the plugin's own default, and the pool was another size)."""
+    for key, want, got in (("block_size", cfg["block_size"], layout.block_size), ("num_blocks", num_blocks,
+                                                                                    layout.num_blocks)):
+        if want != got:
+            raise PluginError(f"allocator {name!r} made a pool of {key}={got}, not the configured {want}: its option "
+                              f"file needs {key}: ${{{key}}} (and the class must use it)")  # fmt: skip
+
+
+def _check_one_sequence_fits(cfg: Mapping[str, Any], budget: KVBudget) -> None:
+    """The pool ``num_blocks=auto`` sized must hold one max_model_len sequence; when it cannot,
+    say what to change, as vLLM's ``check_enough_kv_cache_memory`` does (nobody set num_blocks)."""
+    longest = budget.blocks(cfg["block_size"]) * cfg["block_size"]
+    if longest < cfg["max_model_len"]:
+        raise ConfigError("max_model_len", cfg["max_model_len"],
+                          f"at most {longest:,}: what the KV memory left on {budget.hardware} at "
+                          f"backend.gpu_memory_utilization={budget.gpu_memory_utilization} holds; raise it, lower "
+                          "max_model_len, or split the model over more GPUs (backend.tensor_parallel_size)")  # fmt: skip
+
+
 def auto_num_blocks(cfg: Mapping[str, Any], budget: KVBudget | None) -> int:
     """What the backend's memory holds next to its model (``budget``, when it knows both), else
     enough blocks for ``max_batch`` sequences of ``max_model_len``: no memory pressure."""
@@ -126,9 +148,12 @@ def _engine_on(backend: Backend, cfg: Mapping[str, Any], copies: int) -> tuple[E
     if options.get("num_blocks") in (None, "auto"):
         budget = backend.kv_budget(cfg["max_num_batched_tokens"], cfg["max_batch"])
         options["num_blocks"] = auto_num_blocks(cfg, budget)
+        if budget is not None:
+            _check_one_sequence_fits(cfg, budget)
     check_kv_pool_fits(cfg, options, backend, copies)
     allocator = registry.create("allocator", name, **options)
     layout = allocator.layout
+    _check_layout_follows(cfg, layout, options["num_blocks"], name)
     check(
         layout.num_slots >= cfg["max_model_len"],
         "num_blocks",
@@ -159,8 +184,17 @@ def build_workload(cfg: Mapping[str, Any]) -> Workload:
 
 
 def workload_requests(workload: Workload, backend: Backend) -> list[Request]:
-    """The workload's requests, tokenized for ``backend``."""
-    return workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
+    """The workload's requests, tokenized for ``backend``: a list of ``Request`` with ids of their
+    own (a plugin's otherwise failed deep in a run, or ran as another workload)."""
+    reqs = workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
+    if not (isinstance(reqs, list) and all(isinstance(r, Request) for r in reqs)):
+        raise PluginError(f"workload {workload.name!r}: requests() returned {type(reqs).__name__}"
+                          f"{' of ' + type(reqs[0]).__name__ if isinstance(reqs, list) and reqs else ''}, "
+                          "not a list of paged_bench.request.Request")  # fmt: skip
+    if len({r.request_id for r in reqs}) != len(reqs):
+        raise PluginError(f"workload {workload.name!r}: requests() returned requests sharing a request_id; "
+                          "each needs its own")  # fmt: skip
+    return reqs
 
 
 def _note_capped(requests: list[Request], max_model_len: int) -> None:

@@ -16,13 +16,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from paged_bench.allocators.base import KVLayout
+from paged_bench.allocators.base import Allocator, KVLayout
 from paged_bench.arrivals import feed
 from paged_bench.backends.base import Backend
 from paged_bench.clock import VirtualClock, WallClock
 from paged_bench.errors import EngineError, crash_message
 from paged_bench.request import FinishReason, Request
 from paged_bench.schedulers.base import Scheduler
+from paged_bench.step import StepOutput, StepPlan
 from paged_bench.step_records import STEP_COLUMNS, StepRecords
 
 __all__ = ["STEP_COLUMNS", "Engine", "EngineResult", "StepRecords"]
@@ -88,6 +89,8 @@ class Engine:
         # KV as the step holds it: after scheduling, before finished requests are freed
         live, free_blocks = allocator.live_slots, allocator.num_free_blocks
         output = self.backend.execute(plan)
+        if len(output.token_ids) != len(plan.req_ids) or not output.duration >= 0:  # a plugin's: fail, not skew
+            raise EngineError(_bad_output(self.backend, plan, output))
         end = self.clock.advance(start, output.duration)
         finished = sched.update(plan, output, end)
         decodes = plan.num_decode_tokens
@@ -182,7 +185,7 @@ class Engine:
             preempted_prefix_hit_tokens=counters.preempted_prefix_hit_tokens,
             error=error,
             interrupted=interrupted,
-            leaks=self.allocator.leaks(),
+            leaks=self.allocator.leaks() + _pool_not_whole(self.allocator),
         )
 
 
@@ -192,3 +195,17 @@ def _duration(steps: StepRecords, reqs: list[Request]) -> float:
     last = steps.last()
     ends = [r.finish_time for r in reqs if r.finish_time is not None]
     return max([last.time if last is not None else 0.0, *ends])
+
+
+def _bad_output(backend: Backend, plan: StepPlan, output: StepOutput) -> str:
+    return (f"backend {backend.name!r} returned {len(output.token_ids)} tokens for a step of {len(plan.req_ids)} rows "
+            f"and a duration of {output.duration!r} s: execute() returns one token per row of the plan and a "
+            "duration >= 0")  # fmt: skip
+
+
+def _pool_not_whole(allocator: Allocator) -> list[str]:
+    """What the allocator's own ``leaks`` could miss, checked by the engine: once every request
+    has ended, every block is free again and no slot is live."""
+    name, free, total = allocator.name, allocator.num_free_blocks, allocator.layout.num_blocks
+    found = [f"allocator {name!r} has {free} of {total} blocks free"] if free != total else []
+    return found + ([f"allocator {name!r} counts {allocator.live_slots} live slots"] if allocator.live_slots else [])

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from paged_bench.errors import ConfigError, PluginError
+from paged_bench.errors import ConfigError, PagedBenchError, PluginError, crash_message
 
 KINDS = {
     "workload": ("paged_bench.workloads", "paged_bench.workloads.base:Workload"),
@@ -116,7 +116,23 @@ def create(kind: str, name: str, *args: Any, internal: tuple[str, ...] = (), **o
     cls = load(kind, name)
     allowed = accepted_options(cls)
     for key in options:
+        if key in internal and key not in allowed:  # the plugin's signature, not the user's config
+            raise PluginError(f"{kind} plugin {name!r} ({_where(cls)}) does not take {key}, which paged_bench passes "
+                              f"to every {kind}: take **kwargs in __init__ and pass them on to its base class")  # fmt: skip
         if key not in allowed:
             shown = [o for o in allowed if o not in internal]
             raise ConfigError(f"{kind}.{key}", options[key], f"{kind} {name!r} takes {', '.join(shown) or 'no options'}")
-    return cls(*args, **options)
+    try:
+        return cls(*args, **options)
+    except PagedBenchError:
+        raise
+    except Exception as e:  # a plugin's constructor that fails (an abstract method left out, a missing option)
+        raise PluginError(f"{kind} plugin {name!r} ({_where(cls)}) failed to build: {crash_message(e)}") from e
+
+
+def _where(cls: type) -> str:
+    """Where a plugin class comes from: its module and package, for an error that names it."""
+    module = cls.__module__.split(".")[0]
+    package = next((ep.dist.name for k in KINDS for ep in _entry_points(k)
+                    if ep.value.split(":")[0].split(".")[0] == module and ep.dist is not None), "unknown package")  # fmt: skip
+    return f"{cls.__module__}:{cls.__qualname__} from package {package}"

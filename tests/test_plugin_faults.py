@@ -113,3 +113,107 @@ def test_a_crashing_plugin_keeps_what_ran_and_exits_with_one_line(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["completed"] >= 5 and summary["completed"] + summary["failed"] == 48
     assert "Traceback" in (run_dir / "__main__.log").read_text()  # the whole traceback, for the plugin's author
+
+
+# -- plugins of the other kinds, wrong in ways an author's first try is (an audit wrote five) --
+
+from paged_bench.allocators.paged import PagedAllocator  # noqa: E402
+from paged_bench.backends.sim import SimBackend  # noqa: E402
+from paged_bench.errors import EngineError, PluginError  # noqa: E402
+from paged_bench.registry import create  # noqa: E402
+from paged_bench.step import StepOutput  # noqa: E402
+
+
+class OneTokenBackend(SimBackend):
+    def execute(self, plan):
+        return StepOutput([0], 0.01)  # one token whatever the rows: the rest were dropped silently
+
+
+class NeverFrees(PagedAllocator):
+    def free(self, req):
+        pass  # and its own leaks() says nothing
+
+    def leaks(self):
+        return []
+
+
+def test_a_backend_that_returns_too_few_tokens_stops_the_run_naming_it():
+    engine, requests = _engine_with(ContinuousScheduler, "workload.num_requests=8")
+    engine.backend = OneTokenBackend()
+    result = engine.run(requests)
+    assert result.error.startswith("backend 'sim' returned 1 tokens for a step of ")
+    assert "execute() returns one token per row of the plan" in result.error
+
+
+def test_blocks_an_allocator_never_gives_back_are_reported_whatever_its_leaks_says():
+    bench = build(compose_config("backend=sim", "tracking.enabled=false", "workload.num_requests=8"))
+    engine, layout = bench.engine, bench.engine.allocator.layout
+    never = NeverFrees(num_blocks=layout.num_blocks, block_size=layout.block_size)
+    engine.scheduler.allocator = engine.allocator = never
+    result = engine.run(bench.requests)
+    assert any(leak.startswith("allocator 'paged' has ") and "blocks free" in leak for leak in result.leaks)
+    assert any("live slots" in leak for leak in result.leaks)
+
+
+def test_a_plugin_constructor_that_fails_is_one_line_naming_it(monkeypatch):
+    """Forgetting **kwargs blamed the user's config ("scheduler.max_model_len=512 is not
+    allowed"); an abstract method left out was a 40-line traceback."""
+    from paged_bench import registry
+    from paged_bench.allocators.base import Allocator
+    from paged_bench.schedulers.base import Scheduler
+
+    class NoKwargs(Scheduler):
+        def __init__(self, allocator, *, resume_first=False):
+            super().__init__(allocator, max_model_len=64, max_batch=4, max_num_batched_tokens=64)
+
+    class LeftAbstract(Allocator):
+        pass
+
+    monkeypatch.setattr(registry, "load", lambda kind, name: NoKwargs)
+    with pytest.raises(PluginError) as e:
+        registry.create("scheduler", "lpf", None, internal=("max_model_len",), max_model_len=512)
+    assert str(e.value) == ("scheduler plugin 'lpf' (tests.test_plugin_faults:test_a_plugin_constructor_that_fails_is_"
+                            "one_line_naming_it.<locals>.NoKwargs from package unknown package) does not take "
+                            "max_model_len, which paged_bench passes to every scheduler: take **kwargs in __init__ "
+                            "and pass them on to its base class")  # fmt: skip
+    monkeypatch.setattr(registry, "load", lambda kind, name: LeftAbstract)
+    with pytest.raises(PluginError, match="allocator plugin 'simple' .* failed to build: TypeError: Can't instantiate "
+                                          "abstract class LeftAbstract"):  # fmt: skip
+        registry.create("allocator", "simple")
+
+
+def test_an_allocator_that_keeps_its_own_block_size_is_refused(monkeypatch):
+    """An option file without block_size: ${block_size} ran with the plugin's default: the config
+    said 8, the pool was 16-token blocks (twice the memory)."""
+    from paged_bench import registry
+
+    class OwnBlockSize(PagedAllocator):
+        def __init__(self, *, num_blocks, **kwargs):
+            super().__init__(num_blocks=num_blocks, block_size=16)
+
+    load = registry.load
+    monkeypatch.setattr(registry, "load", lambda kind, name: OwnBlockSize if kind == "allocator" else load(kind, name))
+    with pytest.raises(PluginError, match="allocator 'paged' made a pool of block_size=16, not the configured 8: its "
+                                          "option file needs block_size: \\$\\{block_size\\}"):  # fmt: skip
+        build(compose_config("backend=sim", "tracking.enabled=false", "block_size=8"))
+
+
+def test_a_workload_that_returns_no_list_of_requests_or_shared_ids_is_named():
+    from paged_bench.build import workload_requests
+
+    bench = build(compose_config("backend=sim", "tracking.enabled=false", "workload.num_requests=3"))
+
+    class Plugin:
+        name = "replay"
+
+        def __init__(self, reqs):
+            self.reqs = reqs
+
+        def requests(self, ctx):
+            return self.reqs
+
+    with pytest.raises(PluginError, match="workload 'replay': requests\\(\\) returned list_iterator, not a list of"):
+        workload_requests(Plugin(iter(bench.requests)), bench.backend)
+    twins = [bench.requests[0], bench.requests[0]]
+    with pytest.raises(PluginError, match="returned requests sharing a request_id; each needs its own"):
+        workload_requests(Plugin(twins), bench.backend)

@@ -132,9 +132,42 @@ def test_the_kv_bytes_command_shows_the_arithmetic(capsys):
 
     assert kv_bytes.main(["--model", "llama-3-8b", "--hardware", "h100"]) == 0
     line = capsys.readouterr().out.splitlines()[-1]
-    assert line.startswith("h100: 79.65 GiB x 0.9 = 71.68 GiB - weights 14.96 GiB")
+    assert line.startswith("h100: 79.19 GiB x 0.9 = 71.27 GiB - weights 14.96 GiB")  # vLLM logs 79.19 GiB for an H100
     tokens = int(line.split(" = ")[-2].split()[0].replace(",", ""))
     assert 350_000 <= tokens <= 500_000
     assert kv_bytes.main(["--model", "llama-3-70b", "--hardware", "h100"]) == 2
     assert "backend.tensor_parallel_size=2" in capsys.readouterr().err
     assert kv_bytes.main(["--hardware", "cpu"]) == 2  # no memory figure to size from
+
+
+def test_kv_bytes_per_token_counts_every_ranks_kv_heads_replicated_ones_too(tmp_path):
+    """Past num_kv_heads ranks vLLM replicates KV heads: 16 ranks of llama-3-8b (8 KV heads) hold
+    twice the model's K/V per token. The summary gave the model's figure, half the real total."""
+    from paged_bench.app import run_job
+
+    one = run_job(compose_config(*ROOFLINE, "workload.num_requests=2"), tmp_path / "one").summary
+    split = run_job(compose_config(*ROOFLINE, "workload.num_requests=2", "backend.tensor_parallel_size=16"),
+                    tmp_path / "split")
+    assert split.summary["kv_bytes_per_token"] == 2 * one["kv_bytes_per_token"] == 2 * 131_072
+    assert split.summary["kv_reserved_bytes_peak"] == split.summary["kv_reserved_slots_peak"] * 262_144
+
+
+def test_every_rank_holds_the_whole_vocabularys_logits_as_vllm_gathers_them():
+    from paged_bench.model.config import PRESETS
+    from paged_bench.model.kv_capacity import activation_bytes
+    from paged_bench.model.tp_shard import TPShard
+
+    model = PRESETS["llama-3-8b"]
+    one, eight = (activation_bytes(TPShard(model, tp), "bfloat16", 8192, 256) for tp in (1, 8))
+    mlp = lambda tp: 8192 * (2 * model.hidden_size + 3 * model.intermediate_size // tp) * 2  # noqa: E731
+    assert one - mlp(1) == eight - mlp(8) == 256 * model.vocab_size * 4
+
+
+def test_a_pool_too_small_for_one_sequence_names_what_to_change():
+    """It named num_blocks (never set: auto) or said num_blocks=0; vLLM says to raise
+    gpu_memory_utilization or lower max_model_len."""
+    with pytest.raises(ConfigError) as e:
+        build(compose_config(*ROOFLINE, "backend.model=llama-3-70b", "backend.tensor_parallel_size=2",
+                             "backend.gpu_memory_utilization=0.85", "max_model_len=8192"))  # fmt: skip
+    assert str(e.value).startswith("max_model_len=8192 is not allowed: at most 1,232: what the KV memory left on h100 "
+                                   "at backend.gpu_memory_utilization=0.85 holds; raise it, lower max_model_len")  # fmt: skip

@@ -104,7 +104,8 @@ class SimBackend(Backend):
         self.num_devices = tp
         if self.roofline is not None:
             self.vocab_size = self.roofline.model.vocab_size
-            self.kv_bytes_per_token = self.roofline.model.kv_bytes_per_token(self.roofline.dtype)
+            # every rank's K/V for a token, replicated KV heads (tp past num_kv_heads) included
+            self.kv_bytes_per_token = self.roofline.shard.kv_bytes_per_token(self.roofline.dtype) * tp
         self._block_size = 16
         self.cost = LinearCost(
             check_number("backend.step_overhead_ms", step_overhead_ms) / 1e3,

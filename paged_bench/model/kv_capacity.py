@@ -83,7 +83,8 @@ def check_utilization(value: float) -> float:
 def activation_bytes(shard: TPShard, dtype: str, max_num_batched_tokens: int, max_num_seqs: int) -> int:
     m = shard.model
     mlp = max_num_batched_tokens * (2 * m.hidden_size + 3 * shard.intermediate_size) * DTYPE_BYTES[dtype]
-    logits = min(max_num_batched_tokens, max_num_seqs) * shard.vocab_size * 4
+    # float32 logits of the whole vocabulary on every rank: vLLM gathers them to all ranks
+    logits = min(max_num_batched_tokens, max_num_seqs) * m.vocab_size * 4
     return mlp + logits
 
 

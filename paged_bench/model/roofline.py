@@ -54,7 +54,7 @@ class Hardware:
     memory_eff: float = 1.0  # ... of mem_bandwidth streaming the weights
     attn_eff: float = 1.0  # ... of peak_flops in attention
     kv_eff: float = 1.0  # ... of mem_bandwidth gathering K/V through block tables
-    memory_bytes: float | None = None  # device memory (what torch.cuda.mem_get_info calls total)
+    memory_bytes: float | None = None  # device memory: the total vLLM sizes from (torch.cuda.mem_get_info)
     link: str = "shm"  # how its tensor-parallel ranks talk (a tp_link preset)
     # seconds per byte of attention scores an eager (unfused) attention writes and reads back:
     # queries x keys x heads floats, what makes a long prompt's prefill memory-bound on a CPU;
@@ -102,12 +102,13 @@ class Hardware:
 # Datasheet peaks (dense bf16 tensor cores, HBM, PCIe host link); overhead and efficiencies
 # are typical for a well-tuned engine, to be replaced by a calibrated preset where one exists.
 # ``cpu`` is this project's 2-core CI machine, measured (fp32 GEMM, copy bandwidth); it has
-# no memory figure, so num_blocks=auto keeps max_batch full sequences there. GPU memory is the
-# total the driver reports for the 80 GB (81,559 MiB on H100, 81,920 MiB on A100), 141 GB
-# (143,771 MiB, H200) and 192 GB (183,359 MiB, B200) parts; links are the SXM boards' NVLink
-# (``backend.interconnect=pcie5`` etc. for PCIe cards).
+# no memory figure, so num_blocks=auto keeps max_batch full sequences there. GPU memory is what
+# vLLM sizes from and logs as total_gpu_memory (torch.cuda.mem_get_info's total, to 0.01 GiB) on
+# the 80 GB A100 and H100, the 141 GB H200 and the 192 GB B200: less than nvidia-smi's figure
+# (H100 81,559 MiB = 79.65 GiB), which counts memory the driver keeps. Links are the SXM boards'
+# NVLink (``backend.interconnect=pcie5`` etc. for PCIe cards).
 _GPU = {"per_seq": 2e-5, "compute_eff": 0.6, "memory_eff": 0.8, "attn_eff": 0.3, "kv_eff": 0.7}
-_MIB = 1 << 20
+_GIB = 1 << 30
 HARDWARE: dict[str, Hardware] = {
     "cpu": Hardware(
         "cpu",
@@ -121,10 +122,10 @@ HARDWARE: dict[str, Hardware] = {
         attn_eff=0.2,
         kv_eff=0.3,
     ),
-    "a100": Hardware("a100", 312e12, 2.04e12, 25e9, overhead=4e-3, **_GPU, memory_bytes=81920 * _MIB, link="nvlink3"),
-    "h100": Hardware("h100", 989e12, 3.35e12, 50e9, overhead=3e-3, **_GPU, memory_bytes=81559 * _MIB, link="nvlink4"),
-    "h200": Hardware("h200", 989e12, 4.8e12, 50e9, overhead=3e-3, **_GPU, memory_bytes=143771 * _MIB, link="nvlink4"),
-    "b200": Hardware("b200", 2.25e15, 8e12, 50e9, overhead=3e-3, **_GPU, memory_bytes=183359 * _MIB, link="nvlink5"),
+    "a100": Hardware("a100", 312e12, 2.04e12, 25e9, overhead=4e-3, **_GPU, memory_bytes=79.15 * _GIB, link="nvlink3"),
+    "h100": Hardware("h100", 989e12, 3.35e12, 50e9, overhead=3e-3, **_GPU, memory_bytes=79.19 * _GIB, link="nvlink4"),
+    "h200": Hardware("h200", 989e12, 4.8e12, 50e9, overhead=3e-3, **_GPU, memory_bytes=139.72 * _GIB, link="nvlink4"),
+    "b200": Hardware("b200", 2.25e15, 8e12, 50e9, overhead=3e-3, **_GPU, memory_bytes=178.35 * _GIB, link="nvlink5"),
 }
 
 
