@@ -101,15 +101,21 @@ def _check_layout_follows(cfg: Mapping[str, Any], layout: KVLayout, num_blocks: 
                               f"file needs {key}: ${{{key}}} (and the class must use it)")  # fmt: skip
 
 
-def _check_one_sequence_fits(cfg: Mapping[str, Any], budget: KVBudget) -> None:
-    """The pool ``num_blocks=auto`` sized must hold one max_model_len sequence; when it cannot,
-    say what to change, as vLLM's ``check_enough_kv_cache_memory`` does (nobody set num_blocks)."""
-    longest = budget.blocks(cfg["block_size"]) * cfg["block_size"]
-    if longest < cfg["max_model_len"]:
-        raise ConfigError("max_model_len", cfg["max_model_len"],
-                          f"at most {longest:,}: what the KV memory left on {budget.hardware} at "
-                          f"backend.gpu_memory_utilization={budget.gpu_memory_utilization} holds; raise it, lower "
-                          "max_model_len, or split the model over more GPUs (backend.tensor_parallel_size)")  # fmt: skip
+def _check_one_sequence_fits(cfg: Mapping[str, Any], num_blocks: int, budget: KVBudget | None) -> None:
+    """The pool must hold one max_model_len sequence. One that ``num_blocks=auto`` sized from the
+    hardware says what to change instead, as vLLM's ``check_enough_kv_cache_memory`` does (nobody
+    set num_blocks)."""
+    longest = num_blocks * cfg["block_size"]
+    if longest >= cfg["max_model_len"]:
+        return
+    if budget is None:
+        raise ConfigError("num_blocks", cfg.get("num_blocks"),
+                          f"a pool that holds one max_model_len={cfg['max_model_len']} sequence "
+                          f"(now {num_blocks} blocks x {cfg['block_size']} = {longest} slots)")  # fmt: skip
+    raise ConfigError("max_model_len", cfg["max_model_len"],
+                      f"at most {longest:,}: what the KV memory left on {budget.hardware} at "
+                      f"backend.gpu_memory_utilization={budget.gpu_memory_utilization} holds; raise it, lower "
+                      "max_model_len, or split the model over more GPUs (backend.tensor_parallel_size)")  # fmt: skip
 
 
 def auto_num_blocks(cfg: Mapping[str, Any], budget: KVBudget | None) -> int:
@@ -148,19 +154,10 @@ def _engine_on(backend: Backend, cfg: Mapping[str, Any], copies: int) -> tuple[E
     if options.get("num_blocks") in (None, "auto"):
         budget = backend.kv_budget(cfg["max_num_batched_tokens"], cfg["max_batch"])
         options["num_blocks"] = auto_num_blocks(cfg, budget)
-        if budget is not None:
-            _check_one_sequence_fits(cfg, budget)
     check_kv_pool_fits(cfg, options, backend, copies)
+    _check_one_sequence_fits(cfg, options["num_blocks"], budget)
     allocator = registry.create("allocator", name, **options)
-    layout = allocator.layout
-    _check_layout_follows(cfg, layout, options["num_blocks"], name)
-    check(
-        layout.num_slots >= cfg["max_model_len"],
-        "num_blocks",
-        cfg.get("num_blocks"),
-        f"a pool that holds one max_model_len={cfg['max_model_len']} sequence "
-        f"(now {layout.num_blocks} blocks x {layout.block_size} = {layout.num_slots} slots)",
-    )
+    _check_layout_follows(cfg, allocator.layout, options["num_blocks"], name)  # so the checks above hold for it
     backend.bind(allocator)
 
     name, options = plugin_section(cfg, "scheduler")

@@ -185,7 +185,7 @@ class Engine:
             preempted_prefix_hit_tokens=counters.preempted_prefix_hit_tokens,
             error=error,
             interrupted=interrupted,
-            leaks=self.allocator.leaks() + _pool_not_whole(self.allocator),
+            leaks=self.allocator.leaks() or _pool_not_whole(self.allocator),
         )
 
 
@@ -204,8 +204,8 @@ def _bad_output(backend: Backend, plan: StepPlan, output: StepOutput) -> str:
 
 
 def _pool_not_whole(allocator: Allocator) -> list[str]:
-    """What the allocator's own ``leaks`` could miss, checked by the engine: once every request
-    has ended, every block is free again and no slot is live."""
+    """What an allocator's own ``leaks`` can miss (a plugin's that returns []), checked by the
+    engine: once every request has ended, every block is free again and no slot is live."""
     name, free, total = allocator.name, allocator.num_free_blocks, allocator.layout.num_blocks
     found = [f"allocator {name!r} has {free} of {total} blocks free"] if free != total else []
     return found + ([f"allocator {name!r} counts {allocator.live_slots} live slots"] if allocator.live_slots else [])

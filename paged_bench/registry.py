@@ -83,16 +83,17 @@ def load(kind: str, name: str) -> type:
     try:
         cls = ep.load()
     except Exception as e:  # a broken plugin must not take the tool down with a traceback
-        raise PluginError(
-            f"{kind} plugin {name!r} ({ep.value}) from package {_package(ep)} failed to load: {type(e).__name__}: {e}"
-        ) from e
+        raise PluginError(f"{_plugin(kind, name, ep)} failed to load: {type(e).__name__}: {e}") from e
     base = _base(kind)
     if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise PluginError(
-            f"{kind} plugin {name!r} ({ep.value}) from package {_package(ep)} is not a subclass of "
-            f"{base.__module__}.{base.__qualname__}"
-        )
+        raise PluginError(f"{_plugin(kind, name, ep)} is not a subclass of {base.__module__}.{base.__qualname__}")
     return cls
+
+
+def _plugin(kind: str, name: str, ep: EntryPoint | None) -> str:
+    """How an error names a plugin: its kind, name, class and package."""
+    where = f" ({ep.value}) from package {_package(ep)}" if ep is not None else " (not an installed entry point)"
+    return f"{kind} plugin {name!r}{where}"
 
 
 def accepted_options(cls: type) -> list[str]:
@@ -117,8 +118,8 @@ def create(kind: str, name: str, *args: Any, internal: tuple[str, ...] = (), **o
     allowed = accepted_options(cls)
     for key in options:
         if key in internal and key not in allowed:  # the plugin's signature, not the user's config
-            raise PluginError(f"{kind} plugin {name!r} ({_where(cls)}) does not take {key}, which paged_bench passes "
-                              f"to every {kind}: take **kwargs in __init__ and pass them on to its base class")  # fmt: skip
+            raise PluginError(f"{_plugin(kind, name, _entry(kind, name))} does not take {key}, which paged_bench "
+                              f"passes to every {kind}: take **kwargs in __init__ and pass them on to its base class")  # fmt: skip
         if key not in allowed:
             shown = [o for o in allowed if o not in internal]
             raise ConfigError(f"{kind}.{key}", options[key], f"{kind} {name!r} takes {', '.join(shown) or 'no options'}")
@@ -127,12 +128,8 @@ def create(kind: str, name: str, *args: Any, internal: tuple[str, ...] = (), **o
     except PagedBenchError:
         raise
     except Exception as e:  # a plugin's constructor that fails (an abstract method left out, a missing option)
-        raise PluginError(f"{kind} plugin {name!r} ({_where(cls)}) failed to build: {crash_message(e)}") from e
+        raise PluginError(f"{_plugin(kind, name, _entry(kind, name))} failed to build: {crash_message(e)}") from e
 
 
-def _where(cls: type) -> str:
-    """Where a plugin class comes from: its module and package, for an error that names it."""
-    module = cls.__module__.split(".")[0]
-    package = next((ep.dist.name for k in KINDS for ep in _entry_points(k)
-                    if ep.value.split(":")[0].split(".")[0] == module and ep.dist is not None), "unknown package")  # fmt: skip
-    return f"{cls.__module__}:{cls.__qualname__} from package {package}"
+def _entry(kind: str, name: str) -> EntryPoint | None:
+    return next((ep for ep in _entry_points(kind) if ep.name == name), None)

@@ -12,13 +12,17 @@ import json
 
 import pytest
 
+from paged_bench.allocators.paged import PagedAllocator
+from paged_bench.backends.sim import SimBackend
 from paged_bench.build import build
 from paged_bench.cluster.build import build_cluster
 from paged_bench.cluster.spec import cluster_spec
 from paged_bench.config import compose_config
+from paged_bench.errors import PluginError
 from paged_bench.request import FinishReason
 from paged_bench.routers.base import Router
 from paged_bench.schedulers.continuous import ContinuousScheduler
+from paged_bench.step import StepOutput
 from tests.plugin_support import fake_distribution
 from tests.tracking_support import run_cli
 
@@ -102,7 +106,7 @@ def test_a_crashing_plugin_keeps_what_ran_and_exits_with_one_line(tmp_path):
     proc = run_cli(tmp_path, "scheduler.name=crashes_later", "tracking.enabled=false", "max_batch=4",
                    PYTHONPATH=str(site))  # fmt: skip
     assert proc.returncode == 1, proc.stderr
-    (line,) = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     where = f"(raised at faulty_plugins.py:{RAISED_AT} in may_admit)"
     assert f"run failed: RuntimeError: admission table is corrupt {where}" in line
     (run_dir,) = [p.parent for p in tmp_path.glob("runs/20*/*/summary.json")]
@@ -117,11 +121,6 @@ def test_a_crashing_plugin_keeps_what_ran_and_exits_with_one_line(tmp_path):
 
 # -- plugins of the other kinds, wrong in ways an author's first try is (an audit wrote five) --
 
-from paged_bench.allocators.paged import PagedAllocator  # noqa: E402
-from paged_bench.backends.sim import SimBackend  # noqa: E402
-from paged_bench.errors import EngineError, PluginError  # noqa: E402
-from paged_bench.registry import create  # noqa: E402
-from paged_bench.step import StepOutput  # noqa: E402
 
 
 class OneTokenBackend(SimBackend):
@@ -172,10 +171,9 @@ def test_a_plugin_constructor_that_fails_is_one_line_naming_it(monkeypatch):
     monkeypatch.setattr(registry, "load", lambda kind, name: NoKwargs)
     with pytest.raises(PluginError) as e:
         registry.create("scheduler", "lpf", None, internal=("max_model_len",), max_model_len=512)
-    assert str(e.value) == ("scheduler plugin 'lpf' (tests.test_plugin_faults:test_a_plugin_constructor_that_fails_is_"
-                            "one_line_naming_it.<locals>.NoKwargs from package unknown package) does not take "
-                            "max_model_len, which paged_bench passes to every scheduler: take **kwargs in __init__ "
-                            "and pass them on to its base class")  # fmt: skip
+    assert str(e.value) == ("scheduler plugin 'lpf' (not an installed entry point) does not take max_model_len, "
+                            "which paged_bench passes to every scheduler: take **kwargs in __init__ and pass them on "
+                            "to its base class")  # fmt: skip
     monkeypatch.setattr(registry, "load", lambda kind, name: LeftAbstract)
     with pytest.raises(PluginError, match="allocator plugin 'simple' .* failed to build: TypeError: Can't instantiate "
                                           "abstract class LeftAbstract"):  # fmt: skip

@@ -171,3 +171,7 @@ def test_a_pool_too_small_for_one_sequence_names_what_to_change():
                              "backend.gpu_memory_utilization=0.85", "max_model_len=8192"))  # fmt: skip
     assert str(e.value).startswith("max_model_len=8192 is not allowed: at most 1,232: what the KV memory left on h100 "
                                    "at backend.gpu_memory_utilization=0.85 holds; raise it, lower max_model_len")  # fmt: skip
+    # a pool the config sizes itself names num_blocks
+    with pytest.raises(ConfigError, match="^num_blocks=10 is not allowed: a pool that holds one max_model_len=512 "
+                                          "sequence \\(now 10 blocks x 16 = 160 slots\\)"):  # fmt: skip
+        build(compose_config("backend=sim", "num_blocks=10"))

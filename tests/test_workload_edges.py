@@ -158,7 +158,7 @@ def test_a_wide_lognormal_mean_is_before_clipping_to_max():
     """As the docstring says: mean 64, sigma 2.5, max 256 has a median of 3 and a mean of about 25."""
     spec = {"dist": "lognormal", "mean": 64, "sigma": 2.5, "max": 256}
     x = length_dist("o", spec).sample(np.random.default_rng(0), 100_000)
-    assert np.median(x) == 3 and x.mean() == pytest.approx(25, rel=0.05)
+    assert np.median(x) == 3 and x.mean() == pytest.approx(25, rel=0.05) and (x == 1).mean() == pytest.approx(0.40, abs=0.01)
 
 
 @pytest.mark.parametrize(
