@@ -29,11 +29,26 @@ def main(cfg: DictConfig) -> None:
 def _one_line(e: HydraException) -> str:
     if isinstance(e, MissingConfigException) and e.missing_cfg_file and "/" in e.missing_cfg_file:
         group, _, option = e.missing_cfg_file.rpartition("/")
-        return f"{group}={option} is not allowed: one of {', '.join(e.options or []) or '(none available)'}"
+        # Hydra lists none for an option of a list (cluster=[a,b]): they are looked up here
+        options = e.options or _group_options(group)
+        return f"{group}={option} is not allowed: one of {', '.join(options) or '(none available)'}"
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     if e.__cause__ is not None:
         lines.append(str(e.__cause__).splitlines()[0])
     return " ".join(lines[:3])
+
+
+def _group_options(group: str) -> list[str]:
+    """The options of config group ``group``: the packaged ones and any plugin's."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    try:
+        GlobalHydra.instance().clear()  # the failed command's, if it is still there
+        with initialize_config_module("paged_bench.conf", version_base="1.3"):
+            return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+    except Exception:  # noqa: BLE001  (only an error message's detail is at stake)
+        return []
 
 
 def _raised_in_hydra(e: BaseException) -> bool:
@@ -42,6 +57,41 @@ def _raised_in_hydra(e: BaseException) -> bool:
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     return tb is not None and Path(tb.tb_frame.f_code.co_filename).is_relative_to(Path(hydra.__file__).parent)
+
+
+def _type_error_line(e: TypeError) -> str:
+    """A TypeError inside Hydra's defaults list: a group override given values that are not
+    option names (``router=[1,2]``). The group is the one Hydra was expanding, if it is known."""
+    tb, group, options = e.__traceback__, None, None
+    while tb is not None:  # the innermost frame that holds the group default being expanded
+        default = tb.tb_frame.f_locals.get("d")
+        if isinstance(getattr(default, "group", None), str) and hasattr(default, "get_options"):
+            group, options = default.group, default.get_options()
+        tb = tb.tb_next
+    if group is None:
+        return f"a config group takes option names, e.g. router=round_robin ({type(e).__name__}: {e})"
+    shown = f"[{', '.join(map(str, options))}]" if isinstance(options, list) else options
+    names = ", ".join(_group_options(group)) or "(none available)"
+    return f"{group}={shown} is not allowed: an option name, one of {names}"
+
+
+def hydra_error(e: BaseException) -> str | None:
+    """The one line for a command line Hydra refused: its own exception, or a ValueError
+    (``workload=null``, ``--cfg`` with ``-m``) or TypeError (``router=[1,2]``) raised in its
+    code; None when ``e`` is not Hydra's (a job's bug keeps its traceback). Shared by every
+    Hydra entry point (this one, ``serve``, ``model.calibrate``)."""
+    if isinstance(e, HydraException):
+        return _one_line(e)
+    if not (isinstance(e, (ValueError, TypeError)) and _raised_in_hydra(e)):
+        return None
+    return _type_error_line(e) if isinstance(e, TypeError) else str(e).strip().splitlines()[0]
+
+
+def _multirun_after_overrides(args: list[str]) -> str | None:
+    """``-m`` (``--multirun``) after an override, which Hydra's parser takes for an unknown
+    argument (eight lines of usage); None when it is where it belongs, or absent."""
+    first = next((i for i, arg in enumerate(args) if "=" in arg and not arg.startswith("-")), len(args))
+    return next((arg for arg in args[first + 1 :] if arg in ("-m", "--multirun")), None)
 
 
 def cli() -> None:
@@ -54,6 +104,10 @@ def cli() -> None:
             print(f"error: {sys.argv[1]} takes nothing after it (got {' '.join(sys.argv[2:])})", file=sys.stderr)
             sys.exit(2)
         sys.exit(catalog.main(sys.argv[1][2:]))
+    if (misplaced := _multirun_after_overrides(sys.argv[1:])) is not None:
+        print(f"error: {misplaced} must come before the overrides: python -m paged_bench {misplaced} KEY=VALUE ...",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(2)
     for problem in catalog.register_plugin_configs():
         print(f"warning: {problem}", file=sys.stderr)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # hydra/launcher=ray: nothing talks to outside hosts
@@ -65,17 +119,12 @@ def cli() -> None:
     uploader.prestart(sys.argv[1:])  # mlflow's import overlaps the run
     try:
         main()
-    except HydraException as e:
+    except (HydraException, ValueError, TypeError) as e:  # Hydra refuses some command lines with the latter two
         sweep.finish("FAILED")
-        if full_error:
+        line = None if full_error else hydra_error(e)
+        if line is None:
             raise
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        sys.exit(2)
-    except ValueError as e:  # Hydra refuses some command lines so (workload=null, --cfg with -m)
-        sweep.finish("FAILED")
-        if full_error or not _raised_in_hydra(e):
-            raise
-        print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        print(f"error: {line}", file=sys.stderr)
         sys.exit(2)
     except PagedBenchError as e:  # a sweep refused before any job ran
         sweep.finish("FAILED")

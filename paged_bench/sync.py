@@ -6,7 +6,9 @@ process was killed: everything a run measured is in its folder, so nothing is lo
 a run folder, a sweep folder, or any folder above them (``runs/``). A run is in the store when
 a run tagged with its folder holds the tag that ends a complete upload; a broken upload is
 replaced. A sweep's jobs become children of its parent run (created if the sweep started
-without a store). Idempotent: a second call uploads nothing.
+without a store). Idempotent: a second call uploads nothing. A folder with no runs uploads
+nothing and says so (exit 0), but a store named by ``--tracking-uri`` (or
+``$MLFLOW_TRACKING_URI``) is opened all the same: one it cannot open fails as it would with runs.
 """
 
 from __future__ import annotations
@@ -178,6 +180,8 @@ def sync(paths: list[Path], tracking_uri: str | None = None) -> tuple[Tally, lis
         return stores[uri]
 
     tally, notes = Tally(unreadable=[str(e) for e in unreadable]), []
+    if not (sweeps or singles or unreadable) and (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")):
+        store_for(None)  # nothing to upload, but a store named that cannot be opened fails as with runs
     for sweep_dir, runs in sorted(sweeps.items()):
         link = sweep_info(sweep_dir).get("tracking") or {}
         note = sync_sweep(store_for(link.get("uri")), sweep_dir, runs, tally)
@@ -196,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(p) for p in args.paths if not p.exists()]
     if missing:
         print(f"error: no such folder: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    files = [str(p) for p in args.paths if not p.is_dir()]  # a file holds no runs: "0 uploaded" hid the typo
+    if files:
+        print(f"error: not a folder: {', '.join(files)} (give run or sweep folders, or a folder above them)",
+              file=sys.stderr)  # fmt: skip
         return 2
     try:
         store.check_uri(args.tracking_uri, "--tracking-uri")

@@ -136,7 +136,7 @@ def test_the_kv_bytes_command_shows_the_arithmetic(capsys):
     tokens = int(line.split(" = ")[-2].split()[0].replace(",", ""))
     assert 350_000 <= tokens <= 500_000
     assert kv_bytes.main(["--model", "llama-3-70b", "--hardware", "h100"]) == 2
-    assert "backend.tensor_parallel_size=2" in capsys.readouterr().err
+    assert "try --tp 2" in capsys.readouterr().err  # the command's flag, not the config key
     assert kv_bytes.main(["--hardware", "cpu"]) == 2  # no memory figure to size from
 
 

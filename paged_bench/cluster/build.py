@@ -24,15 +24,13 @@ from paged_bench.build import (
 )
 from paged_bench.cluster.loop import Cluster
 from paged_bench.cluster.replica import Replica
-from paged_bench.cluster.spec import ClusterSpec
+from paged_bench.cluster.spec import ClusterSpec, router_choice
 from paged_bench.engine import Engine
 from paged_bench.errors import ConfigError, check
 from paged_bench.model.config import DTYPE_BYTES, resolve_model
 from paged_bench.model.kv_capacity import KVBudget
 from paged_bench.request import Request
 from paged_bench.routers.base import Router
-
-DEFAULT_ROUTER = "round_robin"
 
 
 @dataclass
@@ -46,10 +44,6 @@ class ClusterBench:
     @property
     def num_gpus(self) -> int:
         return sum(replica.engine.backend.num_devices for replica in self.cluster.replicas)
-
-
-def _router(cfg: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    return plugin_section(cfg, "router") if cfg.get("router") is not None else (DEFAULT_ROUTER, {})
 
 
 def _kv_bytes_per_token(cfg: Mapping[str, Any], engine: Engine) -> int:
@@ -85,10 +79,13 @@ def _check_backend(cfg: Mapping[str, Any], spec: ClusterSpec) -> None:
 def build_cluster(cfg: Mapping[str, Any], spec: ClusterSpec) -> ClusterBench:
     check_top_level(cfg)
     choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
-    router_name, router_options = _router(cfg)
+    router_name, router_options = router_choice(cfg)
     choices["router"] = router_name
     _check_backend(cfg, spec)
-    built = [build_engine(cfg, copies=spec.num_replicas) for _ in range(spec.num_replicas)]
+    # the first replica's memory check counts every replica's pool; each later one's counts
+    # itself alone (the memory then free already lacks the ones built): N copies checked
+    # against what N-1 left refused a cluster that fit, after minutes of building replicas
+    built = [build_engine(cfg, copies=spec.num_replicas if i == 0 else 1) for i in range(spec.num_replicas)]
     engines = [engine for engine, _ in built]
     if spec.disaggregated:
         roles = ["prefill"] * spec.num_prefill + ["decode"] * spec.num_decode

@@ -23,7 +23,8 @@ LINKS = {**DEVICE_LINKS, **NETWORK_LINKS}
 
 def make_link(name: str, bandwidth_gbs: float | None = None, latency_us: float | None = None) -> Link:
     """A preset, with its bandwidth (GB/s) or latency (microseconds) optionally overridden."""
-    check(name in LINKS, "cluster.link", name, ", ".join(LINKS))
+    # a list or a mapping (cluster.link=[1,2]) is no preset's name, and not hashable
+    check(isinstance(name, str) and name in LINKS, "cluster.link", name, ", ".join(LINKS))
     link = LINKS[name]
     if bandwidth_gbs is not None:
         link = Link(name, check_number("cluster.link_bandwidth_gbs", bandwidth_gbs, 0, strict=True) * 1e9, link.latency)

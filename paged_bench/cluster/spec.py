@@ -6,7 +6,7 @@
 
 When split, ``replicas`` is P + D: leave it at its default (1, or null) or say P + D. One
 colocated replica is no cluster at all: the plain engine runs, its outputs exactly as
-without this section.
+without this section, and a ``router`` other than the default is refused (nothing to route).
 """
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from paged_bench import registry
+from paged_bench.build import plugin_section
 from paged_bench.cluster.link import Link, make_link
-from paged_bench.errors import check, check_int
+from paged_bench.errors import ConfigError, check, check_int
 
+DEFAULT_ROUTER = "round_robin"
 KEYS = ("replicas", "prefill_replicas", "decode_replicas", "link", "link_bandwidth_gbs", "link_latency_us")
 
 
@@ -37,7 +40,29 @@ class ClusterSpec:
 
 
 def cluster_spec(cfg: Mapping[str, Any]) -> ClusterSpec | None:
-    """The cluster a config asks for, or None for a single engine (no section, or 1 replica)."""
+    """The cluster a config asks for, or None for a single engine (no section, or 1 replica).
+    A single engine has nothing to route: a router chosen for it is refused here, before any
+    engine is built (it ran, its settings unchecked, as if it had been round robin)."""
+    spec = _spec(cfg)
+    if spec is None:
+        _check_no_router(cfg)
+    return spec
+
+
+def router_choice(cfg: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The ``router`` group's option and its settings (``round_robin`` when none is chosen)."""
+    return plugin_section(cfg, "router") if cfg.get("router") is not None else (DEFAULT_ROUTER, {})
+
+
+def _check_no_router(cfg: Mapping[str, Any]) -> None:
+    name, options = router_choice(cfg)
+    if name != DEFAULT_ROUTER:
+        raise ConfigError("router", name, f"{DEFAULT_ROUTER} (the default) with cluster.replicas=1: a router needs "
+                                          "two or more replicas")  # fmt: skip
+    registry.create("router", name, **options)  # its settings are checked all the same
+
+
+def _spec(cfg: Mapping[str, Any]) -> ClusterSpec | None:
     section = cfg.get("cluster")
     if section is None:
         return None
@@ -46,11 +71,12 @@ def cluster_spec(cfg: Mapping[str, Any]) -> ClusterSpec | None:
         check(key in KEYS, f"cluster.{key}", section[key], f"one of {', '.join(KEYS)}")
     replicas, prefill, decode = (section.get(k) for k in ("replicas", "prefill_replicas", "decode_replicas"))
     replicas = None if replicas is None else check_int("cluster.replicas", replicas)
-    prefill = check_int("cluster.prefill_replicas", prefill or 0, 0)
+    # only null is unset: '', false, [] and {} were read as 0 (a colocated cluster, unasked)
+    prefill = 0 if prefill is None else check_int("cluster.prefill_replicas", prefill, 0)
     link = make_link(section.get("link", "nvlink4"), section.get("link_bandwidth_gbs"), section.get("link_latency_us"))
     if prefill == 0:
-        check(decode in (None, 0), "cluster.decode_replicas", decode,
-              "0 or null unless cluster.prefill_replicas is set")  # fmt: skip
+        check(decode is None or (check_int("cluster.decode_replicas", decode, 0) == 0), "cluster.decode_replicas",
+              decode, "0 or null unless cluster.prefill_replicas is set")  # fmt: skip
         return None if (replicas or 1) == 1 else ClusterSpec(0, replicas, link)
     if decode is None:
         check(replicas is not None and replicas > max(prefill, 1), "cluster.replicas", replicas,

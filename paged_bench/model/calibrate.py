@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -27,7 +29,7 @@ import numpy as np
 
 from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.backends.base import Backend
-from paged_bench.errors import ConfigError, PagedBenchError, check, check_int
+from paged_bench.errors import ConfigError, PagedBenchError, check, check_int, one_line
 from paged_bench.model.calibrate_fit import _nnls, fit, fit_errors  # noqa: F401 (_nnls: the tests')
 from paged_bench.model.calibrate_heap import time_heap_growth
 from paged_bench.model.calibrate_run import run_check
@@ -305,6 +307,32 @@ def _model_name(backend: Mapping[str, Any]) -> str:
     return model if isinstance(model, str) else "custom"
 
 
+def check_out(out: Path) -> None:
+    """``--out`` can be written: not a folder, in a folder that exists or is made here (a file
+    in the way of it failed only once the whole calibration had run)."""
+    check(not out.is_dir(), "--out", str(out), "a file to write (this is a folder)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError("--out", str(out), f"a file in a folder that can be made ({one_line(e)})") from None
+    check(os.access(out.parent, os.W_OK), "--out", str(out), f"a file in a folder this user may write ({out.parent} "
+                                                             "is not)")  # fmt: skip
+
+
+def _save(out: Path, cost: RooflineCost, info: dict) -> Path:
+    """Write the preset to ``out``; if that fails now (a disk full, a folder removed meanwhile),
+    to a temporary file instead, and say so: the calibration took minutes and is not lost."""
+    try:
+        save_preset(out, cost, info)
+        return out
+    except OSError as e:
+        fd, spare = tempfile.mkstemp(prefix="calibration-", suffix=".json")
+        os.close(fd)
+        save_preset(Path(spare), cost, info)
+        raise PagedBenchError(f"could not write --out {out} ({one_line(e)}); the preset was written to "
+                              f"{spare}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m paged_bench.model.calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -319,12 +347,19 @@ def main(argv: list[str] | None = None) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from paged_bench.__main__ import hydra_error
     from paged_bench.config import compose_config
 
     try:
         cfg = compose_config(*args.overrides)
-    except (HydraException, OmegaConfBaseException) as e:
+    except OmegaConfBaseException as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except (HydraException, ValueError, TypeError) as e:  # Hydra refuses some command lines with the latter two
+        line = hydra_error(e)
+        if line is None:  # not Hydra's: a bug, with its traceback
+            raise
+        print(f"error: {line}", file=sys.stderr)
         return 2
     try:
         check_int("--repeats", args.repeats)
@@ -333,9 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         shapes = default_shapes(cfg["max_model_len"])
         check(bool(shapes), "max_model_len", cfg["max_model_len"], "a context with room for a step to time (32 or more)")
         out = args.out or Path("runs/calibration") / f"{cfg['backend'].get('name')}-{_model_name(cfg['backend'])}.json"
-        check(not out.is_dir(), "--out", str(out), "a file to write (this is a folder)")  # found before, not after, the work
+        check_out(out)  # found before, not after, the work
         cost, info = calibrate(cfg, hw, shapes, args.repeats)
-        save_preset(out, cost, info)
+        out = _save(out, cost, info)
     except PagedBenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

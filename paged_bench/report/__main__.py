@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from paged_bench.errors import ConfigError, PagedBenchError, one_line
+from paged_bench.errors import ConfigError, PagedBenchError, check, one_line
 from paged_bench.files import folder_name
 
 START, END = "<!-- report:start -->", "<!-- report:end -->"
@@ -72,7 +72,7 @@ def _fetch(name: str, dest: Path, tracking_uri: str | None) -> list:
         return fetch_experiment(name, dest, tracking_uri)
     except PagedBenchError:
         raise
-    except Exception as e:  # noqa: BLE001  (the store is unreachable or refused)
+    except Exception as e:
         raise PagedBenchError(f"report failed: {one_line(e)}") from e
 
 
@@ -96,6 +96,33 @@ def write_into(path: Path, markdown: str) -> None:
     path.write_text(f"{head}{START}\n{markdown}{END}{tail}")
 
 
+def check_destinations(args: argparse.Namespace) -> None:
+    """``--out``, ``--md`` and ``--into`` can be written, found before any report is built (a
+    file named as a folder, or the reverse, failed once the report folder was written)."""
+    for flag, path, folder in (("--out", args.out, True), ("--md", args.md, False), ("--into", args.into, False)):
+        if path is None:
+            continue
+        if path.exists():
+            check(path.is_dir() == folder, flag, str(path), "a folder (this is a file)" if folder
+                  else "a file (this is a folder)")  # fmt: skip
+        above = next((p for p in path.parents if p.exists()), path.parent)
+        check(above.is_dir(), flag, str(path), f"a path in a folder ({above} is a file)")
+
+
+def _os_error(e: OSError) -> str:
+    """An OSError as one line that names the path it failed on."""
+    where = e.filename if e.filename is not None else "a report file"
+    return f"error: could not write {where}: {e.strerror or one_line(e)}"
+
+
+def _write_markdown(args: argparse.Namespace, markdown: str) -> None:
+    if args.into:
+        write_into(args.into, markdown)
+    if args.md:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(markdown)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not args.paths and not args.experiment:
@@ -105,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     several = len(args.paths) + len(args.experiment) > 1
     sections, taken = [], set()
     try:
+        check_destinations(args)
         for path in args.paths:
             runs = find_runs(path)
             if not runs:
@@ -122,16 +150,20 @@ def main(argv: list[str] | None = None) -> int:
     except PagedBenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:  # a folder that could not be made or written (permissions, a full disk)
+        print(_os_error(e), file=sys.stderr)
+        return 1
     markdown = "\n".join(sections)  # each ends with a newline: a blank line between them
     try:
-        if args.into:
-            write_into(args.into, markdown)
+        _write_markdown(args, markdown)
     except PagedBenchError as e:
+        print(markdown)  # the report is built: it is not lost with the file it was to go into
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    if args.md:
-        args.md.parent.mkdir(parents=True, exist_ok=True)
-        args.md.write_text(markdown)
+    except OSError as e:
+        print(markdown)
+        print(_os_error(e), file=sys.stderr)
+        return 1
     print(markdown)
     return 0
 

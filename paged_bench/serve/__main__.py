@@ -50,10 +50,13 @@ def cli() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         main()
-    except HydraException as e:
-        from paged_bench.__main__ import _one_line
+    except (HydraException, ValueError, TypeError) as e:  # Hydra refuses some command lines with the latter two
+        from paged_bench.__main__ import hydra_error
 
-        print(f"error: {_one_line(e)}", file=sys.stderr)
+        line = hydra_error(e)
+        if line is None:  # not Hydra's: a bug, with its traceback
+            raise
+        print(f"error: {line}", file=sys.stderr)
         sys.exit(2)
 
 

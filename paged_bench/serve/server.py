@@ -47,6 +47,7 @@ API_KEY_ENV = "PAGED_BENCH_API_KEY"
 # each): served TTFT p99 130-715 ms -> 22-72 ms; 0.1 ms is worse again (too many switches).
 GIL_SWITCH_S = 0.0005
 MAX_STEP_RECORDS = 1024  # a server runs for days: keep only the latest step records
+MAX_GRACE_S = 3600  # the longest drain on Ctrl-C: an hour; longer is no drain but a hang
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
@@ -78,11 +79,15 @@ class ServerConfig:
                   f"one of the server options {', '.join(cls.__dataclass_fields__)}")
         cfg = cls(**s)
         check(isinstance(cfg.host, str) and bool(cfg.host), "server.host", cfg.host, "a host name or address")
-        check(isinstance(cfg.port, int) and 0 <= cfg.port <= 65535, "server.port", cfg.port, "a port 0-65535 (0 = any free one)")
+        # a bool is an int to Python: true bound port 1, false any free port
+        port_ok = isinstance(cfg.port, int) and not isinstance(cfg.port, bool) and 0 <= cfg.port <= 65535
+        check(port_ok, "server.port", cfg.port, "a port 0-65535 (0 = any free one)")
         check(cfg.model_name is None or (isinstance(cfg.model_name, str) and bool(cfg.model_name)),
               "server.model_name", cfg.model_name, "a non-empty name, or null")
         check_int("server.max_waiting", cfg.max_waiting)
-        check_number("server.graceful_shutdown_s", cfg.graceful_shutdown_s)
+        # a grace past what a timer holds (1e18) raised OverflowError in its thread at Ctrl-C
+        grace_ok = check_number("server.graceful_shutdown_s", cfg.graceful_shutdown_s) <= MAX_GRACE_S
+        check(grace_ok, "server.graceful_shutdown_s", cfg.graceful_shutdown_s, f"a number from 0 to {MAX_GRACE_S}")
         check(cfg.log_level in LOG_LEVELS, "server.log_level", cfg.log_level, ", ".join(LOG_LEVELS))
         check(cfg.tokenizer in TOKENIZER_CHOICES, "server.tokenizer", cfg.tokenizer, ", ".join(TOKENIZER_CHOICES))
         check(cfg.api_key is None or (isinstance(cfg.api_key, str) and bool(cfg.api_key)), "server.api_key",
