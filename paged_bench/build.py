@@ -25,7 +25,11 @@ from paged_bench.request import Request
 from paged_bench.workloads.base import Workload, WorkloadContext
 
 PLUGIN_KINDS = ("workload", "scheduler", "allocator", "backend")
+# plugin options copied from the top level (``allocator.block_size: ${block_size}``)
 MIRRORED_KNOBS = ("num_blocks", "block_size", "max_model_len")  # allocator options copied from the top level
+# scheduler options copied from the top level, which sizes the pool, the backend's activations and
+# its per-step cap: an option file may set a lower value (a narrower policy), never a higher one
+CAPPED_KNOBS = ("max_batch", "max_num_batched_tokens")
 
 
 @dataclass
@@ -61,6 +65,7 @@ def check_top_level(cfg: Mapping[str, Any]) -> None:
     if cfg.get("num_blocks") not in (None, "auto"):
         check_int("num_blocks", cfg.get("num_blocks"))
     check(cfg.get("clock", "auto") in ("auto", "virtual", "wall"), "clock", cfg.get("clock"), "auto, virtual or wall")
+    _check_engine_target(cfg.get("target"))
     slo = cfg.get("slo") or {}
     check(isinstance(slo, Mapping), "slo", slo, f"a mapping with keys {', '.join(SLO_KEYS)}")
     for key, value in slo.items():
@@ -69,15 +74,33 @@ def check_top_level(cfg: Mapping[str, Any]) -> None:
             check_number(f"slo.{key}", value, 0, strict=True, finite=False)
 
 
-def _check_mirrors_top_level(cfg: Mapping[str, Any], allocator_options: Mapping[str, Any]) -> None:
+def _check_engine_target(target: Any) -> None:
+    """The in-process engine takes no target options: ``+target.base_url=...`` beside it ran the
+    engine and measured no server, without a word."""
+    if isinstance(target, Mapping) and target.get("name") == "engine":
+        for key, value in target.items():
+            check(key == "name", f"target.{key}", value,
+                  "no option with target=engine (the in-process engine); target=openai sends to a server")
+
+
+def _check_mirrors_top_level(cfg: Mapping[str, Any]) -> None:
     """An allocator's copy of a top-level knob (``allocator.block_size: ${block_size}``) must be
-    that knob: the pool's size, the backend and the memory check read the top level."""
+    that knob, and a scheduler's may not exceed it: the pool's size, the backend's limits and
+    the memory check read the top level (``scheduler.max_batch=64`` alone ran out of KV blocks
+    in a pool sized for 16, and passed a backend that serves one request at a time)."""
+    _, allocator = plugin_section(cfg, "allocator")
     for key in MIRRORED_KNOBS:
-        if key in allocator_options and allocator_options[key] != cfg.get(key):
+        if key in allocator and allocator[key] != cfg.get(key):
             value = "null" if cfg.get(key) is None else cfg.get(key)
-            raise ConfigError(f"allocator.{key}", allocator_options[key],
+            raise ConfigError(f"allocator.{key}", allocator[key],
                               f"{key}'s value, {value} (set the top-level {key}: the pool's size and the backend "
                               "follow it)")  # fmt: skip
+    _, scheduler = plugin_section(cfg, "scheduler")
+    for key in CAPPED_KNOBS:
+        if key in scheduler and not (isinstance(scheduler[key], int) and scheduler[key] <= cfg[key]):
+            raise ConfigError(f"scheduler.{key}", scheduler[key],
+                              f"at most {key}'s value, {cfg[key]} (set the top-level {key}: the pool, the backend "
+                              "and the memory check follow it)")  # fmt: skip
 
 
 def _check_positions(cfg: Mapping[str, Any], backend: Backend) -> None:
@@ -118,6 +141,16 @@ def _check_one_sequence_fits(cfg: Mapping[str, Any], num_blocks: int, budget: KV
                       "max_model_len, or split the model over more GPUs (backend.tensor_parallel_size)")  # fmt: skip
 
 
+def _check_within_budget(cfg: Mapping[str, Any], budget: KVBudget | None) -> None:
+    """A pool set by hand holds no more than the hardware's memory does next to the model: a
+    bigger one reported terabytes of KV on one GPU, where a real engine fails to allocate."""
+    if budget is not None and cfg["num_blocks"] > (most := budget.blocks(cfg["block_size"])):
+        raise ConfigError("num_blocks", cfg["num_blocks"],
+                          f"at most {most:,}: what the KV memory left on {budget.hardware} at "
+                          f"backend.gpu_memory_utilization={budget.gpu_memory_utilization} holds "
+                          "(num_blocks=auto sizes the pool from it)")  # fmt: skip
+
+
 def auto_num_blocks(cfg: Mapping[str, Any], budget: KVBudget | None) -> int:
     """What the backend's memory holds next to its model (``budget``, when it knows both), else
     enough blocks for ``max_batch`` sequences of ``max_model_len``: no memory pressure."""
@@ -130,6 +163,7 @@ def build_engine(cfg: Mapping[str, Any], copies: int = 1) -> tuple[Engine, KVBud
     """An engine (backend, allocator, scheduler, clock) from a config whose top level is checked,
     and how ``num_blocks=auto`` sized its pool (None when it did not). ``copies``: how many
     such engines the run builds (a cluster's replicas), for the memory check."""
+    _check_mirrors_top_level(cfg)  # before a model loads
     name, options = plugin_section(cfg, "backend")
     # a backend that serves a fixed number of requests at once says so in its options: refused
     # before its model loads, rather than at the first step that holds more
@@ -149,11 +183,12 @@ def _engine_on(backend: Backend, cfg: Mapping[str, Any], copies: int) -> tuple[E
     """``build_engine`` once its backend is made: the allocator, the scheduler and the clock."""
     _check_positions(cfg, backend)
     name, options = plugin_section(cfg, "allocator")
-    _check_mirrors_top_level(cfg, options)
-    budget = None
+    budget = backend.kv_budget(cfg["max_num_batched_tokens"], cfg["max_batch"])
     if options.get("num_blocks") in (None, "auto"):
-        budget = backend.kv_budget(cfg["max_num_batched_tokens"], cfg["max_batch"])
         options["num_blocks"] = auto_num_blocks(cfg, budget)
+    else:
+        _check_within_budget(cfg, budget)
+        budget = None  # the pool was not sized from it
     check_kv_pool_fits(cfg, options, backend, copies)
     _check_one_sequence_fits(cfg, options["num_blocks"], budget)
     allocator = registry.create("allocator", name, **options)

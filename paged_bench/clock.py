@@ -8,6 +8,7 @@ behind the HTTP server). ``wait_until`` idles to the next arrival: a jump, or a 
 
 from __future__ import annotations
 
+import threading
 import time
 
 from paged_bench.errors import EngineError
@@ -65,6 +66,9 @@ class WallClock:
 
     def wait_until(self, t: float) -> None:
         delay = t - self.now()
+        if not delay < threading.TIMEOUT_MAX:  # time.sleep's limit (~292 years), which it overflows
+            raise EngineError(f"the wall clock would wait {delay:.3g} s for a step or an arrival (a cost model's "
+                              "terms too large for a run paced in real time)")  # fmt: skip
         if delay > 0:
             time.sleep(delay)
 

@@ -13,6 +13,7 @@ freed, so the results gathered so far are complete and the pool is whole.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -67,6 +68,10 @@ class Engine:
         self.steps = StepRecords(max_step_records)
         self.num_steps = 0
         self._num_blocks, self._block_size = self.allocator.layout.num_blocks, self.allocator.layout.block_size
+        # a real model on virtual time (clock=virtual): a step lasts what scheduling and computing
+        # it took, unless the backend priced it itself, and the clock jumps over idle gaps (a
+        # model's own duration is 0: the wall clock times it)
+        self._timed = backend.clock == "wall" and clock.kind == "virtual"
 
     def add_request(self, req: Request) -> None:
         self.scheduler.add_request(req, self.clock.now())
@@ -78,6 +83,7 @@ class Engine:
         """Run one step; returns the requests that finished in it."""
         sched, allocator = self.scheduler, self.allocator
         start = self.clock.now()
+        began = time.perf_counter() if self._timed else 0.0
         plan = sched.schedule(start)
         if not (plan.req_ids or plan.swap_in or plan.swap_out):  # plan.is_empty, inlined: every step
             if plan.num_preempted:  # everyone was preempted: they are readmitted next step
@@ -89,6 +95,8 @@ class Engine:
         # KV as the step holds it: after scheduling, before finished requests are freed
         live, free_blocks = allocator.live_slots, allocator.num_free_blocks
         output = self.backend.execute(plan)
+        if self._timed and not output.duration:
+            output.duration = time.perf_counter() - began
         if len(output.token_ids) != len(plan.req_ids) or not output.duration >= 0:  # a plugin's: fail, not skew
             raise EngineError(_bad_output(self.backend, plan, output))
         end = self.clock.advance(start, output.duration)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import traceback
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,13 @@ def check(ok: bool, key: str, value: Any, allowed: str) -> None:
     """Raise ConfigError(key, value, allowed) unless ``ok``."""
     if not ok:
         raise ConfigError(key, value, allowed)
+
+
+def check_choice(key: str, value: Any, choices: Iterable[str], sep: str = ", ") -> str:
+    """Return ``value`` if it names one of ``choices`` (a list or mapping from the command line
+    is refused here too, not a TypeError from looking it up)."""
+    check(isinstance(value, str) and value in choices, key, value, sep.join(choices))
+    return value
 
 
 # the most tokens one count may hold (a prompt, an output, a block): what vLLM's int32 token

@@ -8,11 +8,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from paged_bench.errors import ConfigError
+from paged_bench.errors import ConfigError, check_int
 
-# the allocator's tables per block (free queue, ref counts, hashes, swap map): ~300 B measured
-# with PagedAllocator(num_blocks=2_000_000), rounded up
-BOOKKEEPING_BYTES_PER_BLOCK = 400
+# the allocator's tables per block of either pool (free queue, ref counts, hashes, swap map):
+# ~300 B measured with PagedAllocator(num_blocks=2_000_000), which also makes 2,000,000 swap
+# blocks, and 1.35 GB RSS for swap_blocks=10_000_000 beside a small pool; rounded up
+BOOKKEEPING_BYTES_PER_BLOCK = 200
 # a request in the engine, on its own and per prompt token (drawn as int64, kept as a Python int
 # in a list): the 20,000-request Poisson run (112 prompt and 62 output tokens a request) peaks at
 # 249 MB RSS against 53 MB for 50 requests, about 56 B per token held and 0.5 KB per request
@@ -49,17 +50,23 @@ def check_kv_pool_fits(cfg: Mapping[str, Any], options: Mapping[str, Any], backe
     if available is None:
         return
     blocks, block_size = int(options["num_blocks"]), int(options.get("block_size") or cfg["block_size"])
-    swap_blocks = int(options.get("swap_blocks") or blocks)
+    swap = options.get("swap_blocks")
+    swap_blocks = blocks if swap is None else check_int("allocator.swap_blocks", swap, 0)
     per_block = BOOKKEEPING_BYTES_PER_BLOCK
     kv = (backend.kv_bytes_per_token or 0) if backend.clock == "wall" else 0  # real models hold K/V
     on_host = str(getattr(backend, "device", "cpu")).startswith("cpu")
-    one = blocks * per_block + (blocks * on_host + swap_blocks) * block_size * kv
+    one = (blocks + swap_blocks) * per_block + (blocks * on_host + swap_blocks) * block_size * kv
     if one * copies <= available:
         return
+    pool = blocks * (per_block + on_host * block_size * kv)  # the same pool without its swap space
+    if swap is not None and pool * copies <= available:
+        raise ConfigError("allocator.swap_blocks", swap, f"swap space that fits in memory beside the pool "
+                          f"({_gib(one * copies, available)}): at most about "
+                          f"{(available // copies - pool) // (per_block + block_size * kv):,}")  # fmt: skip
     if one <= available:
         raise ConfigError("cluster", f"{copies:,} replicas", f"replicas whose KV pools fit in memory ({blocks:,} blocks "
                           f"each: {_gib(one * copies, available)}): at most about {available // one:,}")  # fmt: skip
-    most = available // (per_block + (1 + on_host) * block_size * kv)
+    most = available // (2 * per_block + (1 + on_host) * block_size * kv)
     if cfg.get("num_blocks") in (None, "auto"):
         raise ConfigError("max_batch", cfg["max_batch"], f"a KV pool of max_batch full sequences that fits in memory "
                           f"({blocks:,} blocks: {_gib(one, available)}); set a smaller max_batch or num_blocks <= {most:,}")  # fmt: skip

@@ -274,3 +274,14 @@ def test_contiguous_admission_waits_for_a_free_slab():
 def test_contiguous_needs_room_for_one_slab():
     with pytest.raises(ConfigError, match="num_blocks"):
         ContiguousAllocator(num_blocks=2, block_size=16, max_model_len=512)
+
+
+def test_contiguous_keeps_the_configured_memory_when_it_is_not_a_whole_number_of_slabs():
+    alloc = ContiguousAllocator(num_blocks=40, block_size=16, max_model_len=512)  # one slab of 32, 8 left over
+    assert alloc.layout.num_blocks == 40 and alloc.num_free_blocks == 40
+    r = req(0, range(10))
+    admit(alloc, r)
+    assert alloc.reserved_slots == 512 and alloc.num_free_blocks == 8  # the tail is never handed out
+    assert not alloc.allocate_slots(req(1, range(5)), 5)
+    alloc.free(r)
+    assert alloc.num_free_blocks == 40 and alloc.reserved_slots == 0

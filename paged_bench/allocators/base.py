@@ -140,7 +140,8 @@ class Allocator(ABC):
     @property
     @abstractmethod
     def num_free_blocks(self) -> int:
-        """Blocks that can be handed out now (including cached blocks nobody holds)."""
+        """Blocks no request holds: free, or cached with nobody holding them (at the end of a run,
+        every block)."""
 
     @property
     def reserved_slots(self) -> int:

@@ -7,6 +7,8 @@ memory (``num_blocks x block_size`` slots) so that the two compare at equal memo
 layout backends see is the same as paged's (``block_size``-slot blocks); a request's table
 lists its slab's blocks in order. A running request never needs a second slab, so it never
 triggers preemption (and needs no swap space); admission simply waits for a free slab.
+Blocks past the last whole slab are never handed out but stay in the pool's memory (and its
+capacity figures): that is what slabs cost when the memory is not a multiple of one.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class ContiguousAllocator(PagedAllocator):
             swap_blocks=0,
             prefix_hash=prefix_hash,  # checked, unused: a slab is never shared
         )
-        self.layout = KVLayout(num_slabs * self.blocks_per_slab, block_size, 0)
+        self.layout = KVLayout(num_blocks, block_size, 0)
+        self._tail_blocks = num_blocks - num_slabs * self.blocks_per_slab  # free for ever: no slab fits there
 
     def block_table(self, req: Request) -> list[int]:
         k = self.blocks_per_slab
@@ -48,4 +51,4 @@ class ContiguousAllocator(PagedAllocator):
 
     @property
     def num_free_blocks(self) -> int:
-        return self.pool.num_free * self.blocks_per_slab
+        return self.pool.num_free * self.blocks_per_slab + self._tail_blocks

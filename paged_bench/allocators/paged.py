@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from paged_bench.allocators.base import NO_HIT, Allocator, AllocatorCounters, KVLayout, PrefixHit
 from paged_bench.allocators.block_pool import BlockPool, DeferredRun
 from paged_bench.allocators.prefix_hash import NO_EXTRA_KEYS, PREFIX_HASHES
-from paged_bench.errors import MAX_TOKENS, check, check_int
+from paged_bench.errors import MAX_TOKENS, check, check_choice, check_int
 from paged_bench.request import Request
 
 _NEVER = 1 << 62
@@ -63,7 +63,7 @@ class PagedAllocator(Allocator):
         check_int("num_blocks", num_blocks)
         check_int("block_size", block_size, 1, MAX_TOKENS)
         check(isinstance(prefix_caching, bool), "allocator.prefix_caching", prefix_caching, "true or false")
-        check(prefix_hash in PREFIX_HASHES, "allocator.prefix_hash", prefix_hash, " or ".join(PREFIX_HASHES))
+        check_choice("allocator.prefix_hash", prefix_hash, PREFIX_HASHES, " or ")
         check(isinstance(defer_unshared, bool), "allocator.defer_unshared", defer_unshared, "true or false")
         swap = num_blocks if swap_blocks is None else check_int("allocator.swap_blocks", swap_blocks, 0)
         self.layout = KVLayout(num_blocks, block_size, swap)

@@ -28,10 +28,11 @@ from typing import Any
 
 from paged_bench.allocators.base import Allocator
 from paged_bench.backends.base import Backend
-from paged_bench.errors import check, check_int, check_number
+from paged_bench.errors import check, check_choice, check_int, check_number
 from paged_bench.model.config import DTYPE_BYTES, resolve_model
 from paged_bench.model.kv_capacity import KVBudget, check_utilization
 from paged_bench.model.roofline import HeapMark, RooflineCost, hardware, load_preset
+from paged_bench.model.tp_link import link_preset
 from paged_bench.model.tp_shard import KEY as TP_KEY
 from paged_bench.step import StepOutput, StepPlan
 
@@ -98,8 +99,14 @@ class SimBackend(Backend):
         elif cost_model == "roofline":
             cfg = resolve_model(model, model_path)
             dt = dtype or cfg.dtype
-            check(dt in DTYPE_BYTES, "backend.dtype", dt, ", ".join(DTYPE_BYTES))
+            check_choice("backend.dtype", dt, DTYPE_BYTES)
             self.roofline = RooflineCost(cfg, _hardware(hardware), dt, tp, interconnect)
+        else:  # the linear model reads none of the roofline's names, but a typo in one is still refused
+            _hardware(hardware)
+            if dtype is not None:
+                check_choice("backend.dtype", dtype, DTYPE_BYTES)
+            if interconnect is not None:
+                link_preset(interconnect)
         check(self.roofline is not None or tp == 1, TP_KEY, tp, "1 with cost_model=linear (use cost_model=roofline)")
         self.num_devices = tp
         if self.roofline is not None:

@@ -10,7 +10,7 @@ InfiniBand NDR (400 Gb/s, Splitwise's setting) and 100 Gb Ethernet.
 
 from __future__ import annotations
 
-from paged_bench.errors import check, check_number
+from paged_bench.errors import check_choice, check_number
 from paged_bench.model.tp_link import LINKS as DEVICE_LINKS
 from paged_bench.model.tp_link import Link
 
@@ -23,8 +23,7 @@ LINKS = {**DEVICE_LINKS, **NETWORK_LINKS}
 
 def make_link(name: str, bandwidth_gbs: float | None = None, latency_us: float | None = None) -> Link:
     """A preset, with its bandwidth (GB/s) or latency (microseconds) optionally overridden."""
-    # a list or a mapping (cluster.link=[1,2]) is no preset's name, and not hashable
-    check(isinstance(name, str) and name in LINKS, "cluster.link", name, ", ".join(LINKS))
+    check_choice("cluster.link", name, LINKS)
     link = LINKS[name]
     if bandwidth_gbs is not None:
         link = Link(name, check_number("cluster.link_bandwidth_gbs", bandwidth_gbs, 0, strict=True) * 1e9, link.latency)

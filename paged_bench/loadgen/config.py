@@ -11,6 +11,16 @@ from urllib.parse import urlsplit
 from paged_bench.errors import check, check_int, check_number
 
 ENDPOINTS = ("completions", "chat")
+MAX_WARMUP = 1000  # sent one after another before the timed run
+
+
+def _is_http_url(value: Any) -> bool:
+    """An http(s) URL with a host and a port a socket takes (99999 and 'abc' were tracebacks)."""
+    try:
+        url = urlsplit(str(value))
+        return url.scheme in ("http", "https") and bool(url.hostname) and (url.port is None or url.port >= 0)
+    except ValueError:  # a port out of range or not a number, a broken IPv6 host
+        return False
 
 
 @dataclass(frozen=True)
@@ -34,19 +44,25 @@ class TargetConfig:
             check(key in names, f"target.{key}", value, f"one of the target options {', '.join(names)}")
         cfg = cls(**section)
         check(cfg.name in ("openai", "served"), "target", cfg.name, "engine, openai or served")
-        url = urlsplit(str(cfg.base_url))
-        check(url.scheme in ("http", "https") and bool(url.netloc), "target.base_url", cfg.base_url,
-              "an http(s) URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1")
-        check(cfg.model is None or isinstance(cfg.model, str), "target.model", cfg.model, "a model name, or null")
+        check(_is_http_url(cfg.base_url), "target.base_url", cfg.base_url,
+              "an http(s) URL of an OpenAI-compatible API with a port from 0 to 65535, e.g. http://127.0.0.1:8000/v1")
+        check(cfg.model is None or (isinstance(cfg.model, str) and bool(cfg.model)), "target.model", cfg.model,
+              "a model name, or null (the server's first model)")  # fmt: skip
         check(isinstance(cfg.api_key_env, str) and bool(cfg.api_key_env), "target.api_key_env", cfg.api_key_env,
               "the name of an environment variable holding the API key")
+        key = os.environ.get(cfg.api_key_env, "")
+        # an HTTP header holds ASCII; the key itself is never printed (configs and errors are logged)
+        check(key.isascii() and key.isprintable(), "target.api_key_env", cfg.api_key_env,
+              "a variable whose key is printable ASCII (this one holds other characters)")  # fmt: skip
         check(cfg.endpoint in ENDPOINTS, "target.endpoint", cfg.endpoint, " or ".join(ENDPOINTS))
         if cfg.concurrency is not None:
             check_int("target.concurrency", cfg.concurrency)
         check_number("target.timeout_s", cfg.timeout_s, 0, strict=True)
-        check_int("target.warmup", cfg.warmup, 0)
+        check_int("target.warmup", cfg.warmup, 0, MAX_WARMUP)
         check(isinstance(cfg.ignore_eos, bool), "target.ignore_eos", cfg.ignore_eos, "true or false")
         check(isinstance(cfg.spawn, bool), "target.spawn", cfg.spawn, "true or false")
+        check(cfg.spawn or cfg.name != "served", "target.spawn", cfg.spawn,
+              "true with target=served (it starts its own server; target=openai reaches one already running)")
         check_number("target.spawn_timeout_s", cfg.spawn_timeout_s, 0, strict=True)
         return cfg
 

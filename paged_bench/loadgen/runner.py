@@ -35,6 +35,7 @@ from paged_bench.allocators.base import KVLayout
 from paged_bench.arrivals import feed
 from paged_bench.build import Bench
 from paged_bench.engine import EngineResult, StepRecords
+from paged_bench.errors import one_line
 from paged_bench.loadgen.client import Outcome, request_body, send
 from paged_bench.loadgen.config import TargetConfig
 from paged_bench.loadgen.prometheus import ttft_totals
@@ -193,7 +194,7 @@ async def _first_model(client: httpx.AsyncClient, target: TargetConfig) -> str |
         resp.raise_for_status()
         return resp.json()["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
-        print(f"warning: could not list the models at {target.url}/models ({type(e).__name__}: {e}); "
+        print(f"warning: could not list the models at {target.url}/models ({one_line(e)}); "
               "sending requests without a model name", file=sys.stderr)
         return None
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from paged_bench.errors import ConfigError, check, check_int, check_number
+from paged_bench.errors import ConfigError, check, check_choice, check_int, check_number
 from paged_bench.tokenizer import ByteTokenizer
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -49,7 +49,7 @@ class ModelConfig:
             self.num_kv_heads,
             f"a divisor of num_heads={self.num_heads} (grouped-query attention)",
         )
-        check(self.dtype in DTYPE_BYTES, "backend.model.dtype", self.dtype, ", ".join(DTYPE_BYTES))
+        check_choice("backend.model.dtype", self.dtype, DTYPE_BYTES)
         # rotary embeddings turn pairs of a head's dimensions
         check(self.head_dim % 2 == 0, "backend.model.head_dim", self.head_dim, "an even number (rotary positions)")
         check(isinstance(self.tie_word_embeddings, bool), "backend.model.tie_word_embeddings",
@@ -164,14 +164,15 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-3.2-1b": ModelConfig(
         num_layers=16, hidden_size=2048, num_heads=32, num_kv_heads=8, head_dim=64, intermediate_size=8192,
         vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True, dtype="bfloat16",
+        max_position_embeddings=131072,
     ),
     "llama-3-8b": ModelConfig(
         num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=14336,
-        vocab_size=128256, rope_theta=500000.0, dtype="bfloat16",
+        vocab_size=128256, rope_theta=500000.0, dtype="bfloat16", max_position_embeddings=8192,
     ),
     "llama-3-70b": ModelConfig(
         num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8, head_dim=128, intermediate_size=28672,
-        vocab_size=128256, rope_theta=500000.0, dtype="bfloat16",
+        vocab_size=128256, rope_theta=500000.0, dtype="bfloat16", max_position_embeddings=8192,
     ),
     "llama-2-7b": ModelConfig(
         num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32, head_dim=128, intermediate_size=11008,
@@ -204,7 +205,7 @@ def resolve_model(
     if isinstance(model, ModelConfig):
         return model
     if model is None or isinstance(model, str):
-        name = model or "small"
+        name = "small" if model is None else model
         check(name in PRESETS, key, name, f"one of {', '.join(PRESETS)}, or a mapping of fields")
         return PRESETS[name]
     check(isinstance(model, Mapping), key, model, "a preset name or a mapping of fields")

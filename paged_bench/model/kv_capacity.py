@@ -111,6 +111,7 @@ def kv_budget(
     util = check_utilization(gpu_memory_utilization)
     budget = _budget(shard, dtype, memory, hardware, util, max_num_batched_tokens, max_num_seqs)
     if budget.kv_bytes < budget.kv_bytes_per_token:
+        _check_activations_leave_room(budget, shard.model.vocab_size, max_num_batched_tokens, max_num_seqs)
         fits = _smallest_fitting(shard, dtype, memory, hardware, util, max_num_batched_tokens, max_num_seqs)
         short = (f"{budget.weights / _GIB:.1f} GiB of weights per rank leave no KV space in "
                  f"{budget.requested / _GIB:.1f} GiB ({util} of one {hardware}'s {memory / _GIB:.1f} GiB)")  # fmt: skip
@@ -119,6 +120,19 @@ def kv_budget(
                               f"a larger share: {short} at every tensor_parallel_size the model's heads allow")  # fmt: skip
         raise ConfigError(TP_KEY, shard.size, f"{short}; try backend.tensor_parallel_size={fits}")
     return budget
+
+
+def _check_activations_leave_room(budget: KVBudget, vocab_size: int, tokens: int, seqs: int) -> None:
+    """Where the weights alone leave KV space, the activations take it: name the knob that sizes
+    the larger part of them (the step's tokens, or the sequences whose logits it holds)."""
+    if budget.requested - budget.weights - budget.non_torch < budget.kv_bytes_per_token:
+        return  # the weights are the problem: more ranks, or a larger share
+    logits = min(tokens, seqs) * vocab_size * 4
+    key, value = ("max_batch", seqs) if seqs < tokens and 2 * logits > budget.activations else (
+        "max_num_batched_tokens", tokens)  # fmt: skip
+    raise ConfigError(key, value, f"a smaller value: {budget.activations / _GIB:,.1f} GiB of activations per step "
+                      f"beside {budget.weights / _GIB:.1f} GiB of weights per rank leave no KV space in "
+                      f"{budget.requested / _GIB:.1f} GiB of one {budget.hardware}")  # fmt: skip
 
 
 def _smallest_fitting(shard: TPShard, dtype: str, *args: Any) -> int | None:

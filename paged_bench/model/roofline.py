@@ -27,14 +27,15 @@ KV heads), the ranks run in parallel, and each layer adds two all-reduces of the
 from __future__ import annotations
 
 import json
+import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from paged_bench.errors import ConfigError, check
+from paged_bench.errors import ConfigError, check, check_choice
 from paged_bench.model.config import DTYPE_BYTES, ModelConfig
 from paged_bench.model.kv_capacity import KVBudget, kv_budget
 from paged_bench.model.tp_link import Link, link_preset
@@ -130,8 +131,7 @@ HARDWARE: dict[str, Hardware] = {
 
 
 def hardware(name: str, key: str = "backend.hardware") -> Hardware:
-    check(name in HARDWARE, key, name, ", ".join(HARDWARE))
-    return HARDWARE[name]
+    return HARDWARE[check_choice(key, name, HARDWARE)]
 
 
 def measure_cpu(seconds: float = 1.0, nbytes: int = 512 << 20) -> Hardware:
@@ -370,6 +370,27 @@ def load_preset(path: str | Path) -> RooflineCost:
         hw = data["hardware"]
         if hw.get("matmul_curve") is not None:
             hw = {**hw, "matmul_curve": tuple(tuple(float(v) for v in p) for p in hw["matmul_curve"])}
-        return RooflineCost(ModelConfig(**data["model"]), Hardware(**hw), data["dtype"])
+        cost = RooflineCost(ModelConfig(**data["model"]), Hardware(**hw), data["dtype"])
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError("backend.preset", str(path), f"a calibration preset ({type(e).__name__}: {e})") from e
+    _check_hardware(cost.hardware, str(path))
+    return cost
+
+
+# rates and efficiencies that divide a step's work: 0 would be a ZeroDivisionError mid-run
+_DIVISORS = ("peak_flops", "mem_bandwidth", "host_link", "compute_eff", "memory_eff", "attn_eff", "kv_eff")
+
+
+def _check_hardware(hw: Hardware, path: str) -> None:
+    """A preset's figures are finite and not negative (a negative bandwidth lost its term to
+    ``max`` and the run priced steps at a third of their cost), its divisors above 0."""
+    for f in fields(Hardware):
+        value = getattr(hw, f.name)
+        if f.name in ("name", "link", "matmul_curve", "eager_attention") or value is None:
+            continue  # the link is checked as the cost is made; a curve's values were cast to floats
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ok = ok and (value > 0 if f.name in _DIVISORS else value >= 0)
+        check(ok, "backend.preset", path, f"a calibration preset whose hardware.{f.name} is a finite number "
+                                          f"{'> 0' if f.name in _DIVISORS else '>= 0'} (it holds {value!r})")  # fmt: skip
+    check(isinstance(hw.eager_attention, bool), "backend.preset", path,
+          f"a calibration preset whose hardware.eager_attention is true or false (it holds {hw.eager_attention!r})")

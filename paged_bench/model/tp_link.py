@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paged_bench.errors import check
+from paged_bench.errors import check_choice
 
 
 @dataclass(frozen=True)
@@ -46,5 +46,4 @@ LINKS: dict[str, Link] = {
 
 
 def link_preset(name: str, key: str = "backend.interconnect") -> Link:
-    check(name in LINKS, key, name, ", ".join(LINKS))
-    return LINKS[name]
+    return LINKS[check_choice(key, name, LINKS)]

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from paged_bench.clock import HORIZON_S
 from paged_bench.errors import MAX_TOKENS, ConfigError, check, check_int, check_number
 from paged_bench.memory import check_requests_fit
 from paged_bench.request import Request
@@ -47,8 +48,9 @@ def check_max_concurrency(value: Any) -> int | None:
 def check_shared_prefix(spec: Mapping[str, Any] | None, num_requests: int) -> tuple[int, int]:
     """(num_prefixes, length) of ``workload.shared_prefix``: both set or both 0 (one alone was
     ignored), and no more prefixes than requests (each is drawn, used or not: 1e9 of them hung)."""
-    prefix = dict(spec or {})
     key = "workload.shared_prefix"
+    check(spec is None or isinstance(spec, Mapping), key, spec, "a mapping with num_prefixes and length, or null")
+    prefix = dict(spec or {})
     count = prefix.get("num_prefixes", 0)
     check_int(f"{key}.num_prefixes", count, 0)
     check(count <= num_requests, f"{key}.num_prefixes", count,
@@ -86,12 +88,15 @@ class SyntheticWorkload(Workload):
     ) -> None:
         self.num_requests = check_int("workload.num_requests", num_requests)
         self.rate = check_number("workload.rate", rate, 0, strict=True, finite=False)
+        check(self.num_requests / self.rate < HORIZON_S, "workload.rate", rate,
+              f"a rate at which {self.num_requests:,} requests arrive within the clock's {HORIZON_S:.0e} s: "
+              f"above {self.num_requests / HORIZON_S:.3g}")  # fmt: skip
         self.prompt_len = length_dist("workload.prompt_len", prompt_len)
         self.prompt_spec = prompt_len if isinstance(prompt_len, int) else dict(prompt_len)  # as configured
         self.output_len = length_dist("workload.output_len", output_len)
         self.num_prefixes, self.prefix_len = check_shared_prefix(shared_prefix, self.num_requests)
         self.max_concurrency = check_max_concurrency(max_concurrency)
-        self.seed = check_int("seed", seed, 0)
+        self.seed = check_int("workload.seed", seed, 0)
 
     @abstractmethod
     def gaps(self, rng: np.random.Generator, n: int) -> np.ndarray:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from paged_bench.clock import HORIZON_S
 from paged_bench.errors import ConfigError, check, check_int, check_number
 from paged_bench.memory import check_requests_fit
 from paged_bench.request import Request
@@ -80,7 +81,8 @@ class TraceWorkload(Workload):
     ) -> None:
         self.path = resolve_trace(path)
         self.columns = check_columns(columns)
-        check(time_unit == "auto" or time_unit in TIME_UNITS, "workload.time_unit", time_unit,
+        known = time_unit == "auto" or (isinstance(time_unit, str) and time_unit in TIME_UNITS)
+        check(known, "workload.time_unit", time_unit,
               f"auto, {', '.join(TIME_UNITS)}")  # fmt: skip
         self.time_unit = time_unit
         self.start = start if isinstance(start, str) else check_number("workload.start", start)
@@ -91,7 +93,7 @@ class TraceWorkload(Workload):
         check(self.rate is None or self.time_scale == 1.0, "workload.time_scale", time_scale,
               "1.0 when workload.rate is set (rate rescales the arrival times itself)")  # fmt: skip
         self.max_concurrency = check_max_concurrency(max_concurrency)
-        self.seed = check_int("seed", seed, 0)
+        self.seed = check_int("workload.seed", seed, 0)
 
     def _window_start(self, origin: float, absolute: bool) -> float:
         if not isinstance(self.start, str):
@@ -158,10 +160,19 @@ class TraceWorkload(Workload):
     def _rescale(self, arrivals: np.ndarray) -> np.ndarray:
         """To ``rate`` (mean gap 1/rate between the first and the last arrival), or by ``time_scale``."""
         if self.rate is None:
+            _check_within_horizon("workload.time_scale", self.time_scale, arrivals[-1] * self.time_scale)
             return arrivals * self.time_scale
         span = arrivals[-1] - arrivals[0]
         if math.isinf(self.rate) or len(arrivals) == 1:
             return np.zeros_like(arrivals)
         if span <= 0:
             raise ConfigError("workload.rate", self.rate, "inf for a trace whose requests all arrive at once")
+        _check_within_horizon("workload.rate", self.rate, (len(arrivals) - 1) / self.rate)
         return (arrivals - arrivals[0]) * ((len(arrivals) - 1) / self.rate / span)
+
+
+def _check_within_horizon(key: str, value: float, last_arrival: float) -> None:
+    """Arrivals the run's clock can reach (a rate of 5e-324 put the last one at nan s, and the run
+    failed at its first idle wait naming no key)."""
+    check(last_arrival < HORIZON_S, key, value,
+          f"a value that puts the last arrival within the clock's {HORIZON_S:.0e} s (it falls at {last_arrival:.3g} s)")
