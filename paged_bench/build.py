@@ -106,7 +106,8 @@ def _check_mirrors_top_level(cfg: Mapping[str, Any]) -> None:
 def _check_positions(cfg: Mapping[str, Any], backend: Backend) -> None:
     """A model computes positions up to its ``max_position_embeddings``; past them its rotary
     angles are ones it never saw, and its output is another model's. vLLM refuses such a
-    ``max_model_len`` too (its derived maximum is the same config field)."""
+    ``max_model_len`` too (its derived maximum is the same config field), so a roofline run is
+    held to its model's too: its figures are those of a model vLLM would serve."""
     model = backend.model_config
     if model is not None and cfg["max_model_len"] > model.max_position_embeddings:
         raise ConfigError("max_model_len", cfg["max_model_len"],

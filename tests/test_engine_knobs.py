@@ -138,3 +138,13 @@ def test_the_command_line_says_it_in_one_line(tmp_path):
     proc, _ = cli(tmp_path, "workload.num_requests=4", "allocator.swap_blocks=abc")
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "error: allocator.swap_blocks='abc' is not allowed: an integer >= 0")
+
+
+def test_a_roofline_run_is_held_to_its_models_context(config):
+    # 100,000 positions of Llama-3-8B ran, and reported figures of a model vLLM would not serve
+    assert _refusal(config, "backend.cost_model=roofline", "max_model_len=100000").startswith(
+        "max_model_len=100000 is not allowed: at most 8192, the model's max_position_embeddings")
+    cfg = config("backend.cost_model=roofline", "workload=azure_conv", "workload.limit=20")  # the preset fits it
+    check_top_level(cfg)
+    engine, _ = build_engine(cfg)
+    assert engine.backend.model_config.max_position_embeddings == cfg["max_model_len"] == 8192

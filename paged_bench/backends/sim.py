@@ -110,6 +110,7 @@ class SimBackend(Backend):
         check(self.roofline is not None or tp == 1, TP_KEY, tp, "1 with cost_model=linear (use cost_model=roofline)")
         self.num_devices = tp
         if self.roofline is not None:
+            self.model_config = self.roofline.model  # its context bounds max_model_len, as a served model's
             self.vocab_size = self.roofline.model.vocab_size
             # every rank's K/V for a token, replicated KV heads (tp past num_kv_heads) included
             self.kv_bytes_per_token = self.roofline.shard.kv_bytes_per_token(self.roofline.dtype) * tp
