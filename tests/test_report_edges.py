@@ -132,3 +132,13 @@ def test_sync_leaves_an_unreadable_run_out_and_uploads_the_others(tmp_path):
     assert proc.stdout.strip().endswith("2 unreadable run(s) left out")
     _, runs = runs_of(uri, "paged_bench")
     assert [r.data.tags["run_dir"] for r in runs] == [str(third)]  # and no empty FAILED run for the others
+
+
+def test_a_sweep_over_workloads_compares_the_options_chosen_not_the_plugins(tmp_path):
+    # workload=seed runs the poisson plugin: the report put the seed job in poisson's column
+    proc = run_cli(tmp_path, "-m", "tracking.enabled=false", "workload=poisson,seed")
+    assert proc.returncode == 0, proc.stderr
+    (sweep,) = tmp_path.glob("runs/multirun/*/*")
+    runs = RunSet.of(find_runs(sweep))
+    assert runs.policy == "workload.name" and runs.policy_values() == ["poisson", "seed"]
+    assert "Tight layout" not in proc.stderr

@@ -67,11 +67,22 @@ class Run:
     config: dict[str, Any]
     summary: dict[str, Any]
     source: str = ""  # where the run comes from: its folder, or its MLflow run (runs:/<id>)
+    choices: dict[str, str] = field(default_factory=dict)  # config group -> option (workload=seed)
     _tables: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def flat_config(self) -> dict[str, Any]:
         return flatten(self.config)
+
+    @property
+    def compared_config(self) -> dict[str, Any]:
+        """``flat_config`` with each plugin's name as the option chosen: ``workload=seed`` runs
+        the ``poisson`` plugin, and a sweep over workloads put it in poisson's column."""
+        flat = self.flat_config
+        for kind, option in self.choices.items():
+            if f"{kind}.name" in flat and isinstance(option, str):
+                flat[f"{kind}.name"] = option
+        return flat
 
     def table(self, name: str):
         """``requests`` or ``steps`` as a DataFrame, or None when the run has none."""
@@ -159,7 +170,8 @@ def load_run(path: Path) -> Run:
     if not info and not summary:
         error = "no results: the job stopped before it wrote any"
     job = int(path.name) if path.name.isdigit() else None
-    return Run(path, job, status, error, _read_config(path), summary, str(path))
+    choices = info.get("choices") if isinstance(info.get("choices"), dict) else {}
+    return Run(path, job, status, error, _read_config(path), summary, str(path), choices)
 
 
 def find_runs(path: Path, depth: int = 4, unreadable: list[RunFileError] | None = None) -> list[Run]:
@@ -206,7 +218,7 @@ class RunSet:
 
     @classmethod
     def of(cls, runs: list[Run]) -> RunSet:
-        flats = [r.flat_config for r in runs]
+        flats = [r.compared_config for r in runs]
         keys = [k for k in (flats[0] if flats else {}) if all(k in f for f in flats)]
         keys = [k for k in keys if not k.startswith(_NOT_DIMENSIONS)]
         dims: list[str] = []
@@ -224,7 +236,7 @@ class RunSet:
         return cls(runs, dims, policy, numeric)
 
     def value(self, run: Run, key: str) -> Any:
-        return run.flat_config.get(key)
+        return run.compared_config.get(key)
 
     def label(self, run: Run, keys: list[str] | None = None) -> str:
         keys = self.dims if keys is None else keys

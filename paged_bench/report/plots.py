@@ -14,6 +14,7 @@ A run without engine steps (a remote target) has no KV or preemption curves.
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,9 @@ def _legend(ax) -> None:
 
 
 def _save(plt, fig, path: Path) -> Path:
-    fig.tight_layout()
+    with warnings.catch_warnings():  # labels too long to lay out tightly: the figure is still drawn whole
+        warnings.simplefilter("ignore", UserWarning)
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
