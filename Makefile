@@ -44,7 +44,7 @@ bench: install
 # job-execution workers and a web worker per core)
 UI_PORT ?= 5000
 ui: install
-	mkdir -p runs
+	$(PY) -c "import pathlib, paged_bench.tracking.store as s; s.prepare_sqlite(pathlib.Path('runs/mlflow.db').resolve())"
 	MLFLOW_DISABLE_TELEMETRY=true MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(PY) -m mlflow ui --workers 1 \
 		--backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port $(UI_PORT)
 

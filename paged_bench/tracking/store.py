@@ -5,6 +5,7 @@ rest of the process."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import logging
 import os
@@ -105,16 +106,59 @@ def client(uri: str) -> Any:
     schema again), or a new one when the SQLite file was replaced (``rm -rf runs``)."""
     path = sqlite_path(uri)
     if path is not None:
-        open_sqlite(path)
+        prepare_sqlite(path)
     return _client(uri, path.stat().st_ino if path is not None else None)
 
 
-def open_sqlite(path: Path) -> None:
-    """Open (create, if new) the SQLite file once, cheaply: MLflow retries a file it cannot open
-    with doubling waits, for about 100 s, before it says so."""
+def prepare_sqlite(path: Path) -> None:
+    """An SQLite store ready to open: one that exists is opened once, cheaply (MLflow retries a
+    file it cannot open with doubling waits, for about 100 s, before it says so); a new one is
+    made whole beside it under a lock and moved into place. MLflow migrates a new file in place,
+    some forty steps that are not one transaction: two processes doing it at once (two first
+    runs, a run and ``sync``, a run and ``make ui``), or one killed midway, left a store that
+    no later run or sync could open."""
+    if _holds_data(path):
+        return open_sqlite(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=rwc", uri=True)) as db:
+        with open(path.parent / f".{path.name}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+            if not _holds_data(path):  # nobody made it while this process waited
+                for stale in path.parent.glob(f".{path.name}.*.tmp*"):  # a creator killed midway (it held the lock)
+                    stale.unlink(missing_ok=True)
+                _create_sqlite(path)
+    except (OSError, sqlite3.Error) as e:
+        raise StoreError(f"cannot create the SQLite store {path}: {e}") from e
+
+
+def _holds_data(path: Path) -> bool:
+    """A file with something in it (an empty one is what a store begins as, or a touched file)."""
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
+def _create_sqlite(path: Path) -> None:
+    """MLflow's tables in a file of this process's, then renamed over ``path`` (atomic: readers
+    see no store or a whole one; a process killed here leaves only its temporary file)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    uri = f"sqlite:///{temporary}"
+    try:
+        _quiet_mlflow_logs()
+        SqlAlchemyStore(uri, str(artifact_root(f"sqlite:///{path}")))  # creates and migrates the tables
+        _forget_engine(uri)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def open_sqlite(path: Path) -> None:
+    """Open the SQLite file once, cheaply, or say in one line why it cannot be opened."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=rw", uri=True)) as db:
             db.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except (OSError, sqlite3.Error) as e:
         raise StoreError(f"cannot open the SQLite store {path}: {e}") from e
@@ -150,9 +194,16 @@ def _new_client(uri: str) -> Any:
         _forget_engine(uri)
     from mlflow import MlflowClient
 
-    for name in ("mlflow", "alembic"):  # a new store's migrations log at INFO: not our user's concern
-        logging.getLogger(name).setLevel(logging.WARNING)
+    _quiet_mlflow_logs()
     return MlflowClient(tracking_uri=uri)
+
+
+def _quiet_mlflow_logs() -> None:
+    """A new store's migrations log at INFO, and a failing database write logs its traceback at
+    ERROR (92 lines for a full disk) before the exception that says the same in one line."""
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
 def _forget_engine(uri: str) -> None:
