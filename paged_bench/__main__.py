@@ -3,14 +3,17 @@
 Thin on purpose: Hydra composes the config and ``cli.job.run`` does the job (build and run
 the engine through ``app.run_job``, write the run's files, log it to MLflow). ``--experiments``
 and ``--plugins`` list the experiment registry and the installed plugins. A bad value is one
-line on stderr and a non-zero exit; a run that stops early still writes and logs what it
-measured; a sweep with failed jobs exits non-zero once everything is logged.
+line on stderr and a non-zero exit, and so is a run folder that cannot be written (under a
+file, a full disk); a run that stops early still writes and logs what it measured; a sweep with
+failed jobs exits non-zero once everything is logged.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import warnings
+from contextlib import suppress
 from pathlib import Path
 
 import hydra
@@ -19,6 +22,7 @@ from omegaconf import DictConfig
 
 from paged_bench.cli import catalog, job, signals, sweep
 from paged_bench.errors import PagedBenchError
+from paged_bench.files import cannot_write
 
 
 @hydra.main(version_base="1.3", config_path="pkg://paged_bench.conf", config_name="config")
@@ -51,12 +55,15 @@ def _group_options(group: str) -> list[str]:
         return []
 
 
+_HYDRA = Path(hydra.__file__).parent
+
+
 def _raised_in_hydra(e: BaseException) -> bool:
     """Whether Hydra's own code raised ``e`` (a command line it refuses), not a job's."""
     tb = e.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    return tb is not None and Path(tb.tb_frame.f_code.co_filename).is_relative_to(Path(hydra.__file__).parent)
+    return tb is not None and Path(tb.tb_frame.f_code.co_filename).is_relative_to(_HYDRA)
 
 
 def _type_error_line(e: TypeError) -> str:
@@ -87,6 +94,62 @@ def hydra_error(e: BaseException) -> str | None:
     return _type_error_line(e) if isinstance(e, TypeError) else str(e).strip().splitlines()[0]
 
 
+def folder_error(e: OSError) -> str | None:
+    """The one line for a run's or a sweep's folder that could not be made or written: by Hydra
+    (the folder, its ``.hydra/`` files) or in it by the sweep (under a file, a full disk). None
+    for an error from elsewhere, a bug's: it keeps its traceback (a job reports its own folder's)."""
+    frames = _frames(e)
+    if not (_innermost_is_hydra(frames) or _names_a_hydra_folder(e)):
+        return None
+    return cannot_write(e, _hydra_path(frames))
+
+
+def _frames(e: BaseException) -> list:
+    frames, tb = [], e.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
+def _innermost_is_hydra(frames: list) -> bool:
+    """Whether the innermost frame of Hydra's or of this package's is Hydra's (pathlib's and
+    io's frames lie below it)."""
+    ours = Path(__file__).parent
+    files = (Path(f.f_code.co_filename) for f in reversed(frames))
+    owner = next((f for f in files if f.is_relative_to(_HYDRA) or f.is_relative_to(ours)), None)
+    return owner is not None and owner.is_relative_to(_HYDRA)
+
+
+def _hydra_path(frames: list) -> str | None:
+    """What Hydra was writing when a write failed with no path in its error (a full disk): its
+    ``_save_config(cfg, filename, output_dir)``'s file, else the folder of the job or the sweep
+    it was writing in."""
+    for frame in reversed(frames):
+        if not Path(frame.f_code.co_filename).is_relative_to(_HYDRA):
+            continue
+        local = frame.f_locals
+        if local.get("output_dir") is not None:
+            name = local.get("filename")
+            return os.path.join(str(local["output_dir"]), name if isinstance(name, str) else "")
+        if local.get("sweep_dir") is not None:
+            return str(local["sweep_dir"])
+    return None
+
+
+def _names_a_hydra_folder(e: OSError) -> bool:
+    """Whether ``e`` names a path in the folder of the job or the sweep Hydra is running (while
+    it still knows them: it forgets its job's as the job ends)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if e.filename is None or isinstance(e.filename, int) or not HydraConfig.initialized():
+        return False
+    hc = HydraConfig.get()
+    folders = [os.path.abspath(str(f)) for f in (hc.runtime.get("output_dir"), hc.sweep.dir) if f]
+    path = os.path.abspath(os.fsdecode(e.filename))
+    return any(os.path.commonpath([path, folder]) == folder for folder in folders)
+
+
 def _multirun_after_overrides(args: list[str]) -> str | None:
     """``-m`` (``--multirun``) after an override, which Hydra's parser takes for an unknown
     argument (eight lines of usage); None when it is where it belongs, or absent."""
@@ -114,18 +177,30 @@ def cli() -> None:
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # make Hydra raise instead of printing its report
     signals.install(signals.HANDLED)
+    # a sweep folder under a file (or in no folder at all): the sweep's start fails on it first,
+    # which Hydra only warns of; its own mkdir of the same folder fails next, reported in one line
+    warnings.filterwarnings("ignore", r"Callback SweepCallback\.on_multirun_start raised "
+                                      r"(NotADirectory|FileNotFound)Error")  # fmt: skip
     from paged_bench.tracking import uploader
 
     uploader.prestart(sys.argv[1:])  # mlflow's import overlaps the run
     try:
         main()
-    except (HydraException, ValueError, TypeError) as e:  # Hydra refuses some command lines with the latter two
-        sweep.finish("FAILED")
-        line = None if full_error else hydra_error(e)
-        if line is None:
+    except BrokenPipeError:  # `--help | head`: the reader went away; nothing left to say
+        job.quiet_stdout()
+        sys.exit(0)
+    # Hydra refuses some command lines with a ValueError or a TypeError; an OSError is a run's or
+    # a sweep's folder it could not make or write (under a file, a full disk)
+    except (HydraException, ValueError, TypeError, OSError) as e:
+        with suppress(OSError):  # where the sweep's folder is the one that failed: report the first error
+            sweep.finish("FAILED")
+        # (Hydra's MissingConfigException is an IOError too: a config, not a folder)
+        folder = isinstance(e, OSError) and not isinstance(e, HydraException)
+        line, status = (folder_error(e), 1) if folder else (hydra_error(e), 2)
+        if full_error or line is None:
             raise
         print(f"error: {line}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(status)
     except PagedBenchError as e:  # a sweep refused before any job ran
         sweep.finish("FAILED")
         print(f"error: {e}", file=sys.stderr)
@@ -134,9 +209,6 @@ def cli() -> None:
         sweep.finish("KILLED")
         print(signals.stopped_by(), file=sys.stderr)
         sys.exit(signals.exit_status())
-    except BrokenPipeError:  # `--help | head`: the reader went away; nothing left to say
-        job.quiet_stdout()
-        sys.exit(0)
     except SystemExit:  # Hydra's --help and friends end here; their output may still be buffered
         _flush_stdout()
         raise

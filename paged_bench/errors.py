@@ -43,10 +43,10 @@ ERROR_CHARS = 300  # an error from elsewhere (a store, a tokenizer), as it is sh
 
 
 def one_line(error: BaseException, limit: int = ERROR_CHARS) -> str:
-    """``Type: message`` (the message alone when the error names its cause), its first line, in
-    at most ``limit`` characters. A longer one keeps its head (what failed; whole sentences or
-    words) and its tail (a chained cause says why there: "Connection refused")."""
-    first = (str(error).strip().splitlines() or [""])[0].strip()
+    """``Type: message`` (the message alone when the error names its cause), the line of it that
+    says what failed, in at most ``limit`` characters. A longer one keeps its head (what failed;
+    whole sentences or words) and its tail (a chained cause says why there: "Connection refused")."""
+    first = _cause_line(error)
     text = first if getattr(error, "names_its_cause", False) else f"{type(error).__name__}: {first}"
     if len(text) <= limit:
         return text
@@ -57,6 +57,35 @@ def one_line(error: BaseException, limit: int = ERROR_CHARS) -> str:
     space = text.find(" ", len(text) - tail_room)
     tail = text[space + 1 :] if space > 0 else text[-tail_room:]
     return f"{head} ... {tail}"
+
+
+# SQLAlchemy's (and so MLflow's) first line when a flush fails: the cause is on a later line
+_WRAPPER = "(raised as a result of"
+
+
+def _cause_line(error: BaseException) -> str:
+    """The first line of ``error``'s message, unless it is empty or only SQLAlchemy's wrapper:
+    then its next line that is neither, else the first such line of its chained causes
+    (innermost first)."""
+    for e in (error, *reversed(_chain(error))):
+        line = next((line for line in _lines(e) if not line.startswith(_WRAPPER)), None)
+        if line is not None:
+            return line
+    return (_lines(error) or [""])[0]
+
+
+def _lines(error: BaseException) -> list[str]:
+    return [line.strip() for line in str(error).splitlines() if line.strip()]
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error``'s causes (``__cause__``, else ``__context__``), outermost first."""
+    chain: list[BaseException] = []
+    cause = error.__cause__ or error.__context__
+    while cause is not None and cause not in chain and cause is not error:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    return chain
 
 
 def crash_message(error: BaseException) -> str:

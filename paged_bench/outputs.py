@@ -1,5 +1,7 @@
 """A finished run on disk: ``summary.json``, ``requests.csv``, ``steps.csv``, ``run_info.json``,
-and the short summary table printed at the end of a run."""
+and the short summary table printed at the end of a run. Each file is written whole
+(``files.opened_whole``): a write that fails (a full disk) leaves no file cut short that would
+pass for a complete one."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from paged_bench.engine import STEP_COLUMNS, EngineResult, StepRecords
+from paged_bench.files import opened_whole, write_whole
 from paged_bench.metrics import request_latencies
 from paged_bench.records import RequestRecords
 
@@ -75,7 +78,7 @@ def step_rows(steps: StepRecords) -> Iterable[tuple]:
 def _write_csv(path: Path, columns: tuple[str, ...], rows: Iterable[tuple]) -> None:
     """What csv.writer writes, formatted a row at a time by one %-format (rows hold ready cells)."""
     row = ",".join(["%s"] * len(columns)) + "\r\n"
-    with path.open("w", newline="") as f:
+    with opened_whole(path, newline="") as f:
         f.write(",".join(columns) + "\r\n")
         f.write("".join(map(row.__mod__, rows)))
 
@@ -108,10 +111,10 @@ def write_run(
         records = RequestRecords.from_requests(result.requests)
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = [run_dir / n for n in ("summary.json", "requests.csv", "steps.csv", "run_info.json")]
-    paths[0].write_text(json.dumps(dict(summary), indent=2) + "\n")
+    write_whole(paths[0], json.dumps(dict(summary), indent=2) + "\n")
     _write_csv(paths[1], *(request_table or (REQUEST_COLUMNS, request_rows(records))))
     _write_csv(paths[2], *(step_table or (STEP_COLUMNS, step_rows(result.steps))))
-    paths[3].write_text(json.dumps(dict(info), indent=2, default=str) + "\n")
+    write_whole(paths[3], json.dumps(dict(info), indent=2, default=str) + "\n")
     return paths
 
 

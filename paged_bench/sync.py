@@ -6,7 +6,11 @@ process was killed: everything a run measured is in its folder, so nothing is lo
 a run folder, a sweep folder, or any folder above them (``runs/``). A run is in the store when
 a run tagged with its folder holds the tag that ends a complete upload; a broken upload is
 replaced. A sweep's jobs become children of its parent run (created if the sweep started
-without a store). Idempotent: a second call uploads nothing. A folder with no runs uploads
+without a store). What a process still running on this host will log itself is left alone,
+said in one line: a run whose process runs, every job of a sweep whose process runs (a process
+that took a dead one's pid later is told apart by its start time; one on another host cannot be
+seen from here: its runs are uploaded, as before).
+Idempotent: a second call uploads nothing. A folder with no runs uploads
 nothing and says so (exit 0), but a store named by ``--tracking-uri`` (or
 ``$MLFLOW_TRACKING_URI``) is opened all the same: one it cannot open fails as it would with runs.
 """
@@ -23,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import paged_bench.tracking  # noqa: F401  (telemetry off before mlflow is imported)
-from paged_bench.cli.sweep_folder import SWEEP_FILE, sweep_info
+from paged_bench.cli.sweep_folder import SWEEP_FILE, alive_here, job_info, sweep_info
 from paged_bench.errors import PagedBenchError, one_line
 from paged_bench.report.load import REPORT_DIR, Run, RunFileError, find_runs
 from paged_bench.tracking import store
 from paged_bench.tracking.runs import (
-    RUN_DIR_TAG, SWEEP_DIR_TAG, UPLOADED_TAG, finish_sweep, start_sweep, upload_run, uploaded,
+    RUN_DIR_TAG, SWEEP_DIR_TAG, finish_sweep, is_complete, start_sweep, upload_run, uploaded, uploads_of,
 )  # fmt: skip
 
 
@@ -38,6 +42,7 @@ class Tally:
     present: int = 0
     closed: int = 0
     replaced: int = 0
+    running: int = 0  # left to the process still running them
     unreadable: list[str] = field(default_factory=list)  # runs left out: why, naming the file
 
 
@@ -65,50 +70,45 @@ class Store:
 
     def drop_broken(self, exp: str, run_dir: Path) -> int:
         """Delete earlier uploads of ``run_dir`` that did not complete; how many."""
-        where = f"tags.`{RUN_DIR_TAG}` = '{_quoted(str(run_dir))}'"
-        broken = [r for r in self.client.search_runs([exp], where) if r.data.tags.get(UPLOADED_TAG) != "true"]
+        broken = [r for r in uploads_of(self.client, exp, run_dir) if not is_complete(r)]
         for r in broken:
             self.client.delete_run(r.info.run_id)
         return len(broken)
-
-
-def _quoted(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("'", "\\'")
 
 
 def _experiment_of(run: Run) -> str:
     return run.config.get("experiment_name") or "paged_bench"
 
 
-def sync_run(st: Store, run: Run, tally: Tally, parent_run_id: str | None = None, exp: str | None = None) -> None:
-    exp = exp or st.experiment(_experiment_of(run))
+def sync_run(st: Store, run: Run, tally: Tally, parent_run_id: str | None = None, exp: str | None = None) -> str | None:
+    """Upload the run unless the store has it; a note when its process still runs it."""
     run_dir = run.path.resolve()
+    record = job_info(run_dir)
+    # its own process logs it: uploaded now, it would be logged twice (also once it has its
+    # status: the process writes that, then draws its plots and uploads for seconds more)
+    if alive_here(record):
+        tally.running += 1
+        return f"{run_dir}: left alone, its process (pid {record['pid']}) still runs it (sync it once that has ended)"
+    exp = exp or st.experiment(_experiment_of(run))
     if str(run_dir) in st.runs(exp):
         tally.present += 1
-        return
+        return None
     tally.replaced += st.drop_broken(exp, run_dir)
     settings = run.config.get("tracking") or {}
     try:
         st.runs(exp)[str(run_dir)] = upload_run(st.client, exp, run_dir, settings, parent_run_id)
     except RunFileError as e:  # found before anything was logged: the other runs still go
         tally.unreadable.append(str(e))
-        return
+        return None
     tally.uploaded += 1
+    return None
 
 
 def _process_gone(info: dict[str, Any]) -> bool:
     """Whether the sweep's process has ended (known only on its own host, or if it said so)."""
     if info.get("ended"):
         return True
-    if info.get("host") != socket.gethostname() or not info.get("pid"):
-        return False
-    try:
-        os.kill(int(info["pid"]), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
+    return info.get("host") == socket.gethostname() and bool(info.get("pid")) and not alive_here(info)
 
 
 def _final_status(runs: list[Run]) -> str:
@@ -116,9 +116,15 @@ def _final_status(runs: list[Run]) -> str:
     return "KILLED" if "interrupted" in statuses else "FAILED" if statuses - {"finished"} else "FINISHED"
 
 
-def sync_sweep(st: Store, sweep_dir: Path, runs: list[Run], tally: Tally) -> str | None:
-    """Upload a sweep's missing jobs under its parent run; a note when its parent stays open."""
+def sync_sweep(st: Store, sweep_dir: Path, runs: list[Run], tally: Tally) -> list[str]:
+    """Upload a sweep's missing jobs under its parent run; notes on what is left open."""
     info = sweep_info(sweep_dir)
+    # ended or not, its process may be logging them still; one on another host is not seen from
+    # here, and its jobs are uploaded as before
+    if alive_here(info):
+        tally.running += len(runs)
+        return [f"{sweep_dir}: left alone, its sweep's process (pid {info['pid']}) still runs: its "
+                f"{len(runs)} job(s) and its parent run are its own (sync it once that has ended)"]  # fmt: skip
     experiment = info.get("experiment") or (_experiment_of(runs[0]) if runs else "paged_bench")
     exp = st.experiment(experiment)
     parent = st.sweeps(exp).get(str(sweep_dir))
@@ -128,12 +134,12 @@ def sync_sweep(st: Store, sweep_dir: Path, runs: list[Run], tally: Tally) -> str
         run_id = start_sweep(st.client, exp, run_name, tags, info.get("params") or {}, experiment)
         parent = st.client.get_run(run_id)
         st.sweeps(exp)[str(sweep_dir)] = parent
-    for run in runs:
-        sync_run(st, run, tally, parent.info.run_id, exp)
+    notes = [n for n in (sync_run(st, run, tally, parent.info.run_id, exp) for run in runs) if n]
     if parent.info.status != "RUNNING":
-        return None
-    if not _process_gone(info):
-        return f"{sweep_dir}: its parent run stays RUNNING, the sweep's process (pid {info.get('pid')}) still runs"
+        return notes
+    if not _process_gone(info):  # its process on another host: it may run still
+        pid = info.get("pid")
+        return [*notes, f"{sweep_dir}: its parent run stays RUNNING, the sweep's process (pid {pid}) still runs"]
     status = info.get("status") or _final_status(runs)
     report = sweep_dir / REPORT_DIR
     files = sorted(report.iterdir()) if report.is_dir() else []
@@ -141,7 +147,7 @@ def sync_sweep(st: Store, sweep_dir: Path, runs: list[Run], tally: Tally) -> str
     finish_sweep(st.client, parent.info.run_id, status, files,
                  {"jobs": str(len(runs)), "failed_jobs": str(failed)})  # fmt: skip
     tally.closed += 1
-    return None
+    return notes
 
 
 def _groups(paths: Iterable[Path], unreadable: list[RunFileError]) -> tuple[dict[Path, list[Run]], list[Run]]:
@@ -184,10 +190,8 @@ def sync(paths: list[Path], tracking_uri: str | None = None) -> tuple[Tally, lis
         store_for(None)  # nothing to upload, but a store named that cannot be opened fails as with runs
     for sweep_dir, runs in sorted(sweeps.items()):
         link = sweep_info(sweep_dir).get("tracking") or {}
-        note = sync_sweep(store_for(link.get("uri")), sweep_dir, runs, tally)
-        notes += [note] if note else []
-    for run in singles:
-        sync_run(store_for(None), run, tally)
+        notes += sync_sweep(store_for(link.get("uri")), sweep_dir, runs, tally)
+    notes += [note for note in (sync_run(store_for(None), run, tally) for run in singles) if note]
     return tally, notes
 
 
@@ -222,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: not uploaded: {why}", file=sys.stderr)
     print(f"sync: {tally.uploaded} run(s) uploaded, {tally.present} already in the store, "
           f"{tally.closed} sweep parent run(s) closed" + (f", {tally.replaced} broken upload(s) replaced" if tally.replaced else "")
+          + (f", {tally.running} still running left alone" if tally.running else "")
           + (f", {len(tally.unreadable)} unreadable run(s) left out" if tally.unreadable else ""))  # fmt: skip
     return 1 if tally.unreadable else 0
 

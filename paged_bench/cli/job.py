@@ -4,7 +4,9 @@
 the config, run ``app.run_job`` with a progress bar, print the summary, log the run to
 MLflow (a sweep's jobs as children of its parent run, see ``sweep``), and turn a failure into
 one line on stderr and a non-zero exit (in a sweep the other jobs go on instead; the sweep's
-exit status says it failed). A job that measured nothing still leaves its status file. Hydra
+exit status says it failed). A job that measured nothing still leaves its status file. A run
+folder that cannot be written (a full disk) is such a failure too, not a bug: one line naming
+the path, and the job's record kept where it still can be. Hydra
 reuses a job's folder (the same ``hydra.run.dir``, a sweep rerun into its folder): a job first
 clears what an earlier run wrote there, so that its results cannot pass for this job's.
 """
@@ -17,6 +19,7 @@ import signal
 import socket
 import sys
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ from paged_bench.cli.progress import JobBar, echo
 from paged_bench.cli.sweep import unswept_params
 from paged_bench.cli.track import check_tracking, track_job
 from paged_bench.errors import PagedBenchError
+from paged_bench.files import cannot_write
 from paged_bench.outputs import format_summary
 from paged_bench.report.load import CONFIG_FILE, REPORT_DIR, RUN_INFO, save_config, update_run_info
 
@@ -53,6 +57,7 @@ class Job:
     sweep: dict[str, Any] = field(default_factory=dict)  # what its sweep's sweep.json says
     options: dict[str, str] = field(default_factory=dict)  # the config option per group (workload=seed)
     unswept: str | None = None  # why a config that defines a sweep cannot run as one job
+    config: dict[str, Any] | None = None  # resolved, once it is
 
     @classmethod
     def current(cls) -> Job:
@@ -134,9 +139,25 @@ def _record(job: Job, started: float, status: str, error: str | None) -> None:
     update_run_info(job.run_dir, fields)
 
 
+def _record_what_it_can(job: Job, started: float, status: str, error: str | None) -> None:
+    """``_record`` after a failure: where the record cannot be written either (a full disk),
+    the failure being reported says so; a second error here would only hide it."""
+    with suppress(OSError):
+        _record(job, started, status, error)
+
+
 def _end(config: dict[str, Any], job: Job, started: float, status: str, error: str | None) -> None:
     _record(job, started, status, error)
     _track(config, job)
+
+
+def _unwritable(e: BaseException, job: Job) -> str | None:
+    """The one line for an OSError writing the job's folder (the path the OS named is in it);
+    None for any other error, which stays a bug with its traceback."""
+    if not isinstance(e, OSError) or e.filename is None or isinstance(e.filename, int):
+        return None
+    path, folder = os.path.abspath(os.fsdecode(e.filename)), os.path.abspath(job.run_dir)
+    return cannot_write(e) if os.path.commonpath([path, folder]) == folder else None
 
 
 def _track(config: dict[str, Any], job: Job) -> None:
@@ -167,6 +188,18 @@ def run(cfg: DictConfig) -> None:
     """One Hydra job: resolve the config, run it, print it, log it, exit as it went."""
     job = Job.current()
     started = time.time()
+    try:
+        _run(cfg, job, started)
+    except OSError as e:
+        if (message := _unwritable(e, job)) is None:
+            raise
+        _record_what_it_can(job, started, "failed", message)
+        if job.config is not None:  # logged with what it wrote, as a job that failed otherwise is
+            _track(job.config, job)
+        _fail(message, 1, job)
+
+
+def _run(cfg: DictConfig, job: Job, started: float) -> None:
     if job.unswept:
         return _fail(job.unswept, 2, job)
     clear_results(job.run_dir)
@@ -183,12 +216,13 @@ def run(cfg: DictConfig) -> None:
     except OmegaConfBaseException as e:  # an interpolation that resolves to nothing
         where = getattr(e, "full_key", None)
         message = (f"{where}: " if where else "") + str(e).splitlines()[0]
-        _record(job, started, "failed", message)
+        _record_what_it_can(job, started, "failed", message)
         return _fail(message, 2, job)
     # who the job is, before its config and before it runs: a job cut off with its process is
     # still logged by name, and the sweep's process passes a signal on to the process running it
     update_run_info(job.run_dir, {**job.record(started), "pid": os.getpid(), "host": socket.gethostname()})
     save_config(job.run_dir, config)
+    job.config = config
     bar = JobBar(enabled=not job.multirun or in_sweep_process, nested=job.multirun)
     try:
         check_tracking(config)  # found after the run, a bad setting would cost its tracking
@@ -198,17 +232,18 @@ def run(cfg: DictConfig) -> None:
                               shield=signals.deferred)  # fmt: skip
     except PagedBenchError as e:  # bad config or plugin: nothing ran
         bar.close()
+        _record_what_it_can(job, started, "failed", str(e))
         if job.multirun:  # the sweep's table in MLflow shows which combination failed
-            _end(config, job, started, "failed", str(e))
-        else:
-            _record(job, started, "failed", str(e))
+            _track(config, job)
         return _fail(str(e), e.exit_code, job)
     except BaseException as e:  # Ctrl-C before the engine loop, or a bug: record it, let it through
         bar.close()
         if isinstance(e, KeyboardInterrupt):
-            _end(config, job, started, "interrupted", _interrupted_before_measuring(job, e))
-        else:
-            _end(config, job, started, "failed", f"{type(e).__name__}: {e}")
+            _record_what_it_can(job, started, "interrupted", _interrupted_before_measuring(job, e))
+            _track(config, job)
+        elif _unwritable(e, job) is None:  # (a folder that cannot be written is recorded by run)
+            _record_what_it_can(job, started, "failed", f"{type(e).__name__}: {e}")
+            _track(config, job)
         raise
     bar.close()
     if job.multirun:

@@ -9,7 +9,8 @@ interrupted: every job folder of this sweep on this host is logged as a child (a
 before it recorded its end as interrupted), the summary table (CSV + markdown) and comparison
 plots go to ``<sweep>/report`` and onto the parent run, which is then closed; the table is
 printed, and the command exits non-zero if any job that started failed. Only this sweep's
-jobs count: not an earlier sweep's in the same folder, nor older runs below it.
+jobs count: not an earlier sweep's in the same folder, nor older runs below it; a folder that
+a sweep still running on this host holds is refused in one line (exit 2) before any job.
 
 Hydra 1.3 skips ``on_multirun_end`` when a job raises; the CLI then calls ``finish`` itself
 (``KILLED`` after Ctrl-C, ``FAILED`` otherwise), and an ``atexit`` hook is the last resort, so
@@ -97,10 +98,11 @@ def start(config: DictConfig) -> None:
 def _start(config: DictConfig) -> None:
     global _active, _outcome
     sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+    _refuse_busy(sweep_dir)  # before anything else: a sweep refused touches nothing
     total = count_jobs(config)
     _check_jobs(config, total)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    if folder.sweep_info(sweep_dir):  # an earlier sweep's folder: its report must not pass for this one's
+    if _claim(sweep_dir):  # an earlier sweep's folder: its report must not pass for this one's
         shutil.rmtree(sweep_dir / REPORT_DIR, ignore_errors=True)
     experiment = OmegaConf.select(config, "experiment_name") or "paged_bench"
     settings = OmegaConf.to_container(config.tracking, resolve=True) if "tracking" in config else {}
@@ -123,6 +125,27 @@ def _start(config: DictConfig) -> None:
     _active = _Sweep(sweep_dir, total, experiment, link, SweepBar(sweep_dir, total, folder.job_counts), settings)
     _outcome = None
     atexit.register(_at_exit)
+
+
+def _refuse_busy(sweep_dir: Path) -> None:
+    """A sweep still running in this folder would lose its results without a word: each job
+    of this one clears its job folder, and its jobs and report would be taken for this one's."""
+    info = folder.sweep_info(sweep_dir)
+    if folder.alive_here(info):
+        print(f"error: {sweep_dir} is in use by a running sweep (pid {info['pid']}): use another "
+              "hydra.sweep.dir, or wait for it", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
+
+
+def _claim(sweep_dir: Path) -> dict[str, Any]:
+    """Record this process in ``sweep.json`` under the folder's lock, so that of two sweeps
+    started into it at once the second is refused (this one's whole record comes once its
+    parent run is open, seconds later); the earlier sweep's record, the rest of it kept until then."""
+    with folder.locked(sweep_dir):
+        _refuse_busy(sweep_dir)
+        earlier = folder.sweep_info(sweep_dir)
+        folder.write_info(sweep_dir, {**earlier, "pid": os.getpid(), "host": socket.gethostname()})
+    return earlier
 
 
 def _on_stop(signum: int) -> None:
@@ -308,7 +331,7 @@ def _finish(sweep: _Sweep, status: str | None) -> tuple[int, int]:
 
 def _submit_rest(sweep: _Sweep) -> None:
     """Hand every job folder the sweep's process has not logged yet to its tracking helper
-    (jobs that ran in other processes on this host)."""
+    (jobs that ran in other processes on this host; the helper skips one ``sync`` uploaded whole)."""
     for run_dir in folder.job_dirs(sweep.sweep_dir):
         if run_dir.resolve() not in sweep.submitted:
             _submit(sweep, run_dir)

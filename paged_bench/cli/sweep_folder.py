@@ -3,6 +3,10 @@ sweep's process as it starts, read by every job, wherever the launcher runs it) 
 job folder recorded in its ``run_info.json`` (who runs it, how it ended). The sweep's process
 reads it to count jobs, to signal the running ones, and to record those cut off (``sweep``).
 
+Who holds a folder is the process its record names (``pid``, ``host``): ``alive_here`` is the
+one test of it, for a sweep started into a folder another one still uses and for ``sync``,
+which leaves alone what a live process will log itself.
+
 A job folder is known by what it holds, not by its name (``hydra.sweep.subdir`` may be any
 path), and as this sweep's by the sweep's id in its record: rerun into the same folder, a
 sweep must not count, summarise or log an earlier sweep's jobs, nor older runs below it.
@@ -11,6 +15,7 @@ sweep must not count, summarise or log an earlier sweep's jobs, nor older runs b
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -40,6 +45,49 @@ def sweep_info(sweep_dir: Path) -> dict[str, Any]:
         return json.loads((sweep_dir / SWEEP_FILE).read_text())
     except (OSError, ValueError):
         return {}
+
+
+def alive_here(record: dict[str, Any]) -> bool:
+    """Whether the process a record names (``pid`` and ``host``, as ``sweep.json`` and a job's
+    ``run_info.json`` hold them) is alive on this host, other than this one. A process on another
+    host cannot be seen from here: False, and the callers do what they did before they looked."""
+    pid = record.get("pid")
+    if record.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive all the same
+        pass
+    return not _started_after(pid, record.get("start_time"))
+
+
+def _started_after(pid: int, when: Any) -> bool:
+    """Whether process ``pid`` started after ``when`` (a ``time.time()``): then it is not the
+    process a record made at that time names, but one that has taken its pid since (read from
+    Linux's /proc; where that cannot be read: False)."""
+    if not isinstance(when, (int, float)):
+        return False
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])  # starttime, field 22
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))  # fmt: skip
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False
+    return boot + ticks / os.sysconf("SC_CLK_TCK") > when + 2.0  # btime is in whole seconds
+
+
+@contextlib.contextmanager
+def locked(sweep_dir: Path) -> Iterator[None]:
+    """The sweep folder, locked against other processes on this host for the block: two sweeps
+    started at once must not both find it free before either has recorded itself in it."""
+    fd = os.open(sweep_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (closing releases the lock)
 
 
 def write_info(sweep_dir: Path, info: dict[str, Any]) -> None:

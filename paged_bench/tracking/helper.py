@@ -52,15 +52,18 @@ class Session:
 
 
 def _run(request: dict[str, Any]) -> dict[str, Any]:
-    from paged_bench.tracking.runs import Link, upload_run
+    from paged_bench.tracking.runs import Link, complete_upload, upload_run
 
     run_dir = Path(request["run_dir"])
-    if request.get("plots"):
+    if request.get("plots"):  # first: a run whose store fails still gets its plots
         _plots(run_dir)
     parent = Link(**request["parent"]) if request.get("parent") else None
     uri = parent.uri if parent else request["uri"]
     client = store.client(uri)
     experiment = parent.experiment_id if parent else store.experiment_id(client, request["experiment"], uri)
+    done = complete_upload(client, experiment, run_dir)
+    if done is not None:  # ``sync`` uploaded it as it ended: a second upload would log it twice
+        return {"run_id": done.info.run_id, "present": True}
     run_id = upload_run(client, experiment, run_dir, request.get("settings") or {}, parent.run_id if parent else None)
     return {"run_id": run_id}
 

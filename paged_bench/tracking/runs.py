@@ -39,6 +39,7 @@ PREEMPTIONS_SERIES = "step/preemptions_total"  # cumulative, so that thinning lo
 PARENT_TAG = "mlflow.parentRunId"
 KIND_TAG = "paged_bench.kind"  # run | sweep
 UPLOADED_TAG = "paged_bench.uploaded"  # set last: the run holds everything its folder had
+COMPLETE = f"tags.`{UPLOADED_TAG}` = 'true'"  # a complete upload, as a search (is_complete: as a test)
 NOTE_TAG = "mlflow.note.content"  # the run's description in the UI
 REPORT_FILE = "report.md"  # a sweep's report: its parent run's description
 RUN_DIR_TAG = "run_dir"  # a run's identity in the store (sync finds what is missing by it)
@@ -216,7 +217,7 @@ def upload_run(mlflow_client: Any, experiment_id: str, run_dir: Path, settings: 
         tags[NOTE_TAG] = note[:_MAX_TAG]
     if parent_run_id:
         tags[PARENT_TAG] = parent_run_id
-    start_time = float(info.get("start_time") or run_dir.stat().st_mtime)
+    start_time = _start_time(run_dir, info)
     run_name = info.get("run_name") or run_dir.name
     end_ms = ms(float(info.get("end_time") or start_time))
     metrics = summary_metrics(summary, end_ms)  # read whole before the run is created: a bad file logs nothing
@@ -234,10 +235,37 @@ def upload_run(mlflow_client: Any, experiment_id: str, run_dir: Path, settings: 
     return run_id
 
 
+def _start_time(run_dir: Path, info: Mapping[str, Any]) -> float:
+    return float(info.get("start_time") or run_dir.stat().st_mtime)
+
+
+def is_complete(run: Any) -> bool:
+    """Whether an MLflow run is a complete upload of its folder (``COMPLETE`` as a search)."""
+    return run.data.tags.get(UPLOADED_TAG) == "true"
+
+
+def _quoted(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def uploads_of(mlflow_client: Any, experiment_id: str, run_dir: Path) -> list[Any]:
+    """Every upload, whole or broken, tagged with ``run_dir``."""
+    return list(mlflow_client.search_runs([experiment_id], f"tags.`{RUN_DIR_TAG}` = '{_quoted(str(run_dir))}'"))
+
+
+def complete_upload(mlflow_client: Any, experiment_id: str, run_dir: Path) -> Any | None:
+    """The complete upload of the run now in ``run_dir``, if the store has one: an earlier run in
+    the same folder (rerun since, with another start time) is another run."""
+    run_dir = Path(run_dir).resolve()
+    start = ms(_start_time(run_dir, read_json(run_dir / RUN_INFO)))
+    found = (r for r in uploads_of(mlflow_client, experiment_id, run_dir) if is_complete(r))
+    return next((r for r in found if r.info.start_time == start), None)
+
+
 def uploaded(mlflow_client: Any, experiment_id: str, tag: str = RUN_DIR_TAG) -> dict[str, Any]:
     """The runs of an experiment by their ``tag`` (run_dir or sweep_dir): value -> run; for
     run folders, only complete uploads count."""
-    complete = f"tags.`{UPLOADED_TAG}` = 'true'" if tag == RUN_DIR_TAG else f"tags.`{KIND_TAG}` = 'sweep'"
+    complete = COMPLETE if tag == RUN_DIR_TAG else f"tags.`{KIND_TAG}` = 'sweep'"
     found: dict[str, Any] = {}
     token = None
     while True:
