@@ -175,3 +175,17 @@ def test_a_folder_of_a_sweep_that_is_gone_or_on_another_host_is_claimed(tmp_path
         assert sweep._claim(tmp_path)["id"] == "earlier"
         assert sweep_folder.sweep_info(tmp_path) == {"id": "earlier", "pid": sweep.os.getpid(),
                                                      "host": socket.gethostname()}  # fmt: skip
+
+
+def test_a_run_into_a_folder_a_running_job_uses_is_refused_touching_nothing(tmp_path, live_pid):
+    # clear_results deleted the live run's files, then both wrote into one folder
+    run_dir = tmp_path / "runs" / "one"
+    assert run_cli(tmp_path, *UNTRACKED, f"hydra.run.dir={run_dir}").returncode == 0
+    _set_record(run_dir / "run_info.json", pid=live_pid, host=socket.gethostname(), status=None)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    proc = run_cli(tmp_path, *UNTRACKED, f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"error: {run_dir} is in use by a running job (pid {live_pid}): use another hydra.run.dir, or wait for it")
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+    _set_record(run_dir / "run_info.json", pid=_dead_pid())  # its process is gone: the folder is reused
+    assert run_cli(tmp_path, *UNTRACKED, f"hydra.run.dir={run_dir}").returncode == 0

@@ -202,6 +202,10 @@ def run(cfg: DictConfig) -> None:
 def _run(cfg: DictConfig, job: Job, started: float) -> None:
     if job.unswept:
         return _fail(job.unswept, 2, job)
+    holder = sweep_folder.job_info(job.run_dir)
+    if not job.multirun and sweep_folder.alive_here(holder):  # clearing it would delete a live run's results
+        return _fail(f"{job.run_dir} is in use by a running job (pid {holder['pid']}): use another hydra.run.dir, "
+                     "or wait for it", 2, job)  # fmt: skip
     clear_results(job.run_dir)
     in_sweep_process = job.multirun and job.sweep.get("pid") == os.getpid()
     if job.multirun and not in_sweep_process:
