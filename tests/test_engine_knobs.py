@@ -11,11 +11,12 @@ import pytest
 
 from paged_bench import memory
 from paged_bench.app import run_job
-from paged_bench.build import build_engine, check_top_level
+from paged_bench.build import build_engine, build_workload, check_top_level
 from paged_bench.clock import WallClock
 from paged_bench.errors import ConfigError, EngineError
 from paged_bench.model.config import PRESETS, resolve_model
 from paged_bench.model.roofline import RooflineCost, hardware, load_preset, save_preset
+from paged_bench.workloads.base import WorkloadContext
 from tests.test_cli import cli
 
 SMALL = ("workload.num_requests=6", "tracking.enabled=false")
@@ -148,3 +149,12 @@ def test_a_roofline_run_is_held_to_its_models_context(config):
     check_top_level(cfg)
     engine, _ = build_engine(cfg)
     assert engine.backend.model_config.max_position_embeddings == cfg["max_model_len"] == 8192
+
+
+def test_the_azure_presets_context_refuses_one_request_of_the_trace(config):
+    # docs/workloads.md: 8,192 tokens refuse one request of 19,366, request 5,442 (14,050 prompt tokens)
+    cfg = config("workload=azure_conv")
+    requests = build_workload(cfg).requests(WorkloadContext(32000, lambda text: [0]))
+    too_long = [i for i, r in enumerate(requests) if r.num_prompt_tokens >= cfg["max_model_len"]]
+    assert len(requests) == 19_366 and cfg["max_model_len"] == 8192
+    assert too_long == [5442] and requests[5442].num_prompt_tokens == 14_050

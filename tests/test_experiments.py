@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from paged_bench.app import run_job
 from paged_bench.build import build
 from paged_bench.cli import catalog
-from paged_bench.cli.sweep import job_overrides
+from paged_bench.cli.sweep_jobs import job_overrides
 from tests.tracking_support import run_cli
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "experiment"

@@ -94,19 +94,17 @@ class SimBackend(Backend):
         self.gpu_memory_utilization = check_utilization(gpu_memory_utilization)
         self.roofline: RooflineCost | None = None
         self._heap = HeapMark()  # the run's heap, for a calibrated preset that prices its growth
+        # the roofline's names are checked whatever the cost model reads: a typo is never ignored
+        device = _hardware(hardware)
+        if dtype is not None:
+            check_choice("backend.dtype", dtype, DTYPE_BYTES)
+        if interconnect is not None:
+            link_preset(interconnect)
         if preset:
             self.roofline = replace(load_preset(preset), tp=tp, interconnect=interconnect)
         elif cost_model == "roofline":
             cfg = resolve_model(model, model_path)
-            dt = dtype or cfg.dtype
-            check_choice("backend.dtype", dt, DTYPE_BYTES)
-            self.roofline = RooflineCost(cfg, _hardware(hardware), dt, tp, interconnect)
-        else:  # the linear model reads none of the roofline's names, but a typo in one is still refused
-            _hardware(hardware)
-            if dtype is not None:
-                check_choice("backend.dtype", dtype, DTYPE_BYTES)
-            if interconnect is not None:
-                link_preset(interconnect)
+            self.roofline = RooflineCost(cfg, device, dtype or cfg.dtype, tp, interconnect)
         check(self.roofline is not None or tp == 1, TP_KEY, tp, "1 with cost_model=linear (use cost_model=roofline)")
         self.num_devices = tp
         if self.roofline is not None:

@@ -32,7 +32,7 @@ from omegaconf.errors import OmegaConfBaseException
 from paged_bench.app import JobOutcome, run_job
 from paged_bench.cli import signals, sweep_folder
 from paged_bench.cli.progress import JobBar, echo
-from paged_bench.cli.sweep import unswept_params
+from paged_bench.cli.sweep_jobs import unswept_params
 from paged_bench.cli.track import check_tracking, track_job
 from paged_bench.errors import PagedBenchError
 from paged_bench.files import cannot_write

@@ -1,9 +1,9 @@
 """The life of a sweep (``python -m paged_bench -m ...``), as a Hydra callback.
 
-When the sweep starts: count its jobs (a sweep of none, or over experiments that are sweeps
-themselves, is refused), open the MLflow parent run, and write ``sweep.json`` into the sweep
-folder (the sweep's id, the parent run, this process and host) so that every job, in
-whichever process or machine the launcher puts it, knows who logs it (see ``track``). While it
+When the sweep starts: count its jobs and check them (``sweep_jobs``), open the MLflow
+parent run, and write ``sweep.json`` into the sweep folder (the sweep's id, the parent run,
+this process and host) so that every job, in whichever process or machine the launcher puts
+it, knows who logs it (see ``track``). While it
 runs: a progress bar of finished jobs. When it ends, also when jobs failed or it was
 interrupted: every job folder of this sweep on this host is logged as a child (a job cut off
 before it recorded its end as interrupted), the summary table (CSV + markdown) and comparison
@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from paged_bench.cli import signals
 from paged_bench.cli import sweep_folder as folder
+from paged_bench.cli.sweep_jobs import check_jobs, count_jobs, safe_overrides, value_text
 from paged_bench.report.load import REPORT_DIR
 from paged_bench.tracking.runs import SWEEP_DIR_TAG
 
@@ -56,39 +57,6 @@ _active: _Sweep | None = None
 _outcome: tuple[int, int] | None = None  # (failed, jobs) of the last sweep this process ended
 
 
-def _overrides(config: DictConfig) -> list[Any]:
-    """The sweep's overrides as the basic sweeper sees them: ``hydra.sweeper.params``, then
-    the command line's."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
-    lines = [f"{k}={v}" for k, v in params.items()] + list(OmegaConf.select(config, "hydra.overrides.task") or [])
-    return OverridesParser.create().parse_overrides(lines)
-
-
-def job_overrides(config: DictConfig) -> list[list[str]]:
-    """Each job's overrides, in launch order, as the basic sweeper expands them."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
-    return [job for batch in BasicSweeper.split_arguments(_overrides(config), None) for job in batch]
-
-
-def unswept_params(params: dict[str, str], overrides: list[str]) -> dict[str, str]:
-    """The sweeper params (``hydra.sweeper.params``) that ``overrides`` give no value of."""
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-    return {k: v for k, v in params.items() if k not in given}
-
-
-def count_jobs(config: DictConfig) -> int | None:
-    """How many jobs the basic sweeper will launch (None for other sweepers)."""
-    if not str(OmegaConf.select(config, "hydra.sweeper._target_") or "").endswith("BasicSweeper"):
-        return None
-    try:
-        return len(job_overrides(config))
-    except Exception:  # noqa: BLE001  (a total is a nicety; the sweeper reports bad overrides itself)
-        return None
-
-
 def start(config: DictConfig) -> None:
     signals.install(signals.WITH_CTRL_C, _on_stop)
     with signals.deferred(raise_after=True):  # a signal now stops the sweep once it can be closed
@@ -100,14 +68,14 @@ def _start(config: DictConfig) -> None:
     sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
     _refuse_busy(sweep_dir)  # before anything else: a sweep refused touches nothing
     total = count_jobs(config)
-    _check_jobs(config, total)
+    check_jobs(config, total)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     if _claim(sweep_dir):  # an earlier sweep's folder: its report must not pass for this one's
         shutil.rmtree(sweep_dir / REPORT_DIR, ignore_errors=True)
     experiment = OmegaConf.select(config, "experiment_name") or "paged_bench"
     settings = OmegaConf.to_container(config.tracking, resolve=True) if "tracking" in config else {}
     # +experiment=NAME -> param experiment (MLflow keys take no +/~)
-    spec = {str(o.get_key_element()).lstrip("+~"): _value_text(o) for o in _safe_overrides(config)}
+    spec = {str(o.get_key_element()).lstrip("+~"): value_text(o) for o in safe_overrides(config)}
     spec = {k: v for k, v in spec.items() if not k.startswith("tracking.")}  # the store is no param
     overrides = " ".join(folder.recorded(list(config.hydra.overrides.task)))
     tags = {SWEEP_DIR_TAG: str(sweep_dir), "jobs": str(total or ""), "overrides": overrides}
@@ -116,7 +84,7 @@ def _start(config: DictConfig) -> None:
                             "params": spec, "tags": tags}  # fmt: skip
     info["id"] = uuid.uuid4().hex  # what this sweep's jobs record, to be told from an earlier sweep's
     # what every job shares (e.g. +experiment=...): a job's name is what is left, its own settings
-    info["shared_keys"] = [o.get_key_element() for o in _safe_overrides(config) if not o.is_sweep_override()]
+    info["shared_keys"] = [o.get_key_element() for o in safe_overrides(config) if not o.is_sweep_override()]
     link = _open_parent(settings, info) if settings.get("enabled", True) else None
     info["tracking"] = link
     folder.write_info(sweep_dir, info)
@@ -171,82 +139,6 @@ def _stop_local_workers() -> None:
             pass
 
 
-def _check_jobs(config: DictConfig, total: int | None) -> None:
-    """Before any job: every job's tracking settings are checked, and jobs side by side learn
-    their share of the cores (a sweep that would oversubscribe them for wall-clock backends
-    stops here). Hydra only warns about a callback's exceptions, so this one exits."""
-    from paged_bench.cli import parallel
-    from paged_bench.cli.track import check_sweep
-    from paged_bench.errors import ConfigError
-
-    try:
-        jobs = job_overrides(config) if total is not None else []
-    except Exception:  # noqa: BLE001  (the sweeper reports bad overrides itself)
-        jobs = []
-    try:
-        _refuse_no_jobs(config, total)
-        _refuse_experiments_that_sweep(config, jobs)
-        check_sweep(config, jobs)  # every job's tracking settings, before the first job
-        parallel.prepare(config, jobs, total)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(e.exit_code) from e
-
-
-def _refuse_no_jobs(config: DictConfig, total: int | None) -> None:
-    """A sweep of no jobs (``max_batch='range(4,4)'``) would end as a success that measured nothing."""
-    from paged_bench.errors import ConfigError
-
-    if total != 0:
-        return
-    empty = [o for o in _safe_overrides(config) if o.is_sweep_override() and not list(o.sweep_string_iterator())]
-    key, value = (empty[0].get_key_element(), _typed_value(empty[0])) if empty else ("-m", "")
-    raise ConfigError(key, value, "a sweep of at least one value (this one has no jobs)")
-
-
-def _refuse_experiments_that_sweep(config: DictConfig, jobs: list[list[str]]) -> None:
-    """Swept over (``+experiment=a,b``), an experiment whose config is a sweep would run as one
-    job of its defaults: the basic sweeper reads the params of the command line's config only."""
-    from paged_bench.errors import ConfigError
-
-    swept = [o for o in _safe_overrides(config) if o.is_sweep_override() and o.key_or_group == "experiment"]
-    if not swept:
-        return
-    sweeps = [name for name, overrides in _experiment_jobs(jobs).items() if _is_sweep(config, overrides)]
-    if sweeps:
-        are = "is a sweep of its" if len(sweeps) == 1 else "are sweeps of their"
-        raise ConfigError(swept[0].get_key_element(), _typed_value(swept[0]),
-                          f"{', '.join(sweeps)} {are} own: run one such experiment per command "
-                          "(python -m paged_bench -m +experiment=NAME)")  # fmt: skip
-
-
-def _typed_value(override: Any) -> str:
-    """An override's value as the command line typed it (``range(4,4)``)."""
-    return override.input_line.split("=", 1)[1]
-
-
-def _experiment_jobs(jobs: list[list[str]]) -> dict[str, list[str]]:
-    """The first job's overrides of each experiment the jobs run."""
-    first: dict[str, list[str]] = {}
-    for overrides in jobs:
-        for key, _, value in (o.partition("=") for o in overrides):
-            if key.lstrip("+~") == "experiment":
-                first.setdefault(value, overrides)
-    return first
-
-
-def _is_sweep(config: DictConfig, overrides: list[str]) -> bool:
-    """Whether the job's config (composed as its launcher will) sweeps keys its overrides leave."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    try:
-        job_config = GlobalHydra.instance().config_loader().load_sweep_config(config, overrides)
-    except Exception:  # noqa: BLE001  (a config that does not compose: the launcher reports it)
-        return False
-    params = OmegaConf.select(job_config, "hydra.sweeper.params") or {}
-    return bool(unswept_params(dict(params), overrides))
-
-
 def _open_parent(settings: dict[str, Any], info: dict[str, Any]) -> dict[str, str] | None:
     """The parent run, created by this process's tracking helper; None if the store failed."""
     from paged_bench.tracking import store, uploader
@@ -283,19 +175,6 @@ def _submit(sweep: _Sweep, run_dir: Path) -> None:
         from paged_bench.tracking import store
 
         store.report_failure(e, str(run_dir))
-
-
-def _safe_overrides(config: DictConfig) -> list[Any]:
-    try:
-        return _overrides(config)
-    except Exception:  # noqa: BLE001  (the sweeper reports bad overrides itself)
-        return []
-
-
-def _value_text(override: Any) -> str:
-    if override.is_sweep_override():
-        return ",".join(override.sweep_string_iterator())
-    return str(override.value())
 
 
 def finish(status: str | None = None) -> tuple[int, int] | None:

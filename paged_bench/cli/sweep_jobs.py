@@ -1,0 +1,133 @@
+"""Which jobs a sweep's config makes, and what is refused before the first of them runs: a
+sweep of no jobs, a sweep over experiments that are sweeps themselves, jobs whose tracking
+settings are bad or that would oversubscribe the cores. Hydra's basic sweeper expands the
+overrides; this reads them as it does."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+
+def sweep_overrides(config: DictConfig) -> list[Any]:
+    """The sweep's overrides as the basic sweeper sees them: ``hydra.sweeper.params``, then
+    the command line's."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    lines = [f"{k}={v}" for k, v in params.items()] + list(OmegaConf.select(config, "hydra.overrides.task") or [])
+    return OverridesParser.create().parse_overrides(lines)
+
+
+def job_overrides(config: DictConfig) -> list[list[str]]:
+    """Each job's overrides, in launch order, as the basic sweeper expands them."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    return [job for batch in BasicSweeper.split_arguments(sweep_overrides(config), None) for job in batch]
+
+
+def unswept_params(params: dict[str, str], overrides: list[str]) -> dict[str, str]:
+    """The sweeper params (``hydra.sweeper.params``) that ``overrides`` give no value of."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    return {k: v for k, v in params.items() if k not in given}
+
+
+def count_jobs(config: DictConfig) -> int | None:
+    """How many jobs the basic sweeper will launch (None for other sweepers)."""
+    if not str(OmegaConf.select(config, "hydra.sweeper._target_") or "").endswith("BasicSweeper"):
+        return None
+    try:
+        return len(job_overrides(config))
+    except Exception:  # noqa: BLE001  (a total is a nicety; the sweeper reports bad overrides itself)
+        return None
+
+
+def check_jobs(config: DictConfig, total: int | None) -> None:
+    """Before any job: every job's tracking settings are checked, and jobs side by side learn
+    their share of the cores (a sweep that would oversubscribe them for wall-clock backends
+    stops here). Hydra only warns about a callback's exceptions, so this one exits."""
+    from paged_bench.cli import parallel
+    from paged_bench.cli.track import check_sweep
+    from paged_bench.errors import ConfigError
+
+    try:
+        jobs = job_overrides(config) if total is not None else []
+    except Exception:  # noqa: BLE001  (the sweeper reports bad overrides itself)
+        jobs = []
+    try:
+        _refuse_no_jobs(config, total)
+        _refuse_experiments_that_sweep(config, jobs)
+        check_sweep(config, jobs)  # every job's tracking settings, before the first job
+        parallel.prepare(config, jobs, total)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(e.exit_code) from e
+
+
+def _refuse_no_jobs(config: DictConfig, total: int | None) -> None:
+    """A sweep of no jobs (``max_batch='range(4,4)'``) would end as a success that measured nothing."""
+    from paged_bench.errors import ConfigError
+
+    if total != 0:
+        return
+    empty = [o for o in safe_overrides(config) if o.is_sweep_override() and not list(o.sweep_string_iterator())]
+    key, value = (empty[0].get_key_element(), _typed_value(empty[0])) if empty else ("-m", "")
+    raise ConfigError(key, value, "a sweep of at least one value (this one has no jobs)")
+
+
+def _refuse_experiments_that_sweep(config: DictConfig, jobs: list[list[str]]) -> None:
+    """Swept over (``+experiment=a,b``), an experiment whose config is a sweep would run as one
+    job of its defaults: the basic sweeper reads the params of the command line's config only."""
+    from paged_bench.errors import ConfigError
+
+    swept = [o for o in safe_overrides(config) if o.is_sweep_override() and o.key_or_group == "experiment"]
+    if not swept:
+        return
+    sweeps = [name for name, overrides in _experiment_jobs(jobs).items() if _is_sweep(config, overrides)]
+    if sweeps:
+        are = "is a sweep of its" if len(sweeps) == 1 else "are sweeps of their"
+        raise ConfigError(swept[0].get_key_element(), _typed_value(swept[0]),
+                          f"{', '.join(sweeps)} {are} own: run one such experiment per command "
+                          "(python -m paged_bench -m +experiment=NAME)")  # fmt: skip
+
+
+def _typed_value(override: Any) -> str:
+    """An override's value as the command line typed it (``range(4,4)``)."""
+    return override.input_line.split("=", 1)[1]
+
+
+def _experiment_jobs(jobs: list[list[str]]) -> dict[str, list[str]]:
+    """The first job's overrides of each experiment the jobs run."""
+    first: dict[str, list[str]] = {}
+    for overrides in jobs:
+        for key, _, value in (o.partition("=") for o in overrides):
+            if key.lstrip("+~") == "experiment":
+                first.setdefault(value, overrides)
+    return first
+
+
+def _is_sweep(config: DictConfig, overrides: list[str]) -> bool:
+    """Whether the job's config (composed as its launcher will) sweeps keys its overrides leave."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    try:
+        job_config = GlobalHydra.instance().config_loader().load_sweep_config(config, overrides)
+    except Exception:  # noqa: BLE001  (a config that does not compose: the launcher reports it)
+        return False
+    params = OmegaConf.select(job_config, "hydra.sweeper.params") or {}
+    return bool(unswept_params(dict(params), overrides))
+
+
+def safe_overrides(config: DictConfig) -> list[Any]:
+    try:
+        return sweep_overrides(config)
+    except Exception:  # noqa: BLE001  (the sweeper reports bad overrides itself)
+        return []
+
+
+def value_text(override: Any) -> str:
+    if override.is_sweep_override():
+        return ",".join(override.sweep_string_iterator())
+    return str(override.value())
