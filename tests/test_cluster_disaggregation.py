@@ -143,3 +143,35 @@ def test_an_interrupt_mid_step_leaves_every_replica_whole(config):
     run = bench.cluster.run(bench.requests)
     assert run.interrupted and len(calls) >= 5
     assert [r.leaks for r in run.results] == [[], []]
+
+
+SUMMED = ("completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
+          "output_throughput", "total_token_throughput")  # fmt: skip
+
+
+@pytest.mark.parametrize("cluster", [SPLIT[:2], ("cluster.replicas=3",)])
+def test_each_replica_counts_its_share_so_the_rows_add_up_to_the_cluster(config, tmp_path, cluster):
+    # a split cluster's rows counted every request twice (the prefill copy and the original),
+    # a decode replica its prompt and first token again; each divided by its own duration
+    outcome = run_job(config(*cluster, *SPLIT[2:], "workload.rate=40", "slo.ttft_ms=200"), tmp_path)
+    s, rows = outcome.summary, _rows(tmp_path / "replicas.csv")
+    for key in SUMMED:
+        assert sum(float(r[key]) for r in rows) == pytest.approx(s[key]), key
+    assert {float(r["duration"]) for r in rows} == {s["duration"]}
+    if cluster == SPLIT[:2]:
+        prefill, *decode = rows
+        assert int(prefill["prefilled"]) == 120 and prefill["median_ttft_ms"] and not prefill["median_itl_ms"]
+        assert all(not r["median_ttft_ms"] and r["median_itl_ms"] and not r["goodput"] for r in decode)
+        assert s["decode_load_imbalance"] == max(int(r["completed"]) for r in decode) / 60
+
+
+def test_a_tensor_parallel_replica_sends_its_kv_over_a_link_per_rank(config, tmp_path):
+    def mean_transfer(tp):
+        overrides = (*SPLIT[:2], "workload.num_requests=20", "backend.cost_model=roofline",
+                     f"backend.tensor_parallel_size={tp}", "tracking.enabled=false")  # fmt: skip
+        return run_job(config(*overrides), tmp_path / str(tp)).summary
+
+    one, eight = mean_transfer(1), mean_transfer(8)
+    assert eight["kv_transfer_bytes"] == one["kv_transfer_bytes"]
+    latency_ms = LINKS["nvlink4"].latency * 1e3
+    assert eight["mean_kv_transfer_ms"] - latency_ms == pytest.approx((one["mean_kv_transfer_ms"] - latency_ms) / 8)

@@ -2,7 +2,10 @@
 
 A transfer of ``b`` bytes takes ``latency + b / bandwidth``. Each prefill replica sends over
 its own link one transfer at a time (first come, first served), so a burst of prefills
-queues for the wire; the latency overlaps with the next transfer's bytes. The presets are
+queues for the wire; the latency overlaps with the next transfer's bytes. The link is one
+GPU's: a replica on ``t`` tensor-parallel ranks sends over ``t`` links at once, each rank its
+own KV heads (as vLLM's P/D connectors move K/V rank to rank), so its bytes go ``t`` times
+as fast. The presets are
 the tensor-parallel ones (``paged_bench.model.tp_link``: NVLink 3/4/5, PCIe 4/5, what a
 transfer reaches of the datasheet's per-direction figure) and two between machines:
 InfiniBand NDR (400 Gb/s, Splitwise's setting) and 100 Gb Ethernet.
@@ -33,14 +36,16 @@ def make_link(name: str, bandwidth_gbs: float | None = None, latency_us: float |
 
 
 class LinkQueue:
-    """One sender's link: transfers go out one after the other."""
+    """One sender's links (one per rank, ``lanes`` of them, carrying a transfer's bytes in equal
+    shares): transfers go out one after the other."""
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: Link, lanes: int = 1) -> None:
         self.link = link
+        self.bandwidth = link.bandwidth * lanes
         self.free_at = 0.0
 
     def send(self, ready: float, num_bytes: float) -> float:
         """Queue a transfer that is ready at ``ready``; returns when it has fully arrived."""
         start = max(ready, self.free_at)
-        self.free_at = start + num_bytes / self.link.bandwidth
+        self.free_at = start + num_bytes / self.bandwidth
         return self.free_at + self.link.latency

@@ -70,7 +70,9 @@ class Cluster:
         self.entry_views = [View(i, r, clock) for i, r in enumerate(self.entry)]
         self.decode_views = [View(i, r, clock) for i, r in enumerate(self.decode)]
         self.router, self.decode_router = router, decode_router
-        self.links = {r.index: LinkQueue(link) for r in self.entry} if link is not None else {}
+        # a tensor-parallel replica's ranks each send their share of the K/V over their own link
+        lanes = {r.index: r.engine.backend.num_devices for r in self.entry}
+        self.links = {i: LinkQueue(link, n) for i, n in lanes.items()} if link is not None else {}
         self.kv_bytes_per_token = kv_bytes_per_token
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()

@@ -6,20 +6,30 @@ so its KV figures are per replica (the largest peak any replica reached, the tim
 mean over all replicas' steps). The prefix-cache hit rate counts the replicas that prefill
 (a decode replica takes prompts it never looks up). Added: the replica count, total
 replica-steps, load balance (``replica_load_imbalance`` = most requests on one replica /
-mean), the K/V transfers of a disaggregated run, and per-replica figures
-``replica{i}/{figure}`` (the full per-replica summaries go to ``replicas.csv``).
+mean, over the replicas arrivals are routed to; ``decode_load_imbalance`` the same over a
+split cluster's decode replicas), the K/V transfers of a disaggregated run, and per-replica
+figures ``replica{i}/{figure}`` (the full per-replica summaries go to ``replicas.csv``).
+
+A replica's summary counts the work done there, over the cluster's duration, so that its
+counts and throughputs add up to the cluster's. In a split cluster that is part of each
+request: a prefill replica prefills prompts and samples first tokens (its ``prefilled``,
+input tokens, TTFT and queue time), a decode replica samples the rest (its output tokens
+exclude the first one, its input tokens are 0: the prompt's K/V came over the link). Each
+request is ``completed`` (or ``failed``) on the replica that produced its last token.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from paged_bench.cluster.loop import ClusterRun
+from paged_bench.cluster.replica import Replica
 from paged_bench.engine import STEP_COLUMNS, EngineResult, StepRecords
-from paged_bench.metrics import summarize
+from paged_bench.metrics import LATENCIES, PERCENTILES, SPREADS, peak_output_tokens_per_s, summarize
 from paged_bench.records import RequestRecords
 
 PER_REPLICA = ("completed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "prefix_cache_hit_rate",
@@ -58,16 +68,56 @@ def merged_result(run: ClusterRun) -> EngineResult:
 
 
 def replica_summaries(run: ClusterRun, duration: float, slo: Mapping[str, float | None] | None) -> list[dict[str, Any]]:
-    """One summary per replica, over the requests it ran, with its role, step count and how
-    busy it was (share of the cluster's duration spent in steps)."""
+    """One summary per replica, over the requests it ran and the cluster's ``duration``, with
+    its role, step count and how busy it was (share of the cluster's duration spent in steps)."""
     out = []
     for replica, res in zip(run.replicas, run.results):
         s: dict[str, Any] = {"replica": replica.index, "role": replica.role, "steps": len(res.steps)}
         busy = float(res.steps.column("duration").sum())
         s["busy_fraction"] = busy / duration if duration > 0 else 0.0
-        s.update(summarize(res, slo))
+        s.update(summarize(replace(res, duration=duration), slo))
+        if replica.role != "colocated":
+            s.update(_split_share(run, replica, res, s))
         out.append(s)
     return out
+
+
+def _latency_keys(*names: str) -> dict[str, None]:
+    return {f"{label}_{name}_ms": None for name in names for label in (*PERCENTILES, *SPREADS)}
+
+
+def _split_share(run: ClusterRun, replica: Replica, res: EngineResult, s: dict[str, Any]) -> dict[str, Any]:
+    """A split replica's figures for its part of each request (see the module's docstring);
+    ``s`` is the summary of the requests it ran: prefill copies, or handed-over requests. The
+    requests' latencies of the other part, and goodput (met by two replicas together), are
+    null here: the cluster's summary has them."""
+    duration = s["duration"]
+    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
+    unmet = {"goodput": None} if "goodput" in s else {}
+    if replica.role == "prefill":
+        # ended here: its one token was its last (max_tokens 1, an EOS), or it never got one
+        ended = [r for r in run.requests if run.placement.get(r, run.prefill_placement.get(r)) == replica.index]
+        completed = sum(r.finish_reason is not None and r.finish_reason.succeeded for r in ended)
+        return {"prefilled": s["completed"], "completed": completed, "failed": len(ended) - completed,
+                "request_throughput": per_s(completed), **unmet,
+                **_latency_keys(*(n for n in LATENCIES if n not in ("ttft", "queue")))}  # fmt: skip
+    output_tokens = s["total_output_tokens"] - s["completed"]  # each one's first token came from a prefill
+    records = RequestRecords.from_requests(res.requests)
+    return {"prefilled": 0, "total_input_tokens": 0, "total_output_tokens": output_tokens,
+            "output_throughput": per_s(output_tokens), "total_token_throughput": per_s(output_tokens),
+            **unmet, "max_output_tokens_per_s": peak_output_tokens_per_s(_without_first_tokens(records),
+                                                                                records.succeeded),
+            "max_concurrent_requests": None, **_latency_keys("ttft", "queue")}  # fmt: skip
+
+
+def _without_first_tokens(records: RequestRecords) -> RequestRecords:
+    """``records`` less each request's first chunk (a decode replica's requests: sampled elsewhere)."""
+    counts = records.num_chunks
+    keep = np.ones(len(records.chunk_times), bool)
+    keep[records.chunk_offsets[:-1][counts > 0]] = False
+    offsets = np.zeros_like(records.chunk_offsets)
+    np.cumsum(np.maximum(counts - 1, 0), out=offsets[1:])
+    return replace(records, chunk_times=records.chunk_times[keep], chunk_offsets=offsets)
 
 
 def cluster_summary(
@@ -83,8 +133,10 @@ def cluster_summary(
     summary["num_decode_replicas"] = roles.count("decode")
     summary["replica_steps"] = len(merged.steps)
     served = [len(res.requests) for res, role in zip(run.results, roles) if role != "decode"]
-    summary["replica_load_imbalance"] = float(max(served) / np.mean(served)) if sum(served) else None
+    summary["replica_load_imbalance"] = _imbalance(served)
     if summary["num_prefill_replicas"]:
+        summary["decode_load_imbalance"] = _imbalance([len(res.requests) for res, role in zip(run.results, roles)
+                                                       if role == "decode"])  # fmt: skip
         seconds = [t.seconds * 1e3 for t in run.transfers]
         summary["kv_transfer_bytes"] = sum(t.num_bytes for t in run.transfers)
         summary["num_kv_transfers"] = len(run.transfers)
@@ -94,3 +146,8 @@ def cluster_summary(
         for key in ("busy_fraction", *PER_REPLICA):
             summary[f"replica{s['replica']}/{key}"] = s.get(key)
     return summary, replicas
+
+
+def _imbalance(counts: list[int]) -> float | None:
+    """Most requests on one replica / the mean (1.0 is even); None when none ran any."""
+    return float(max(counts) / np.mean(counts)) if sum(counts) else None
