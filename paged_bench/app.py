@@ -127,7 +127,7 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
     if (spec := cluster_spec(cfg)) is not None:  # more than one replica: paged_bench.cluster
         from paged_bench.cluster.job import run_cluster_job
 
-        return run_cluster_job(cfg, run_dir, spec, on_progress, shield)
+        return run_cluster_job(cfg, run_dir, spec, on_progress, options, shield)
     bench = build(cfg)
     on_step = step_callback(on_progress, len(bench.requests))
     target = (cfg.get("target") or {}).get("name", "engine")

@@ -4,6 +4,7 @@ must be, and values Hydra or the OS choke on. Each is refused in one line, befor
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,28 @@ def test_the_default_router_with_one_replica_still_runs_and_its_settings_are_che
         cluster_spec(config("+router.bogus=1"))
     assert e.value.key == "router.bogus"
     assert cluster_spec(config("router=prefix_affinity", "cluster.replicas=2")).num_replicas == 2
+
+
+def test_a_renamed_plugin_and_a_cluster_run_are_labelled_by_what_ran(tmp_path):
+    # router.name=least_kv ran least_kv under the option round_robin: the header named the option,
+    # and a cluster's run_info.json named its workload's plugin (poisson), not its option (seed)
+    proc = command(tmp_path, "paged_bench", "tracking.enabled=false", "workload.num_requests=20", "cluster.replicas=2",
+                   "router.name=least_kv", f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "workload=seed, scheduler=continuous, allocator=paged, backend=sim, router=least_kv ->" in proc.stdout
+    info = json.loads((tmp_path / "run" / "run_info.json").read_text())
+    assert info["choices"]["router"] == "least_kv" and info["choices"]["workload"] == "seed"
+
+
+def test_a_job_that_fails_to_build_is_labelled_with_its_options(tmp_path):
+    # its row in the sweep's table named the plugin (poisson) where the finished job's said seed
+    proc = command(tmp_path, "paged_bench", "-m", "tracking.enabled=false", "workload.num_requests=10",
+                   "router=round_robin,least_kv", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    assert proc.returncode == 1 and "a router needs two or more replicas" in proc.stderr
+    infos = [json.loads((tmp_path / "sweep" / job / "run_info.json").read_text()) for job in ("0", "1")]
+    assert [i.get("status", "finished") for i in infos] == ["finished", "failed"]
+    assert [i["choices"]["workload"] for i in infos] == ["seed", "seed"]
+    assert infos[1]["choices"]["router"] == "least_kv"
 
 
 def test_a_router_with_one_replica_is_one_line_from_the_command(tmp_path):
@@ -274,6 +297,7 @@ def test_a_cluster_that_fits_is_not_refused_and_one_that_does_not_is_refused_fir
     (["--hardware", "h100", "--tp", "1000000"], "--tp=1000000 is not allowed: a divisor"),
     (["--hardware", "h100", "--gpu-memory-utilization", "0.0001"], "--gpu-memory-utilization=0.0001 is not allowed"),
     (["--tp", "-5"], "--tp=-5 is not allowed: an integer >= 1"),
+    (["--tp", "3"], "--tp=3 is not allowed: a divisor"),  # without --hardware too: a run refuses it
     (["--gpu-memory-utilization", "-3"], "--gpu-memory-utilization=-3.0 is not allowed: a fraction in (0, 1]"),
     (["--max-num-seqs", "-1"], "--max-num-seqs=-1 is not allowed: an integer >= 1"),
     (["--seq-len", str(10**23)], f"--seq-len={10**23} is not allowed: an integer from 1 to 2,147,483,647"),
@@ -283,6 +307,12 @@ def test_kv_bytes_names_its_flags_and_checks_them_all(capsys, args, line):
     code = kv_bytes_main(args)
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err.startswith(f"error: {line}")
+
+
+def test_kv_bytes_past_one_kv_head_per_rank_gives_the_runs_figure(capsys):
+    # llama-3-8b has 8 KV heads: at --tp 16 each is held twice, and a run reports 262,144 bytes a token
+    assert kv_bytes_main(["--model", "llama-3-8b", "--tp", "16"]) == 0
+    assert "held by 2 ranks: 262,144 bytes/token (256.0 KiB) over all ranks" in capsys.readouterr().out
 
 
 def test_kv_bytes_suggests_a_flag_not_a_config_key():

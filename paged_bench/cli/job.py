@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +75,7 @@ class Job:
             num=hc.job.num if multirun else None,
             name=sweep_folder.job_name(task, sweep_dir),
             sweep=sweep_folder.sweep_info(sweep_dir) if sweep_dir else {},
-            options={k: str(v) for k, v in hc.runtime.choices.items() if v is not None},
+            options=_options(hc.runtime.choices, task),
             unswept=None if multirun else _sweep_without_multirun(dict(hc.sweeper.params or {}), task),
         )
 
@@ -118,6 +119,15 @@ def clear_results(run_dir: Path) -> None:
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
+
+
+def _options(choices: Mapping[str, Any], overrides: list[str]) -> dict[str, str]:
+    """The option picked per config group (``workload=seed``), which names the run's plugins,
+    less the groups whose plugin the overrides renamed: ``router.name=least_kv`` runs least_kv
+    under the option round_robin, so the plugin's own name labels it."""
+    renamed = {key.removesuffix(".name") for key in (o.split("=", 1)[0].lstrip("+~") for o in overrides)
+               if key.endswith(".name")}  # fmt: skip
+    return {k: str(v) for k, v in choices.items() if v is not None and k not in renamed}
 
 
 def _sweep_without_multirun(params: dict[str, str], overrides: list[str]) -> str | None:
@@ -224,7 +234,10 @@ def _run(cfg: DictConfig, job: Job, started: float) -> None:
         return _fail(message, 2, job)
     # who the job is, before its config and before it runs: a job cut off with its process is
     # still logged by name, and the sweep's process passes a signal on to the process running it
-    update_run_info(job.run_dir, {**job.record(started), "pid": os.getpid(), "host": socket.gethostname()})
+    # (with the options picked: a job that fails to build is labelled as one that ran, workload=seed)
+    options = {k: v for k, v in job.options.items() if not k.startswith("hydra/")}
+    update_run_info(job.run_dir, {**job.record(started), "pid": os.getpid(), "host": socket.gethostname(),
+                                  "choices": options})  # fmt: skip
     save_config(job.run_dir, config)
     job.config = config
     bar = JobBar(enabled=not job.multirun or in_sweep_process, nested=job.multirun)

@@ -29,9 +29,11 @@ def run_cluster_job(
     run_dir: Path,
     spec: ClusterSpec,
     on_progress: ProgressCallback | None = None,
+    options: Mapping[str, str] | None = None,
     shield: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> JobOutcome:
-    """As ``app.run_job``: what the run measured is summarized and written inside ``shield()``."""
+    """As ``app.run_job``: what the run measured is summarized and written inside ``shield()``;
+    ``options`` label its plugins in ``run_info.json``."""
     from paged_bench.app import step_callback  # app imports us lazily
 
     target = (cfg.get("target") or {}).get("name", "engine")
@@ -44,11 +46,16 @@ def run_cluster_job(
         for replica in bench.cluster.replicas:
             replica.engine.backend.close()
     with shield():
-        return _write_outcome(cfg, run_dir, spec, bench, run)
+        return _write_outcome(cfg, run_dir, spec, bench, run, options)
 
 
 def _write_outcome(
-    cfg: Mapping[str, Any], run_dir: Path, spec: ClusterSpec, bench: ClusterBench, run: ClusterRun
+    cfg: Mapping[str, Any],
+    run_dir: Path,
+    spec: ClusterSpec,
+    bench: ClusterBench,
+    run: ClusterRun,
+    options: Mapping[str, str] | None,
 ) -> JobOutcome:
     from paged_bench.app import JobOutcome, capacity_figures, run_info  # app imports us lazily
 
@@ -57,7 +64,7 @@ def _write_outcome(
     summary, replicas = cluster_summary(run, merged, records, cfg.get("slo"))
     summary.update(capacity_figures(merged.layout, bench.num_gpus, summary.get("output_throughput")))
     outcome = JobOutcome(run_dir, summary, merged, bench.choices, [], records)
-    info = run_info(outcome, "engine", bench.kv_budget)
+    info = run_info(outcome, "engine", bench.kv_budget, options)
     info["cluster"] = {
         "replicas": spec.num_replicas,
         "prefill_replicas": spec.num_prefill,

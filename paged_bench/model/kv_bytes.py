@@ -21,6 +21,7 @@ from paged_bench.errors import MAX_TOKENS, ConfigError, PagedBenchError, check, 
 from paged_bench.model.config import DTYPE_BYTES, PRESETS, ModelConfig, resolve_model
 from paged_bench.model.kv_capacity import KVBudget
 from paged_bench.model.roofline import HARDWARE, RooflineCost, hardware
+from paged_bench.model.tp_shard import TPShard, tp_shard
 
 # the config keys the shared model and memory code names, as this command's flags
 FLAGS = {"backend.model_path": "--model-path", "backend.model": "--model", "backend.dtype": "--dtype",
@@ -83,14 +84,26 @@ def as_flags(e: ConfigError) -> ConfigError:
     return ConfigError(FLAGS.get(e.key, e.key), e.value, allowed)
 
 
-def _check_sizing_flags(args: argparse.Namespace) -> None:
-    """The flags that size a pool with --hardware, checked whether or not it is given."""
-    check_int("--tp", args.tp)
+def _check_sizing_flags(args: argparse.Namespace, model: ModelConfig) -> TPShard:
+    """The flags that size a pool with --hardware, checked whether or not it is given; the
+    model over ``--tp`` ranks."""
+    shard = tp_shard(model, args.tp)
     check(0 < args.gpu_memory_utilization <= 1, "--gpu-memory-utilization", args.gpu_memory_utilization,
           "a fraction in (0, 1]")  # fmt: skip
     check_int("--max-num-batched-tokens", args.max_num_batched_tokens, 1, MAX_TOKENS)
     check_int("--max-num-seqs", args.max_num_seqs)
     check_int("--block-size", args.block_size, 1, MAX_TOKENS)
+    return shard
+
+
+def _replicated(shard: TPShard, dtype: str) -> str:
+    """Past one KV head per rank, heads are copied onto several ranks, and a token's K/V over
+    all ranks grows: the figure a run reports as ``kv_bytes_per_token``."""
+    m, total = shard.model, shard.kv_bytes_per_token(dtype) * shard.size
+    return (
+        f"with --tp {shard.size}: each of the {m.num_kv_heads} KV heads is held by {shard.size // m.num_kv_heads} "
+        f"ranks: {total:,} bytes/token ({_human(total)}) over all ranks, as a run reports kv_bytes_per_token"
+    )
 
 
 def _budget(args: argparse.Namespace, model: ModelConfig, dtype: str) -> KVBudget:
@@ -122,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = resolve_model(args.model, args.model_path, key="--model")
         est = estimate(model, args.seq_len, args.dtype, args.batch)
-        _check_sizing_flags(args)
+        shard = _check_sizing_flags(args, model)
         budget = _budget(args, model, est.dtype) if args.hardware else None
     except ConfigError as e:
         print(f"error: {as_flags(e)}", file=sys.stderr)
@@ -131,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     print(est.describe(args.model_path or args.model))
+    if shard.size > model.num_kv_heads:
+        print(_replicated(shard, est.dtype))
     if budget is not None:
         print(budget.describe(args.block_size))
     return 0
