@@ -85,3 +85,32 @@ def test_a_step_message_crosses_as_sent(group):
     n = torch.zeros(1)
     dist.all_reduce(n)
     assert n.item() == 1000.0
+
+
+def test_a_broken_groups_teardown_does_not_wait_out_a_pending_collective():
+    # gloo's teardown waits for pending collectives; one a lost peer never completes held a
+    # failed run's close() for the whole collective timeout (60 s in CI)
+    from paged_bench.distributed import group as tp_group
+
+    port = free_port()
+    peer = mp.get_context("spawn").Process(target=_peer, args=(port, "stopped"), daemon=True)
+    peer.start()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2,
+                            timeout=timedelta(seconds=30))  # fmt: skip
+    try:
+        os.kill(peer.pid, signal.SIGSTOP)  # its sockets stay open: the collective stays pending
+
+        def worker_gone():
+            raise EngineError("tensor-parallel worker tp-rank-1 exited with code -9")
+
+        with pytest.raises(EngineError):
+            finish(dist.all_reduce(torch.ones(3), async_op=True), worker_gone)
+        started = time.monotonic()
+        tp_group._destroy_group(broken=True)
+        assert time.monotonic() - started < tp_group.STOP_GRACE_S + 2  # not gloo's 30 s
+    finally:
+        os.kill(peer.pid, signal.SIGKILL)  # the collective fails now, and the teardown ends
+        peer.join(5)
+    started = time.monotonic()
+    tp_group._wait_for_teardown()  # what the next group in this process does first
+    assert time.monotonic() - started < 10 and not dist.is_initialized()

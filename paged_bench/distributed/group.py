@@ -89,6 +89,30 @@ def worker_main(rank: int, world_size: int, port: int, spec: ModelSpec, ready: A
         dist.destroy_process_group()
 
 
+def _destroy_group(broken: bool) -> None:
+    """Leave the process group. Gloo's teardown waits for the collectives still pending, and one
+    a dead peer left pending can wait out the whole collective timeout (a minute, seen in CI):
+    a broken group's teardown goes on in a thread of its own, waited on for a moment only."""
+    global _teardown
+    if _teardown is not None and _teardown.is_alive():  # already on its way out
+        return
+    if not broken:
+        dist.destroy_process_group()
+        return
+    _teardown = threading.Thread(target=dist.destroy_process_group, daemon=True, name="tp-teardown")
+    _teardown.start()
+    _teardown.join(STOP_GRACE_S)
+
+
+def _wait_for_teardown() -> None:
+    """A new group in this process waits until an earlier broken one is gone."""
+    if _teardown is not None:
+        _teardown.join(COLLECTIVE_TIMEOUT.total_seconds() + STOP_GRACE_S)
+
+
+_teardown: threading.Thread | None = None  # a broken group's teardown (_destroy_group)
+
+
 def _exit_with_parent(parent: int) -> None:
     def watch() -> None:
         while os.getppid() == parent:
@@ -104,6 +128,7 @@ class TPGroup:
 
     def __init__(self, spec: ModelSpec, world_size: int) -> None:
         self.world_size = world_size
+        _wait_for_teardown()
         self.model = RankModel(spec, 0, world_size)  # a bad checkpoint fails here, before any spawn
         ctx = mp.get_context("spawn")
         port, ready = free_port(), ctx.Queue()
@@ -188,4 +213,4 @@ class TPGroup:
                 w.kill()
                 w.join(2.0)
         if dist.is_initialized():
-            dist.destroy_process_group()
+            _destroy_group(self._broken)
