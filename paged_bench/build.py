@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from paged_bench import registry
-from paged_bench.allocators.base import KVLayout
+from paged_bench.allocators.base import AllocatorCounters, KVLayout
 from paged_bench.backends.base import Backend
 from paged_bench.clock import make_clock
 from paged_bench.engine import Engine
@@ -50,7 +50,11 @@ class Bench:
 
 def plugin_section(cfg: Mapping[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
     section = cfg.get(kind)
-    if not isinstance(section, Mapping) or not isinstance(section.get("name"), str):
+    if isinstance(section, Mapping) and not isinstance(section.get("name"), str):
+        # an option file (a plugin's, most likely) that forgot its name: key
+        raise ConfigError(f"{kind}.name", section.get("name"), f"the name of an installed {kind} plugin: every {kind} "
+                          f"option file sets name: to its plugin's entry-point name (see --plugins)")  # fmt: skip
+    if not isinstance(section, Mapping):
         raise ConfigError(kind, section, f"a {kind} config group option, e.g. {kind}=<name> (see --help)")
     options = dict(section)
     return options.pop("name"), options
@@ -113,6 +117,15 @@ def _check_positions(cfg: Mapping[str, Any], backend: Backend) -> None:
         raise ConfigError("max_model_len", cfg["max_model_len"],
                           f"at most {model.max_position_embeddings}, the model's max_position_embeddings "
                           f"(set max_model_len={model.max_position_embeddings} or less)")  # fmt: skip
+
+
+def _check_allocator_state(allocator: Any, name: str) -> None:
+    """What the engine and the summary read of every allocator (a plugin's own ``__init__`` that
+    skipped the base class's stopped the run at its end, its results unwritten)."""
+    for attr, cls in (("layout", KVLayout), ("counters", AllocatorCounters)):
+        if not isinstance(getattr(allocator, attr, None), cls):
+            raise PluginError(f"allocator {name!r} sets no self.{attr} (a {cls.__module__}.{cls.__name__}): "
+                              "call the base class's __init__, or set it there")  # fmt: skip
 
 
 def _check_layout_follows(cfg: Mapping[str, Any], layout: KVLayout, num_blocks: int, name: str) -> None:
@@ -193,6 +206,7 @@ def _engine_on(backend: Backend, cfg: Mapping[str, Any], copies: int) -> tuple[E
     check_kv_pool_fits(cfg, options, backend, copies)
     _check_one_sequence_fits(cfg, options["num_blocks"], budget)
     allocator = registry.create("allocator", name, **options)
+    _check_allocator_state(allocator, name)
     _check_layout_follows(cfg, allocator.layout, options["num_blocks"], name)  # so the checks above hold for it
     backend.bind(allocator)
 

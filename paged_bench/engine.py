@@ -13,6 +13,7 @@ freed, so the results gathered so far are complete and the pool is whole.
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,10 +98,15 @@ class Engine:
         output = self.backend.execute(plan)
         if self._timed and not output.duration:
             output.duration = time.perf_counter() - began
-        if len(output.token_ids) != len(plan.req_ids) or not output.duration >= 0:  # a plugin's: fail, not skew
+        if not _well_formed(output, len(plan.req_ids)):  # a plugin's: fail, naming it, not skew
             raise EngineError(_bad_output(self.backend, plan, output))
         end = self.clock.advance(start, output.duration)
-        finished = sched.update(plan, output, end)
+        try:
+            finished = sched.update(plan, output, end)
+        except TypeError:  # a token id that is no integer fails in the scheduler: name the backend instead
+            if all(map(_is_token, output.token_ids)):
+                raise
+            raise EngineError(_bad_output(self.backend, plan, output)) from None
         decodes = plan.num_decode_tokens
         self.steps.append((
             self.num_steps,
@@ -205,10 +211,28 @@ def _duration(steps: StepRecords, reqs: list[Request]) -> float:
     return max([last.time if last is not None else 0.0, *ends])
 
 
+def _well_formed(output: StepOutput, num_rows: int) -> bool:
+    duration = getattr(output, "duration", None)
+    return (isinstance(output, StepOutput) and len(output.token_ids) == num_rows
+            and isinstance(duration, (int, float)) and duration >= 0)  # fmt: skip
+
+
+def _is_token(token: object) -> bool:
+    try:
+        operator.index(token)  # an int, numpy's included
+    except TypeError:
+        return False
+    return True
+
+
 def _bad_output(backend: Backend, plan: StepPlan, output: StepOutput) -> str:
-    return (f"backend {backend.name!r} returned {len(output.token_ids)} tokens for a step of {len(plan.req_ids)} rows "
-            f"and a duration of {output.duration!r} s: execute() returns one token per row of the plan and a "
-            "duration >= 0")  # fmt: skip
+    if isinstance(output, StepOutput):
+        kinds = "/".join(sorted({type(t).__name__ for t in output.token_ids})) or "no"
+        shown = f"{len(output.token_ids)} tokens ({kinds}) and a duration of {output.duration!r} s"
+    else:
+        shown = f"{type(output).__name__}"
+    return (f"backend {backend.name!r} returned {shown} for a step of {len(plan.req_ids)} rows: execute() returns a "
+            "paged_bench.step.StepOutput of one token id (an int) per row of the plan and a duration >= 0 s")  # fmt: skip
 
 
 def _pool_not_whole(allocator: Allocator) -> list[str]:

@@ -9,6 +9,7 @@ base, is reported by name and package without breaking the others.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -75,7 +76,9 @@ def load(kind: str, name: str) -> type:
     matches = [ep for ep in _entry_points(kind) if ep.name == name]
     if not matches:
         names = sorted({ep.name for ep in _entry_points(kind)})
-        raise ConfigError(kind, name, f"one of {', '.join(names) or '(none installed)'}")
+        # the name comes from {kind}.name=, or from the name: key of the option file picked
+        raise ConfigError(kind, name, f"one of {', '.join(names) or '(none installed)'}, the installed {kind} "
+                                      f"plugins (an option file's name: key names one)")
     if len({ep.value for ep in matches}) > 1:
         where = ", ".join(f"{ep.value} from {_package(ep)}" for ep in matches)
         raise PluginError(f"{kind} plugin {name!r} is registered more than once: {where}")
@@ -124,11 +127,15 @@ def create(kind: str, name: str, *args: Any, internal: tuple[str, ...] = (), **o
             shown = [o for o in allowed if o not in internal]
             raise ConfigError(f"{kind}.{key}", options[key], f"{kind} {name!r} takes {', '.join(shown) or 'no options'}")
     try:
-        return cls(*args, **options)
+        obj = cls(*args, **options)
     except PagedBenchError:
         raise
     except Exception as e:  # a plugin's constructor that fails (an abstract method left out, a missing option)
         raise PluginError(f"{_plugin(kind, name, _entry(kind, name))} failed to build: {crash_message(e)}") from e
+    if getattr(obj, "name", None) != name:  # errors name a plugin by it: a class left without one, or a copied one
+        with contextlib.suppress(AttributeError):
+            obj.name = name
+    return obj
 
 
 def _entry(kind: str, name: str) -> EntryPoint | None:

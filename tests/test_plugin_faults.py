@@ -140,8 +140,95 @@ def test_a_backend_that_returns_too_few_tokens_stops_the_run_naming_it():
     engine, requests = _engine_with(ContinuousScheduler, "workload.num_requests=8")
     engine.backend = OneTokenBackend()
     result = engine.run(requests)
-    assert result.error.startswith("backend 'sim' returned 1 tokens for a step of ")
-    assert "execute() returns one token per row of the plan" in result.error
+    assert result.error.startswith("backend 'sim' returned 1 tokens (int) and a duration of 0.01 s for a step of ")
+    assert "execute() returns a paged_bench.step.StepOutput of one token id (an int) per row" in result.error
+
+
+class ReturnsAList(SimBackend):
+    def execute(self, plan):
+        return [0] * len(plan.req_ids)
+
+
+class NoDuration(SimBackend):
+    def execute(self, plan):
+        return StepOutput([0] * len(plan.req_ids), None)
+
+
+class FloatTokens(SimBackend):
+    def execute(self, plan):
+        return StepOutput([0.5] * len(plan.req_ids), 0.01)
+
+
+@pytest.mark.parametrize("cls, shown", [
+    (ReturnsAList, "returned list for a step"),
+    (NoDuration, "tokens (int) and a duration of None s"),
+    (FloatTokens, "tokens (float) and a duration of 0.01 s"),
+])  # fmt: skip
+def test_a_backend_output_of_the_wrong_type_names_the_backend(cls, shown):
+    # these failed inside the engine or the scheduler (AttributeError at engine.py, TypeError at
+    # base.py: the scheduler's file), pointing a backend's author at the wrong plugin
+    engine, requests = _engine_with(ContinuousScheduler, "workload.num_requests=8")
+    engine.backend = cls()
+    result = engine.run(requests)
+    assert result.error.startswith("backend 'sim' ") and shown in result.error, result.error
+    assert result.leaks == [] and all(r.is_finished for r in result.requests)
+
+
+class AdmitsNone(ContinuousScheduler):
+    def may_admit(self, plan):
+        plan.num_preempted == 0  # noqa: B015 - the forgotten return under test
+
+
+def test_a_may_admit_that_returns_no_bool_is_named():
+    # it read as "planned an empty step with 0 running and 1 waiting requests"
+    engine, requests = _engine_with(AdmitsNone, "workload.num_requests=8")
+    result = engine.run(requests)
+    assert result.error == "scheduler 'continuous': may_admit() returned None, which is not a bool: return True or False"
+
+
+def test_an_allocator_that_skips_its_base_init_is_refused_before_the_run(monkeypatch):
+    # without counters the run finished and then crashed writing its results: nothing was kept
+    from paged_bench import registry
+
+    class NoCounters(PagedAllocator):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            del self.counters
+
+    load = registry.load
+    monkeypatch.setattr(registry, "load", lambda kind, name: NoCounters if kind == "allocator" else load(kind, name))
+    with pytest.raises(PluginError, match="allocator 'paged' sets no self.counters \\(a paged_bench.allocators.base."
+                                          "AllocatorCounters\\): call the base class's __init__"):  # fmt: skip
+        build(compose_config("backend=sim", "tracking.enabled=false"))
+
+
+def test_a_plugin_class_without_a_name_takes_its_entry_points(monkeypatch):
+    # every hook error said scheduler '' (or the name of the example the class was copied from)
+    from paged_bench import registry
+
+    class Nameless(ContinuousScheduler):
+        name = ""
+
+    load = registry.load
+    monkeypatch.setattr(registry, "load", lambda kind, name: Nameless if kind == "scheduler" else load(kind, name))
+    bench = build(compose_config("backend=sim", "tracking.enabled=false", "scheduler.name=continuous"))
+    assert bench.engine.scheduler.name == "continuous"
+
+
+def test_an_option_file_without_a_name_or_a_backend_of_unknown_kv_size_is_one_line(config):
+    from paged_bench.build import plugin_section
+    from paged_bench.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:  # read as "router={'tie_break': 'kv'} is not allowed: a router option"
+        plugin_section({"router": {"tie_break": "kv"}}, "router")
+    assert str(e.value).startswith("router.name=None is not allowed: the name of an installed router plugin: every "
+                                   "router option file sets name: to its plugin's entry-point name")  # fmt: skip
+    # a backend plugin with no K/V size of its own was priced as the 4-layer test model in a split
+    # cluster: transfers 64x cheaper than the documented llama-3-8b's, without a word
+    cfg = config("cluster.prefill_replicas=1", "cluster.decode_replicas=1", "~backend.model", "tracking.enabled=false")
+    with pytest.raises(ConfigError) as e:
+        build_cluster(cfg, cluster_spec(cfg))
+    assert e.value.key == "backend" and "sets kv_bytes_per_token, or takes a model or model_path option" in str(e.value)
 
 
 def test_blocks_an_allocator_never_gives_back_are_reported_whatever_its_leaks_says():

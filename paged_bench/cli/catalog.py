@@ -5,13 +5,17 @@ A plugin package makes its option usable on the command line (``scheduler=sjf``)
 the option's YAML in a package folder named by an entry point in the group
 ``paged_bench.conf``: ``<folder>/<group>/<option>.yaml``. The CLI registers those files in
 Hydra's ConfigStore before composing, which works in every install mode (Hydra's own
-``hydra_plugins`` scan does not see editable installs; see docs/ecosystem.md).
+``hydra_plugins`` scan does not see editable installs; see docs/ecosystem.md). A file outside
+paged_bench's config groups, or named like an option that paged_bench or another package
+already has, is left out with a warning. The plugin listing names, per plugin, the options
+whose ``name:`` selects it.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from contextlib import suppress
 from dataclasses import dataclass
 from importlib import resources
 from importlib.metadata import entry_points
@@ -81,9 +85,45 @@ def format_experiments() -> str:
     return "\n".join(lines)
 
 
+def _package_header(text: str) -> str | None:
+    header = _HEADER.match(text.splitlines()[0]) if text else None
+    return header.group(1) if header else None
+
+
+def _folders(root):
+    """The folders under ``root`` that may be config groups (not __pycache__, not hidden)."""
+    return (d for d in root.iterdir() if d.is_dir() and not d.name.startswith(("_", ".")))
+
+
+def packaged_options() -> dict[str, set[str]]:
+    """paged_bench's own config groups (its ``conf/`` folders, less Hydra's) and their options."""
+    groups = {kind: set() for kind in registry.KINDS}
+    for d in _folders(resources.files("paged_bench.conf")):
+        if d.name != "hydra":
+            groups[d.name] = {f.name[: -len(".yaml")] for f in d.iterdir() if f.name.endswith(".yaml")}
+    return groups
+
+
+def _refusal(group: str, option: str, groups: dict[str, set[str]], owners: dict[tuple[str, str], str]) -> str | None:
+    """Why a plugin package's option file is not registered; None when it may be. Hydra would
+    take a file in an unknown folder for a group nobody selects, and merge one named like an
+    existing option into it: the built-in option would change for every run."""
+    if group not in groups:
+        return (f"but {group}/ is not one of paged_bench's config groups ({', '.join(sorted(groups))}): "
+                "not registered; move it into one of them")  # fmt: skip
+    if option in groups[group]:
+        owner = f"paged_bench's own option {group}={option}"
+    elif (group, option) in owners:
+        owner = f"option {group}={option} of plugin package {owners[(group, option)]}"
+    else:
+        return None
+    return f"which {owner} already is: not registered; give it its own name"
+
+
 def register_plugin_configs() -> list[str]:
     """Put the config options that plugin packages ship into Hydra's ConfigStore; returns a
-    message per package whose options could not be read (the others are registered)."""
+    message per package whose options could not be read and per option file left out (see
+    ``_refusal``); the others are registered. Once per process: later calls return nothing."""
     global _registered
     if _registered:
         return []
@@ -92,53 +132,102 @@ def register_plugin_configs() -> list[str]:
     from omegaconf import OmegaConf
 
     problems = []
+    groups, owners = packaged_options(), {}
     store = ConfigStore.instance()
     for ep in entry_points(group=CONF_GROUP):
         package = ep.dist.name if ep.dist is not None else "unknown package"
         try:
-            root = resources.files(ep.value)
-            for group in (d for d in root.iterdir() if d.is_dir() and not d.name.startswith(("_", "."))):
+            for group in _folders(resources.files(ep.value)):
                 for f in (f for f in group.iterdir() if f.name.endswith(".yaml")):
+                    option = f.name[: -len(".yaml")]
+                    if (why := _refusal(group.name, option, groups, owners)) is not None:
+                        where = f"{ep.value.replace('.', '/')}/{group.name}/{f.name}"
+                        problems.append(f"plugin package {package} ships {where}, {why}")
+                        continue
                     text = f.read_text()
-                    header = _HEADER.match(text.splitlines()[0]) if text else None
-                    store.store(group=group.name, name=f.name[: -len(".yaml")], node=OmegaConf.create(text),
-                                package=header.group(1) if header else None, provider=package)  # fmt: skip
+                    store.store(group=group.name, name=option, node=OmegaConf.create(text),
+                                package=_package_header(text), provider=package)  # fmt: skip
+                    owners[(group.name, option)] = package
         except Exception as e:  # noqa: BLE001  (one broken package must not take the others' options away)
             problems.append(f"config options of plugin {ep.name!r} ({ep.value}) from package {package} "
                             f"could not be loaded: {type(e).__name__}: {e}")  # fmt: skip
     return problems
 
 
+def _options(group: str) -> dict[str, tuple[object, str | None]]:
+    """Each option of ``group``, paged_bench's own and plugin-shipped: its content and its
+    ``@package``."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    out = {}
+    root = resources.files("paged_bench.conf").joinpath(group)
+    for f in (f for f in (root.iterdir() if root.is_dir() else ()) if f.name.endswith(".yaml")):
+        text = f.read_text()
+        out[f.name[: -len(".yaml")]] = (yaml.safe_load(text), _package_header(text))
+    store = ConfigStore.instance()
+    with suppress(OSError):  # no plugin registered anything in this group
+        for name in store.list(group):
+            node = store.load(f"{group}/{name}")
+            out.setdefault(name[: -len(".yaml")], (OmegaConf.to_container(node.node), node.package))
+    return out
+
+
 def config_options(group: str) -> set[str]:
     """The options ``group=<option>`` accepts: built-in YAML files and plugin-shipped ones."""
-    from hydra.core.config_store import ConfigStore
+    return set(_options(group))
 
-    root = resources.files("paged_bench.conf").joinpath(group)
-    names = {f.name[: -len(".yaml")] for f in root.iterdir() if f.name.endswith(".yaml")} if root.is_dir() else set()
+
+def _plugin_of(group: str, option: str, options: dict) -> str | None:
+    """The plugin that ``group=<option>`` selects: its ``name:``, or else that of the option it
+    extends (the last entry of its defaults list, which Hydra merges last)."""
+    seen = set()
+    while option in options and option not in seen:
+        seen.add(option)
+        content, package = options[option]
+        if not isinstance(content, dict):
+            return None
+        body = content.get(group) if package == "_global_" else content
+        if isinstance(body, dict) and isinstance(body.get("name"), str):
+            return body["name"]
+        bases = [d.partition("@")[0] for d in content.get("defaults") or () if isinstance(d, str)]
+        option = bases[-1] if bases else None
+    return None
+
+
+def selecting_options(kind: str) -> dict[str, list[str]]:
+    """For each plugin name, the options of group ``kind`` that select it."""
+    options = _options(kind)
+    out: dict[str, list[str]] = {}
+    for option in sorted(options):
+        if (name := _plugin_of(kind, option, options)) is not None:
+            out.setdefault(name, []).append(option)
+    return out
+
+
+def _plugin_line(kind: str, p: registry.PluginInfo, selected: str, widths: tuple[int, ...]) -> str:
     try:
-        names |= {n[: -len(".yaml")] for n in ConfigStore.instance().list(group)}
-    except OSError:  # no plugin registered anything in this group
-        pass
-    return names
+        registry.load(kind, p.name)
+        state = "" if selected else f"  (no config option: select with {kind}.name={p.name})"
+    except PagedBenchError as e:
+        state = f"  BROKEN: {e}"
+    w_name, w_target, w_selected = widths
+    return f"  {p.name:<{w_name}}  {p.target:<{w_target}}  {selected:<{w_selected}}  from {p.package}{state}"
 
 
 def format_plugins() -> str:
-    """Every discovered plugin, per kind, with its class, its package and whether it loads."""
+    """Every discovered plugin, per kind, with its class, the config options that select it,
+    its package and whether it loads."""
     problems = register_plugin_configs()
-    lines = ["Plugins (entry point groups paged_bench.<kind>s), per kind:"]
+    lines = ["Plugins (entry point groups paged_bench.<kind>s), per kind: name, class, its options, package"]
     for kind, (group, _) in registry.KINDS.items():
         found = registry.discover(kind)
         lines += ["", f"{kind} ({group})"]
-        options = config_options(kind)
-        width = max((len(p.name) for p in found), default=0)
-        target_width = max((len(p.target) for p in found), default=0)
-        for p in found:
-            try:
-                registry.load(kind, p.name)
-                state = "" if p.name in options else f"  (no config option: select with {kind}.name={p.name})"
-            except PagedBenchError as e:
-                state = f"  BROKEN: {e}"
-            lines.append(f"  {p.name:<{width}}  {p.target:<{target_width}}  from {p.package}{state}")
+        selecting = selecting_options(kind)
+        selected = {p.name: ", ".join(f"{kind}={o}" for o in selecting.get(p.name, [])) for p in found}
+        columns = ([p.name for p in found], [p.target for p in found], selected.values())
+        widths = tuple(max(map(len, column), default=0) for column in columns)
+        lines += [_plugin_line(kind, p, selected[p.name], widths) for p in found]
         if not found:
             lines.append("  (none installed)")
     lines += [f"warning: {p}" for p in problems]

@@ -51,6 +51,10 @@ def _kv_bytes_per_token(cfg: Mapping[str, Any], engine: Engine) -> int:
     if engine.backend.kv_bytes_per_token is not None:
         return engine.backend.kv_bytes_per_token
     backend = cfg["backend"]
+    # with neither, resolve_model's default is the tiny test model: transfers 64x too cheap
+    check(backend.get("model") is not None or backend.get("model_path") is not None, "backend", backend["name"],
+          "a backend whose K/V size is known: one that sets kv_bytes_per_token, or takes a model or model_path "
+          "option")  # fmt: skip
     model = resolve_model(backend.get("model"), backend.get("model_path"))
     dtype = backend.get("dtype")
     check(dtype is None or dtype in DTYPE_BYTES, "backend.dtype", dtype, ", ".join(DTYPE_BYTES))
@@ -73,7 +77,8 @@ def _check_backend(cfg: Mapping[str, Any], spec: ClusterSpec) -> None:
     if spec.disaggregated:
         check(not backend.computes_kv, "cluster.prefill_replicas", spec.num_prefill,
               f"0 with backend={name}: a hand-over prices the K/V transfer but copies no K/V, so a model's "
-              "decode replica would attend over blocks never written (disaggregate backend=sim)")  # fmt: skip
+              "decode replica would attend over blocks never written (disaggregate backend=sim, or a cost-model "
+              "backend plugin, which sets computes_kv = False)")  # fmt: skip
 
 
 def build_cluster(cfg: Mapping[str, Any], spec: ClusterSpec) -> ClusterBench:

@@ -185,7 +185,10 @@ class Scheduler:
             draft.new_reqs += self._handed_over
             self._handed_over = []
         self._schedule_running(draft)
-        if self.may_admit(draft):
+        admit = self.may_admit(draft)
+        if admit not in (True, False):  # numpy's bools and 0/1 too; a forgotten return (None) is refused
+            raise _hook_error(self, "may_admit", admit, "not a bool: return True or False")
+        if admit:
             self._admit_waiting(draft, now)
         return self._freeze(draft)
 
