@@ -169,8 +169,14 @@ def test_bpe_that_does_not_fit_the_model_is_a_config_error():
     from paged_bench.errors import ConfigError
     from paged_bench.serve.server import build_app
 
-    with pytest.raises(ConfigError, match="fit the model's vocabulary of 258"):
+    with pytest.raises(ConfigError, match="fit the model's vocabulary of 258") as e:
         build_app(compose_config("backend=numpy", "backend.model=tiny", "server.tokenizer=bpe", config_name="serve"))
+    # the override it suggests composes (without its +, Hydra refused it: the model is a preset's name)
+    from paged_bench.model.config import resolve_model
+
+    suggested = str(e.value).split("(set ")[1].split(",")[0]
+    cfg = compose_config("backend=numpy", suggested, "server.tokenizer=bpe", config_name="serve")
+    assert resolve_model(cfg["backend"]["model"], None).vocab_size == 16386
 
 
 def test_openapi_declares_bodies_and_responses(tiny):

@@ -74,6 +74,6 @@ def serving_tokenizer(choice: str, backend_tokenizer: Any, vocab_size: int) -> A
         raise ConfigError(
             "server.tokenizer", choice,
             f"a tokenizer whose {tok.vocab_size} ids fit the model's vocabulary of {vocab_size} "
-            f"(set backend.model.vocab_size={tok.vocab_size}, or server.tokenizer=byte)",
+            f"(set +backend.model.vocab_size={tok.vocab_size}, or server.tokenizer=byte)",
         )
     return tok
