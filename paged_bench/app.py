@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from paged_bench import registry
 from paged_bench.build import Bench, build
 from paged_bench.cluster.spec import cluster_spec
 from paged_bench.engine import EngineResult
@@ -86,13 +87,16 @@ def run_info(
 ) -> dict[str, Any]:
     """``run_info.json``: how the job ended, what it ran, and how ``num_blocks=auto`` sized its
     pool (``kv_budget``); ``options`` are the config options picked per group
-    (``workload=seed``), recorded beside the plugin each selected (``poisson``)."""
+    (``workload=seed``), recorded beside the plugin each selected (``poisson``) and the
+    package, with its version, that provides it."""
     result = outcome.result
     return {
         "status": outcome.status,
         "error": outcome.error,
         "choices": {kind: (options or {}).get(kind) or plugin for kind, plugin in outcome.choices.items()},
         "plugins": outcome.choices,
+        "plugin_packages": {kind: registry.distribution(kind, plugin) for kind, plugin in outcome.choices.items()
+                            if kind in registry.KINDS},
         "kv_layout": {
             "num_blocks": result.layout.num_blocks,
             "block_size": result.layout.block_size,

@@ -65,6 +65,15 @@ def _package(ep: EntryPoint) -> str:
     return ep.dist.name if ep.dist is not None else "unknown package"
 
 
+def distribution(kind: str, name: str) -> str | None:
+    """``package==version`` of the distribution that registers plugin ``name`` (what a rerun
+    must install to run the same code); None for one not installed as a distribution."""
+    ep = _entry(kind, name)
+    if ep is None or ep.dist is None:
+        return None
+    return f"{ep.dist.name}=={ep.dist.version}"
+
+
 def discover(kind: str | None = None) -> list[PluginInfo]:
     """Every registered plugin (of one kind, or all), without importing any of them."""
     kinds = [kind] if kind else list(KINDS)

@@ -120,6 +120,8 @@ def test_the_sjf_example_installs_and_runs_in_a_sweep_beside_the_built_ins(tmp_p
         summary = {job: json.loads((sweep_dir / str(job) / "summary.json").read_text()) for job in range(3)}
         assert all(s["completed"] == 48 and s["failed"] == 0 for s in summary.values())
         assert "name: sjf" in (sweep_dir / "1" / "config.yaml").read_text()
+        packages = json.loads((sweep_dir / "1" / "run_info.json").read_text())["plugin_packages"]
+        assert packages["scheduler"] == "paged-bench-sjf==0.1.0" and packages["workload"].startswith("paged-bench==")
         # shortest job first: short requests stop queueing behind long ones
         assert summary[1]["median_ttft_ms"] < summary[0]["median_ttft_ms"]
         assert "| sjf " in proc.stdout  # in the sweep's summary table beside the built-ins

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,11 @@ def test_a_run_logs_its_config_summary_steps_and_files_to_the_default_store(tmp_
     assert tags["experiment"] == "paged_bench" and tags["host"] and tags["status"] == "finished"
     assert len(tags.get("git_commit", "0" * 40)) == 40
     assert tags["run_dir"] == str(run_dir)
+    release = f"paged-bench=={version('paged-bench')}"  # the code that ran each plugin
+    assert {k: v for k, v in tags.items() if k.startswith("package.")} == {
+        f"package.{kind}": release for kind in ("workload", "scheduler", "allocator", "backend")
+    }
+    assert json.loads((run_dir / "run_info.json").read_text())["plugin_packages"]["scheduler"] == release
     assert {"summary.json", "requests.csv", "steps.csv", "run_info.json", "config.yaml", "plots"} <= artifact_paths(
         c, run.info.run_id
     )

@@ -210,6 +210,8 @@ def upload_run(mlflow_client: Any, experiment_id: str, run_dir: Path, settings: 
     tags = {**common_tags(name), KIND_TAG: "run", "status": status, RUN_DIR_TAG: str(run_dir)}
     if info.get("job_num") is not None:
         tags["job_num"] = str(info["job_num"])
+    # which code ran each plugin: a run with a plugin package is redone with the same release
+    tags.update({f"package.{kind}": dist for kind, dist in (info.get("plugin_packages") or {}).items() if dist})
     if info.get("error"):
         tags["error"] = str(info["error"])[:_MAX_TAG]
     note = _note(summary)
