@@ -199,7 +199,7 @@ class Engine:
             preempted_prefix_hit_tokens=counters.preempted_prefix_hit_tokens,
             error=error,
             interrupted=interrupted,
-            leaks=self.allocator.leaks() or _pool_not_whole(self.allocator),
+            leaks=_leaks(self.allocator),
         )
 
 
@@ -233,6 +233,11 @@ def _bad_output(backend: Backend, plan: StepPlan, output: StepOutput) -> str:
         shown = f"{type(output).__name__}"
     return (f"backend {backend.name!r} returned {shown} for a step of {len(plan.req_ids)} rows: execute() returns a "
             "paged_bench.step.StepOutput of one token id (an int) per row of the plan and a duration >= 0 s")  # fmt: skip
+
+
+def _leaks(allocator: Allocator) -> list[str]:
+    """What the allocator still holds, each named by it (its own messages are plugins' text)."""
+    return [f"allocator {allocator.name!r}: {m}" for m in allocator.leaks()] or _pool_not_whole(allocator)
 
 
 def _pool_not_whole(allocator: Allocator) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import traceback
 from collections.abc import Iterable
 from pathlib import Path
@@ -95,7 +96,16 @@ def crash_message(error: BaseException) -> str:
     if not frames:
         return one_line(error)
     last = frames[-1]
-    return f"{one_line(error)} (raised at {Path(last.filename).name}:{last.lineno} in {last.name})"
+    return f"{one_line(error)} (raised at {_importable_path(last.filename)}:{last.lineno} in {last.name})"
+
+
+def _importable_path(filename: str) -> str:
+    """``filename`` from the folder it is imported from (``paged_bench_sjf/scheduler.py``, not
+    a bare ``scheduler.py`` that every plugin package has, nor a site-packages path)."""
+    path = Path(filename).resolve()
+    roots = [Path(p).resolve() for p in sys.path if p and Path(p).is_dir()]
+    relative = [path.relative_to(root) for root in roots if path.is_relative_to(root)]
+    return str(min(relative, key=lambda r: len(r.parts))) if relative else path.name
 
 
 def check(ok: bool, key: str, value: Any, allowed: str) -> None:

@@ -17,6 +17,8 @@ def fake_distribution(root: Path, name: str, entry_points: dict[str, dict[str, s
         lines.append(f"[{group}]")
         lines += [f"{n} = {target}" for n, target in points.items()]
     (dist_info / "entry_points.txt").write_text("\n".join(lines) + "\n")
-    for module, source in modules.items():
-        (root / f"{module}.py").write_text(source)
+    for module, source in modules.items():  # a dotted name is a module in a (namespace) package
+        path = root / f"{module.replace('.', '/')}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
     return root

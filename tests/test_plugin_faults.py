@@ -101,13 +101,13 @@ def test_a_router_index_outside_the_cluster_stops_the_run_whole():
 
 def test_a_crashing_plugin_keeps_what_ran_and_exits_with_one_line(tmp_path):
     site = fake_distribution(tmp_path / "site", "faulty-plugins",
-                             {"paged_bench.schedulers": {"crashes_later": "faulty_plugins:CrashesLater"}},
-                             {"faulty_plugins": FAULTY})  # fmt: skip
+                             {"paged_bench.schedulers": {"crashes_later": "faulty_plugins.scheduler:CrashesLater"}},
+                             {"faulty_plugins.scheduler": FAULTY})  # fmt: skip
     proc = run_cli(tmp_path, "scheduler.name=crashes_later", "tracking.enabled=false", "max_batch=4",
                    PYTHONPATH=str(site))  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    where = f"(raised at faulty_plugins.py:{RAISED_AT} in may_admit)"
+    where = f"(raised at faulty_plugins/scheduler.py:{RAISED_AT} in may_admit)"  # the package's file, by its path
     assert f"run failed: RuntimeError: admission table is corrupt {where}" in line
     (run_dir,) = [p.parent for p in tmp_path.glob("runs/20*/*/summary.json")]
     assert "results so far are in" in line and str(run_dir.name) in line
@@ -239,6 +239,8 @@ def test_blocks_an_allocator_never_gives_back_are_reported_whatever_its_leaks_sa
     result = engine.run(bench.requests)
     assert any(leak.startswith("allocator 'paged' has ") and "blocks free" in leak for leak in result.leaks)
     assert any("live slots" in leak for leak in result.leaks)
+    never.leaks = lambda: ["3 requests still hold block tables"]  # its own words, named by the engine
+    assert engine.result(bench.requests, None, False).leaks == ["allocator 'paged': 3 requests still hold block tables"]
 
 
 def test_a_plugin_constructor_that_fails_is_one_line_naming_it(monkeypatch):
