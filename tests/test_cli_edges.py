@@ -76,12 +76,28 @@ def test_a_renamed_plugin_and_a_cluster_run_are_labelled_by_what_ran(tmp_path):
 def test_a_job_that_fails_to_build_is_labelled_with_its_options(tmp_path):
     # its row in the sweep's table named the plugin (poisson) where the finished job's said seed
     proc = command(tmp_path, "paged_bench", "-m", "tracking.enabled=false", "workload.num_requests=10",
-                   "router=round_robin,least_kv", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
-    assert proc.returncode == 1 and "a router needs two or more replicas" in proc.stderr
+                   "max_batch=4,0", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    assert proc.returncode == 1 and "max_batch=0 is not allowed" in proc.stderr
     infos = [json.loads((tmp_path / "sweep" / job / "run_info.json").read_text()) for job in ("0", "1")]
     assert [i.get("status", "finished") for i in infos] == ["finished", "failed"]
     assert [i["choices"]["workload"] for i in infos] == ["seed", "seed"]
-    assert infos[1]["choices"]["router"] == "least_kv"
+
+
+def test_a_sweep_over_routers_on_one_replica_is_refused_before_its_first_job(tmp_path):
+    # every job but round robin's failed at its start, after the first had run
+    proc = command(tmp_path, "paged_bench", "-m", "tracking.enabled=false", "workload.num_requests=10",
+                   "router=round_robin,least_kv", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    assert proc.returncode == 2 and not (tmp_path / "sweep").exists()
+    assert one_error_line(proc) == (
+        "error: router='round_robin,least_kv' is not allowed: round_robin (the default) with cluster.replicas=1: "
+        "a router needs two or more replicas (set cluster.replicas=N, N >= 2, to compare routers)")
+    # a cluster of two in some jobs: those of one replica are the ones refused
+    proc = command(tmp_path, "paged_bench", "-m", "tracking.enabled=false", "workload.num_requests=10",
+                   "router=least_kv", "cluster.replicas=2,1", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    assert proc.returncode == 2 and "a router needs two or more replicas" in one_error_line(proc)
+    proc = command(tmp_path, "paged_bench", "-m", "tracking.enabled=false", "workload.num_requests=10",
+                   "router=round_robin,least_kv", "cluster.replicas=2", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_a_router_with_one_replica_is_one_line_from_the_command(tmp_path):

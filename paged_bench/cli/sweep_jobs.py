@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 
 def sweep_overrides(config: DictConfig) -> list[Any]:
@@ -59,6 +59,7 @@ def check_jobs(config: DictConfig, total: int | None) -> None:
     try:
         _refuse_no_jobs(config, total)
         _refuse_experiments_that_sweep(config, jobs)
+        _refuse_routers_without_a_cluster(config, jobs)
         check_sweep(config, jobs)  # every job's tracking settings, before the first job
         parallel.prepare(config, jobs, total)
     except ConfigError as e:
@@ -91,6 +92,37 @@ def _refuse_experiments_that_sweep(config: DictConfig, jobs: list[list[str]]) ->
         raise ConfigError(swept[0].get_key_element(), _typed_value(swept[0]),
                           f"{', '.join(sweeps)} {are} own: run one such experiment per command "
                           "(python -m paged_bench -m +experiment=NAME)")  # fmt: skip
+
+
+def _refuse_routers_without_a_cluster(config: DictConfig, jobs: list[list[str]]) -> None:
+    """A sweep over routers (``router=a,b``), or with one, on one replica: every job but round
+    robin's would fail at its start with the same line (a router needs a cluster), after the
+    first ones ran."""
+    from paged_bench.cluster.spec import cluster_spec
+    from paged_bench.errors import ConfigError
+
+    routers = [o for o in safe_overrides(config) if o.key_or_group.split(".")[0] == "router"]
+    for overrides in jobs if routers else ():
+        try:
+            cluster_spec(_job_config(config, overrides))
+        except ConfigError as e:
+            if e.key == "router":  # the job's other settings: its launcher reports them
+                raise ConfigError(routers[0].get_key_element(), _typed_value(routers[0]),
+                                  f"{e.allowed} (set cluster.replicas=N, N >= 2, to compare routers)") from e  # fmt: skip
+
+
+def _job_config(config: DictConfig, overrides: list[str]) -> dict[str, Any]:
+    """The job's config as its launcher composes it, less ``hydra``; {} if it does not compose
+    (the launcher reports that)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    try:
+        job_config = GlobalHydra.instance().config_loader().load_sweep_config(config, overrides)
+        with open_dict(job_config):
+            del job_config["hydra"]
+        return OmegaConf.to_container(job_config, resolve=True)
+    except Exception:  # noqa: BLE001
+        return {}
 
 
 def _typed_value(override: Any) -> str:
