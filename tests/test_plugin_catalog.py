@@ -86,6 +86,8 @@ def test_the_listing_names_the_options_that_select_each_plugin(tmp_path, site):
     assert "scheduler=continuous" in continuous and "longest_prompt" not in continuous
     poisson = next(line for line in lines if line.strip().startswith("poisson "))
     assert "workload=poisson, workload=seed" in poisson  # seed.yaml says name: poisson
+    trace = next(line for line in lines if line.strip().startswith("trace "))
+    assert "workload=azure_conv, workload=trace" in trace  # azure_conv extends trace (defaults: trace@workload, _self_)
     assert len(_warnings(proc.stdout)) == 3
 
 

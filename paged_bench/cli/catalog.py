@@ -180,7 +180,7 @@ def config_options(group: str) -> set[str]:
 
 def _plugin_of(group: str, option: str, options: dict) -> str | None:
     """The plugin that ``group=<option>`` selects: its ``name:``, or else that of the option it
-    extends (the last entry of its defaults list, which Hydra merges last)."""
+    extends (the last option in its defaults list, which Hydra merges last)."""
     seen = set()
     while option in options and option not in seen:
         seen.add(option)
@@ -190,7 +190,7 @@ def _plugin_of(group: str, option: str, options: dict) -> str | None:
         body = content.get(group) if package == "_global_" else content
         if isinstance(body, dict) and isinstance(body.get("name"), str):
             return body["name"]
-        bases = [d.partition("@")[0] for d in content.get("defaults") or () if isinstance(d, str)]
+        bases = [d.partition("@")[0] for d in content.get("defaults") or () if isinstance(d, str) and d != "_self_"]
         option = bases[-1] if bases else None
     return None
 
