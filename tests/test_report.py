@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from paged_bench.app import run_job
 from paged_bench.report.__main__ import main as report_main
@@ -19,6 +20,8 @@ from paged_bench.report.plots import plotted_metrics, step_curve
 from paged_bench.report.load import RunSet, find_runs, save_config
 from paged_bench.report.tables import gain, metric
 from tests.conftest import compose_config
+
+EXPERIMENTS = Path(__file__).parents[1] / "paged_bench" / "conf" / "experiment"
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -79,6 +82,13 @@ def test_gains_point_the_right_way():
     assert gain(metric("output_throughput"), 400.0, 600.0) == "1.50x"  # higher is better
     assert gain(metric("median_ttft_ms"), 100.0, None) == "n/a" and gain(metric("num_preemptions"), 0, 0) == "n/a"
     assert gain(metric("num_preemptions"), 0, 4) == "n/a" and gain(metric("recomputed_tokens"), 12, 0) == "n/a"
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in EXPERIMENTS.glob("*.yaml")))
+def test_every_figure_an_experiment_reports_has_a_column_header(experiment):
+    # the routing and disaggregation tables showed replica_load_imbalance, kv_transfer_bytes as headers
+    metrics = (yaml.safe_load((EXPERIMENTS / f"{experiment}.yaml").read_text()).get("report") or {}).get("metrics")
+    assert all(metric(key).label != key for key in metrics or ()), metrics
 
 
 def test_preemptions_are_plotted_when_there_are_any(tmp_path):

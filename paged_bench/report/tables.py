@@ -45,6 +45,15 @@ _METRICS = [
     Metric("recomputed_tokens", "recomputed tokens", "lower"),
     Metric("swapped_blocks", "swapped blocks", "lower"),
     Metric("prefix_cache_hit_rate", "prefix-cache hit rate", "higher", "{:.0%}"),
+    # an HTTP run's, against a server that exports its own TTFT (docs/serving.md)
+    Metric("server_mean_ttft_ms", "server TTFT mean (ms)", "lower"),
+    Metric("http_ttft_overhead_ms", "HTTP TTFT overhead (ms)", "lower", "{:.1f}"),
+    # a cluster's (docs/cluster.md)
+    Metric("replica_load_imbalance", "load imbalance (max / mean)", "lower", "{:.2f}"),
+    Metric("decode_load_imbalance", "decode load imbalance (max / mean)", "lower", "{:.2f}"),
+    Metric("kv_transfer_bytes", "K/V transferred (bytes)", None),
+    Metric("mean_kv_transfer_ms", "K/V transfer mean (ms)", "lower", "{:.2f}"),
+    Metric("p99_kv_transfer_ms", "K/V transfer p99 (ms)", "lower", "{:.2f}"),
 ]
 METRICS = {m.key: m for m in _METRICS}
 DEFAULT_METRICS = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "p99_e2el_ms", "kv_reserved_slots_peak"]
