@@ -1,9 +1,19 @@
 """The resolved config a command would run with, composed in-process (tests, benchmarks,
-notebooks, and the commands that take Hydra overrides without being Hydra apps)."""
+notebooks, and the commands that take Hydra overrides without being Hydra apps), and the
+settings a config may have: a key that is none of them (``+max_bach=4``, a typo Hydra's own
+error told the user to add with ``+``) is refused, naming the nearest."""
 
 from __future__ import annotations
 
+import difflib
+import functools
+from collections.abc import Iterable
 from typing import Any
+
+from paged_bench.errors import ConfigError
+
+# an experiment's own section: what its report shows (conf/experiment/*.yaml)
+_EXPERIMENT_KEYS = ("report",)
 
 
 def compose_config(*overrides: str, config_name: str = "config") -> dict[str, Any]:
@@ -14,3 +24,29 @@ def compose_config(*overrides: str, config_name: str = "config") -> dict[str, An
 
     with initialize_config_module("paged_bench.conf", version_base="1.3"):
         return OmegaConf.to_container(compose(config_name, overrides=list(overrides)), resolve=True)
+
+
+@functools.cache
+def settings() -> frozenset[str]:
+    """The top-level keys of paged_bench's configs (``config.yaml``, the server's ``serve.yaml``):
+    their knobs and config groups, and an experiment's ``report``."""
+    from importlib import resources
+
+    import yaml
+
+    keys = set(_EXPERIMENT_KEYS)
+    for name in ("config.yaml", "serve.yaml"):
+        primary = yaml.safe_load(resources.files("paged_bench.conf").joinpath(name).read_text())
+        defaults = primary.pop("defaults", [])
+        keys |= set(primary) - {"hydra"}
+        keys |= {next(iter(d)) for d in defaults if isinstance(d, dict) and not next(iter(d)).startswith("override ")}
+    return frozenset(keys)
+
+
+def unknown_key(key: str, value: Any, known: Iterable[str], what: str) -> ConfigError:
+    """``key`` is none of ``known`` (the keys of ``what``): the error names the nearest."""
+    known = sorted(k for k in known if k != "hydra")
+    name = key.rpartition(".")[2]
+    near = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {key[: len(key) - len(name)]}{near[0]}?)" if near else ""
+    return ConfigError(key, value, f"not a key of {what}{hint}; its keys are {', '.join(known)}")

@@ -1,0 +1,51 @@
+"""A setting the config does not have: a typo (``max_bach=4``) got Hydra's "not in struct"
+with the advice to add it with ``+``, and ``+max_bach=4`` then ran with ``max_batch`` left
+unchanged. Both are now one line naming the nearest key and the keys there are."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+
+from paged_bench.build import check_top_level
+from paged_bench.config import compose_config
+from paged_bench.errors import ConfigError
+from tests.test_cli_edges import command, one_error_line
+
+MAX_BACH = "max_bach=4 is not allowed: not a key of paged_bench's config (did you mean max_batch?); its keys are "
+
+
+@pytest.mark.parametrize("override", ["max_bach=4", "+max_bach=4"])
+def test_a_misspelled_setting_is_one_line_naming_the_one_meant(tmp_path, override):
+    proc = command(tmp_path, "paged_bench", override, "tracking.enabled=false")
+    line = one_error_line(proc)
+    assert line.startswith(f"error: {MAX_BACH}allocator, backend, block_size, clock,"), line
+    assert not list(tmp_path.glob("runs/*/*/summary.json"))
+
+
+def test_a_misspelled_option_of_a_plugin_names_the_nearest_and_how_to_add_one(tmp_path):
+    line = one_error_line(command(tmp_path, "paged_bench", "workload.rte=10", "tracking.enabled=false"))
+    assert line == ("error: workload.rte=10 is not allowed: not a key of the workload section (did you mean "
+                    "workload.rate?); its keys are max_concurrency, name, num_requests, output_len, prompt_len, rate, "
+                    "seed, shared_prefix; a plugin option its file leaves out is added with +workload.rte=10")  # fmt: skip
+
+
+def test_the_server_refuses_a_misspelled_setting_too(tmp_path):
+    line = one_error_line(command(tmp_path, "paged_bench.serve", "max_bach=4"))
+    assert line.startswith(f"error: {MAX_BACH}"), line
+
+
+EXPERIMENTS = sorted(p.name[: -len(".yaml")] for p in resources.files("paged_bench.conf.experiment").iterdir()
+                     if p.name.endswith(".yaml"))  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides", [*([f"+experiment={e}"] for e in EXPERIMENTS), ["workload=azure_conv"]])
+def test_every_shipped_config_has_only_known_settings(overrides):
+    check_top_level(compose_config(*overrides))
+
+
+def test_the_servers_config_has_only_known_settings():
+    check_top_level(compose_config(config_name="serve"))
+    with pytest.raises(ConfigError, match=r"did you mean server\?"):
+        check_top_level({**compose_config(config_name="serve"), "sever": {}})
