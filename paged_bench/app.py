@@ -143,6 +143,9 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
             from paged_bench.loadgen import run_target  # HTTP client code only for remote runs
 
             bench.choices["target"] = target
+            if target == "openai":  # the server's own scheduler, pool and model served it, not this config's
+                for kind in ("scheduler", "allocator", "backend"):
+                    del bench.choices[kind]
             remote = run_target(cfg, bench, run_dir, on_step)
             result = remote.result
     finally:

@@ -64,7 +64,10 @@ def test_served_and_in_process_agree_on_token_counts(server, config, tmp_path):
     # our server exports its own TTFT: what HTTP adds on top is measured
     assert summary["server_mean_ttft_ms"] > 0
     assert summary["http_ttft_overhead_ms"] is not None
-    assert served.choices["target"] == "openai"
+    # labelled by what ran here: the server's scheduler, pool and model are its own (ours ran preemptive)
+    assert served.choices == {"workload": "poisson", "target": "openai"}
+    info = json.loads((tmp_path / "served" / "run_info.json").read_text())
+    assert set(info["choices"]) == set(info["plugin_packages"]) | {"target"} == {"workload", "target"}
     wait_for(lambda: all_free(server))
 
 
