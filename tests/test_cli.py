@@ -144,8 +144,8 @@ def test_a_run_whose_every_request_fails_is_a_failed_run(tmp_path):
         (["workload=null"], "error: Config group override must be a string or a list"),
         (["--cfg", "job", "-m", "max_batch=1,2"], "error: Only one of --run, --multirun"),
         (["--experiments", "extra"], "error: --experiments takes nothing after it (got extra"),
-        # refused before its model loads (it was the first step that failed)
-        (["backend=hf_generate"], "error: max_batch=16 is not allowed: at most 1 with backend=hf_generate"),
+        # refused before its model loads (it was the first step that failed); its option sets max_batch 1
+        (["backend=hf_generate", "max_batch=16"], "error: max_batch=16 is not allowed: at most 1 with backend=hf_generate"),
         # a cluster's refusals name the key (before: a traceback, the whole target mapping, "cluster")
         (["cluster.prefill_replicas=1", "cluster.decode_replicas=1", "backend.dtype=fp8"],
          "error: backend.dtype='fp8' is not allowed: float32, bfloat16, float16"),
