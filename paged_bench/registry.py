@@ -15,7 +15,7 @@ import importlib
 import inspect
 import sys
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint, distributions, entry_points
 from typing import Any
 
 from paged_bench.errors import ConfigError, PagedBenchError, PluginError, crash_message
@@ -84,13 +84,18 @@ def load(kind: str, name: str) -> type:
     """The class registered as ``name`` for ``kind``."""
     matches = [ep for ep in _entry_points(kind) if ep.name == name]
     if not matches:
+        if (elsewhere := _in_another_group(kind, name)) is not None:
+            raise PluginError(f"{kind} plugin {name!r} ({elsewhere.value}) from package {_package(elsewhere)} is "
+                              f"registered in entry-point group {elsewhere.group}, which paged_bench does not read: "
+                              f"register it in {KINDS[kind][0]}")  # fmt: skip
         names = sorted({ep.name for ep in _entry_points(kind)})
         # the name comes from {kind}.name=, or from the name: key of the option file picked
         raise ConfigError(kind, name, f"one of {', '.join(names) or '(none installed)'}, the installed {kind} "
                                       f"plugins (an option file's name: key names one)")
     if len({ep.value for ep in matches}) > 1:
         where = ", ".join(f"{ep.value} from {_package(ep)}" for ep in matches)
-        raise PluginError(f"{kind} plugin {name!r} is registered more than once: {where}")
+        raise PluginError(f"{kind} plugin {name!r} is registered more than once: {where}; rename the entry point "
+                          "of a package's own plugin, or uninstall one of the packages")  # fmt: skip
     ep = matches[0]
     try:
         cls = ep.load()
@@ -102,21 +107,37 @@ def load(kind: str, name: str) -> type:
     return cls
 
 
+def _in_another_group(kind: str, name: str) -> EntryPoint | None:
+    """An entry point named ``name`` in a group like ``paged_bench.router`` (a plugin package's
+    typo of ``paged_bench.routers``), which no kind reads; only looked for once ``name`` is
+    not found, so the full scan costs nothing when all is well."""
+    read = {group for group, _ in KINDS.values()} | {"paged_bench.conf"}
+    found = (ep for dist in distributions() for ep in dist.entry_points if ep.name == name)
+    return next((ep for ep in found if ep.group.startswith("paged_bench") and ep.group not in read), None)
+
+
 def _plugin(kind: str, name: str, ep: EntryPoint | None) -> str:
     """How an error names a plugin: its kind, name, class and package."""
     where = f" ({ep.value}) from package {_package(ep)}" if ep is not None else " (not an installed entry point)"
     return f"{kind} plugin {name!r}{where}"
 
 
-def accepted_options(cls: type) -> list[str]:
-    """Keyword options ``cls(...)`` accepts, following ``**kwargs`` up the class hierarchy."""
+_BY_NAME = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def accepted_options(cls: type, num_positional: int = 0) -> list[str]:
+    """Keyword options ``cls(...)`` accepts, following ``**kwargs`` up the class hierarchy
+    (less the first ``num_positional`` parameters, which ``create`` passes by position)."""
     names: list[str] = []
     for klass in cls.__mro__:
         init = vars(klass).get("__init__")
         if init is None:
             continue
         params = list(inspect.signature(init).parameters.values())[1:]
-        names += [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in names]
+        by_position = [p for p in params if p.kind in _POSITIONAL][:num_positional]
+        # keyword-only options as the docs ask, and positional-or-keyword ones too: Python passes them by name
+        names += [p.name for p in params if p.kind in _BY_NAME and p not in by_position and p.name not in names]
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break
     return names
@@ -127,14 +148,15 @@ def create(kind: str, name: str, *args: Any, internal: tuple[str, ...] = (), **o
 
     ``internal`` names options the framework passes itself, not the user's config."""
     cls = load(kind, name)
-    allowed = accepted_options(cls)
+    allowed = accepted_options(cls, len(args))
     for key in options:
         if key in internal and key not in allowed:  # the plugin's signature, not the user's config
             raise PluginError(f"{_plugin(kind, name, _entry(kind, name))} does not take {key}, which paged_bench "
                               f"passes to every {kind}: take **kwargs in __init__ and pass them on to its base class")  # fmt: skip
         if key not in allowed:
             shown = [o for o in allowed if o not in internal]
-            raise ConfigError(f"{kind}.{key}", options[key], f"{kind} {name!r} takes {', '.join(shown) or 'no options'}")
+            takes = ", ".join(shown) or "no options (a plugin's options are its __init__'s keyword arguments)"
+            raise ConfigError(f"{kind}.{key}", options[key], f"{kind} {name!r} takes {takes}")
     try:
         obj = cls(*args, **options)
     except PagedBenchError:

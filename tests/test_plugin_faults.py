@@ -140,7 +140,7 @@ def test_a_backend_that_returns_too_few_tokens_stops_the_run_naming_it():
     engine, requests = _engine_with(ContinuousScheduler, "workload.num_requests=8")
     engine.backend = OneTokenBackend()
     result = engine.run(requests)
-    assert result.error.startswith("backend 'sim' returned 1 tokens (int) and a duration of 0.01 s for a step of ")
+    assert result.error.startswith("backend 'sim' returned 1 token (int) and a duration of 0.01 s for a step of ")
     assert "execute() returns a paged_bench.step.StepOutput of one token id (an int) per row" in result.error
 
 
@@ -161,8 +161,8 @@ class FloatTokens(SimBackend):
 
 @pytest.mark.parametrize("cls, shown", [
     (ReturnsAList, "returned list for a step"),
-    (NoDuration, "tokens (int) and a duration of None s"),
-    (FloatTokens, "tokens (float) and a duration of 0.01 s"),
+    (NoDuration, " (int) and a duration of None s"),
+    (FloatTokens, " (float) and a duration of 0.01 s"),
 ])  # fmt: skip
 def test_a_backend_output_of_the_wrong_type_names_the_backend(cls, shown):
     # these failed inside the engine or the scheduler (AttributeError at engine.py, TypeError at

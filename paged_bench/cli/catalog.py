@@ -120,6 +120,35 @@ def _refusal(group: str, option: str, groups: dict[str, set[str]], owners: dict[
     return f"which {owner} already is: not registered; give it its own name"
 
 
+def _named(group: str, text: str) -> tuple[str | None, bool]:
+    """The plugin an option file's ``name:`` selects, and whether it extends another option
+    (a defaults list: the name may come from there)."""
+    content = yaml.safe_load(text)
+    if not isinstance(content, dict):
+        return None, False
+    body = content.get(group) if _package_header(text) == "_global_" else content
+    name = body.get("name") if isinstance(body, dict) else None
+    return (name if isinstance(name, str) else None), bool(content.get("defaults"))
+
+
+def _unnamed(group: str, text: str) -> str | None:
+    """Why an option file of a plugin kind selects nothing: it sets no ``name:``."""
+    name, extends = _named(group, text)
+    if group not in registry.KINDS or name is not None or extends:
+        return None
+    return f"which sets no name: key: not registered; set name: to its {group} plugin's entry-point name"
+
+
+def _selects_no_plugin(group: str, text: str) -> str | None:
+    """Why an option file selects a plugin no installed package registers (an entry point in a
+    group that paged_bench does not read: ``paged_bench.router`` for ``paged_bench.routers``)."""
+    name, _ = _named(group, text)
+    if group not in registry.KINDS or name is None or name in {p.name for p in registry.discover(group)}:
+        return None
+    return (f"whose name: {name} is no installed {group} plugin: register it in entry-point group "
+            f"{registry.KINDS[group][0]}")
+
+
 def register_plugin_configs() -> list[str]:
     """Put the config options that plugin packages ship into Hydra's ConfigStore; returns a
     message per package whose options could not be read and per option file left out (see
@@ -134,20 +163,26 @@ def register_plugin_configs() -> list[str]:
     problems = []
     groups, owners = packaged_options(), {}
     store = ConfigStore.instance()
-    for ep in entry_points(group=CONF_GROUP):
+    # once per entry point, though a package on the path twice (installed, and on PYTHONPATH) lists it twice
+    for ep in {(ep.name, ep.value): ep for ep in entry_points(group=CONF_GROUP)}.values():
         package = ep.dist.name if ep.dist is not None else "unknown package"
         try:
-            for group in _folders(resources.files(ep.value)):
-                for f in (f for f in group.iterdir() if f.name.endswith(".yaml")):
-                    option = f.name[: -len(".yaml")]
-                    if (why := _refusal(group.name, option, groups, owners)) is not None:
-                        where = f"{ep.value.replace('.', '/')}/{group.name}/{f.name}"
-                        problems.append(f"plugin package {package} ships {where}, {why}")
-                        continue
-                    text = f.read_text()
-                    store.store(group=group.name, name=option, node=OmegaConf.create(text),
-                                package=_package_header(text), provider=package)  # fmt: skip
-                    owners[(group.name, option)] = package
+            files = [(group.name, f) for group in _folders(resources.files(ep.value)) for f in group.iterdir()
+                     if f.name.endswith(".yaml")]  # fmt: skip
+            if not files:
+                problems.append(f"plugin package {package} ships no option files in {ep.value.replace('.', '/')}/ "
+                                "(<group>/<option>.yaml): install them with the package, as package data")  # fmt: skip
+            for group, f in files:
+                option, text = f.name[: -len(".yaml")], f.read_text()
+                where = f"{ep.value.replace('.', '/')}/{group}/{f.name}"
+                if (why := _refusal(group, option, groups, owners) or _unnamed(group, text)) is not None:
+                    problems.append(f"plugin package {package} ships {where}, {why}")
+                    continue
+                store.store(group=group, name=option, node=OmegaConf.create(text),
+                            package=_package_header(text), provider=package)  # fmt: skip
+                owners[(group, option)] = package
+                if (why := _selects_no_plugin(group, text)) is not None:
+                    problems.append(f"plugin package {package} ships {where}, {why}")
         except Exception as e:  # noqa: BLE001  (one broken package must not take the others' options away)
             problems.append(f"config options of plugin {ep.name!r} ({ep.value}) from package {package} "
                             f"could not be loaded: {type(e).__name__}: {e}")  # fmt: skip

@@ -38,7 +38,8 @@ class Workload(ABC):
 
     @abstractmethod
     def requests(self, ctx: WorkloadContext) -> list[Request]:
-        """Every request of the run, sorted by arrival time (seconds from the start)."""
+        """Every request of the run, each due at its ``arrival_time`` (seconds from the start);
+        in any order: the engine sends them by arrival time."""
 
 
 def check_max_concurrency(value: Any) -> int | None:
