@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, distributions, entry_points
 from typing import Any
 
-from paged_bench.errors import ConfigError, PagedBenchError, PluginError, crash_message
+from paged_bench.errors import ConfigError, PagedBenchError, PluginError, crash_message, one_line
 
 KINDS = {
     "workload": ("paged_bench.workloads", "paged_bench.workloads.base:Workload"),
@@ -162,7 +162,10 @@ def create(kind: str, name: str, *args: Any, internal: tuple[str, ...] = (), **o
     except PagedBenchError:
         raise
     except Exception as e:  # a plugin's constructor that fails (an abstract method left out, a missing option)
-        raise PluginError(f"{_plugin(kind, name, _entry(kind, name))} failed to build: {crash_message(e)}") from e
+        # a call that does not bind (a missing option) fails here, not in the plugin: say where options come from
+        unbound = isinstance(e, TypeError) and e.__traceback__ is not None and e.__traceback__.tb_next is None
+        why = f"{one_line(e)} (its options come from its option file, or +{kind}.KEY=VALUE)" if unbound else crash_message(e)
+        raise PluginError(f"{_plugin(kind, name, _entry(kind, name))} failed to build: {why}") from e
     if getattr(obj, "name", None) != name:  # errors name a plugin by it: a class left without one, or a copied one
         with contextlib.suppress(AttributeError):
             obj.name = name

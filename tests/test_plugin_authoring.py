@@ -82,3 +82,24 @@ def test_an_entry_point_name_a_built_in_has_says_what_to_do(tmp_path):
     assert line.startswith("error: workload plugin 'uniform' is registered more than once: ")
     assert "paged_bench.workloads.uniform:UniformWorkload from paged-bench" in line and "twin:W from twin-plugins" in line
     assert line.endswith("; rename the entry point of a package's own plugin, or uninstall one of the packages")
+
+
+class Needs(Workload):
+    name = "needs"
+
+    def __init__(self, *, num_requests):
+        self.num_requests = num_requests
+
+    def requests(self, ctx):
+        return []
+
+
+def test_an_option_the_file_does_not_give_says_where_options_come_from(monkeypatch):
+    # was: "... missing 1 required keyword-only argument: 'num_requests' (raised at registry.py:139 in create)"
+    load = registry.load
+    monkeypatch.setattr(registry, "load", lambda kind, name: Needs if name == "needs" else load(kind, name))
+    with pytest.raises(Exception) as e:
+        registry.create("workload", "needs")
+    assert str(e.value).endswith("failed to build: TypeError: Needs.__init__() missing 1 required keyword-only "
+                                 "argument: 'num_requests' (its options come from its option file, or "
+                                 "+workload.KEY=VALUE)")  # fmt: skip

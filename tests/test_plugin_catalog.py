@@ -97,4 +97,5 @@ def test_a_plugin_without_an_option_is_still_told_how_to_select_it(tmp_path):
                              {"bare_plugins": LPF_MODULE})  # fmt: skip
     proc = run_cli(tmp_path, "--plugins", PYTHONPATH=str(site))
     lpf = next(line for line in proc.stdout.splitlines() if line.strip().startswith("lpf "))
-    assert lpf.rstrip().endswith("from bare-plugins  (no config option: select with scheduler.name=lpf)")
+    assert lpf.rstrip().endswith("from bare-plugins  (no config option: select with scheduler.name=lpf, or with "
+                                 "'~scheduler' +scheduler.name=lpf for its own defaults)")

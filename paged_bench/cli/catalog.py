@@ -243,7 +243,9 @@ def selecting_options(kind: str) -> dict[str, list[str]]:
 def _plugin_line(kind: str, p: registry.PluginInfo, selected: str, widths: tuple[int, ...]) -> str:
     try:
         registry.load(kind, p.name)
-        state = "" if selected else f"  (no config option: select with {kind}.name={p.name})"
+        # .name= keeps the default option's settings (a subclass of its plugin takes them); ~ drops them
+        state = "" if selected else (f"  (no config option: select with {kind}.name={p.name}, or with "
+                                     f"'~{kind}' +{kind}.name={p.name} for its own defaults)")  # fmt: skip
     except PagedBenchError as e:
         state = f"  BROKEN: {e}"
     w_name, w_target, w_selected = widths
