@@ -55,20 +55,24 @@ def test_a_plugin_in_a_group_paged_bench_does_not_read_is_named_with_the_group_t
             "paged_bench.routers") in proc.stderr.splitlines()  # fmt: skip
 
 
-class Fixed(Workload):
-    name = "fixed"
+def _keyword_or_positional(self, num_requests=4):  # Python passes it by name all the same
+    self.num_requests = num_requests
 
-    def __init__(self, num_requests=4):  # positional-or-keyword: Python passes it by name all the same
-        self.num_requests = num_requests
 
-    def requests(self, ctx):
-        return []
+def _keyword_only(self, *, num_requests):
+    self.num_requests = num_requests
+
+
+def _installed(monkeypatch, name: str, init) -> None:
+    """A workload plugin ``name`` whose ``__init__`` is ``init``, as if a package registered it."""
+    cls = type(name.title(), (Workload,), {"name": name, "__init__": init, "requests": lambda self, ctx: []})
+    load = registry.load
+    monkeypatch.setattr(registry, "load", lambda kind, n: cls if n == name else load(kind, n))
 
 
 def test_options_that_are_positional_or_keyword_arguments_are_taken(monkeypatch):
     # was: "workload.num_requests=4 is not allowed: workload 'fixed' takes no options"
-    load = registry.load
-    monkeypatch.setattr(registry, "load", lambda kind, name: Fixed if name == "fixed" else load(kind, name))
+    _installed(monkeypatch, "fixed", _keyword_or_positional)
     assert registry.create("workload", "fixed", num_requests=7).num_requests == 7
     with pytest.raises(Exception, match=r"workload 'fixed' takes num_requests$"):
         registry.create("workload", "fixed", max_concurrency=2)
@@ -84,22 +88,11 @@ def test_an_entry_point_name_a_built_in_has_says_what_to_do(tmp_path):
     assert line.endswith("; rename the entry point of a package's own plugin, or uninstall one of the packages")
 
 
-class Needs(Workload):
-    name = "needs"
-
-    def __init__(self, *, num_requests):
-        self.num_requests = num_requests
-
-    def requests(self, ctx):
-        return []
-
-
 def test_an_option_the_file_does_not_give_says_where_options_come_from(monkeypatch):
     # was: "... missing 1 required keyword-only argument: 'num_requests' (raised at registry.py:139 in create)"
-    load = registry.load
-    monkeypatch.setattr(registry, "load", lambda kind, name: Needs if name == "needs" else load(kind, name))
+    _installed(monkeypatch, "needs", _keyword_only)
     with pytest.raises(Exception) as e:
         registry.create("workload", "needs")
-    assert str(e.value).endswith("failed to build: TypeError: Needs.__init__() missing 1 required keyword-only "
+    assert str(e.value).endswith("failed to build: TypeError: _keyword_only() missing 1 required keyword-only "
                                  "argument: 'num_requests' (its options come from its option file, or "
                                  "+workload.KEY=VALUE)")  # fmt: skip
