@@ -11,19 +11,17 @@ failed jobs exits non-zero once everything is logged.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import warnings
 from contextlib import suppress
 from pathlib import Path
 
 import hydra
-import yaml
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig
 
 from paged_bench.cli import catalog, job, signals, sweep
-from paged_bench.config import unknown_key
+from paged_bench.config import unknown_override
 from paged_bench.errors import PagedBenchError
 from paged_bench.files import cannot_write
 
@@ -39,40 +37,12 @@ def _one_line(e: HydraException) -> str:
         # Hydra lists none for an option of a list (cluster=[a,b]): they are looked up here
         options = e.options or _group_options(group)
         return f"{group}={option} is not allowed: one of {', '.join(options) or '(none available)'}"
-    if (line := _unknown_key_line(e)) is not None:
-        return line
+    if (error := unknown_override(e)) is not None:
+        return str(error)
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     if e.__cause__ is not None:
         lines.append(str(e.__cause__).splitlines()[0])
     return " ".join(lines[:3])
-
-
-def _unknown_key_line(e: HydraException) -> str | None:
-    """``max_bach=4``: Hydra says the key "is not in struct" and to append it with ``+``, which
-    for a typo runs with the setting meant left unchanged. Instead: the key, the nearest one, and
-    the keys there are (a plugin option its file leaves out still goes in with ``+``)."""
-    from omegaconf import DictConfig
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
-
-    cause = e.__cause__
-    appended = re.search(r"use \+(\S+?)=(.*)$", str(e), re.MULTILINE)
-    if not (isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and appended
-            and isinstance(cause.parent_node, DictConfig)):  # fmt: skip
-        return None
-    key, value = appended.groups()
-    parent = key.rpartition(".")[0]
-    where = f"the {parent} section" if parent else "paged_bench's config"
-    error = unknown_key(key, _typed(value), list(cause.parent_node), where)
-    more = f"; a plugin option its file leaves out is added with +{key}={value}" if parent else ""
-    return f"{error}{more}"
-
-
-def _typed(text: str) -> object:
-    """A command line's value as Hydra reads it (``4`` an int, ``x`` a string)."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
 
 
 def _group_options(group: str) -> list[str]:

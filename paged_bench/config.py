@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -43,10 +44,41 @@ def settings() -> frozenset[str]:
     return frozenset(keys)
 
 
-def unknown_key(key: str, value: Any, known: Iterable[str], what: str) -> ConfigError:
+def unknown_key(key: str, value: Any, known: Iterable[str], what: str, more: str = "") -> ConfigError:
     """``key`` is none of ``known`` (the keys of ``what``): the error names the nearest."""
     known = sorted(k for k in known if k != "hydra")
     name = key.rpartition(".")[2]
     near = difflib.get_close_matches(name, known, n=1)
     hint = f" (did you mean {key[: len(key) - len(name)]}{near[0]}?)" if near else ""
-    return ConfigError(key, value, f"not a key of {what}{hint}; its keys are {', '.join(known)}")
+    return ConfigError(key, value, f"not a key of {what}{hint}; its keys are {', '.join(known)}{more}")
+
+
+def unknown_override(e: Exception) -> ConfigError | None:
+    """Hydra's refusal of an override whose key the config lacks (``max_bach=4``: "not in
+    struct", with the advice to add it with ``+``, which for a typo runs with the setting meant
+    unchanged), as the error naming the nearest key; None for any other error."""
+    from omegaconf import DictConfig
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    cause = e.__cause__
+    appended = re.search(r"use \+(\S+?)=(.*)$", str(e), re.MULTILINE)
+    if not (isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and appended
+            and isinstance(cause.parent_node, DictConfig)):  # fmt: skip
+        return None
+    key, value = appended.groups()
+    parent = key.rpartition(".")[0]
+    if not parent:
+        return unknown_key(key, _typed(value), list(cause.parent_node), "paged_bench's config")
+    # a plugin option its file leaves out still goes in with +
+    return unknown_key(key, _typed(value), list(cause.parent_node), f"the {parent} section",
+                       f"; a plugin option its file leaves out is added with +{key}={value}")  # fmt: skip
+
+
+def _typed(text: str) -> object:
+    """A command line's value as Hydra reads it (``4`` an int, ``x`` a string)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text

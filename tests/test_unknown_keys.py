@@ -49,3 +49,13 @@ def test_the_servers_config_has_only_known_settings():
     check_top_level(compose_config(config_name="serve"))
     with pytest.raises(ConfigError, match=r"did you mean server\?"):
         check_top_level({**compose_config(config_name="serve"), "sever": {}})
+
+
+@pytest.mark.parametrize("override", ["max_bach=2,4", "+max_bach=2,4", "workload.rte=1,2"])
+def test_a_sweep_with_a_misspelled_key_is_refused_before_its_folder_and_parent_run(tmp_path, override):
+    # each job failed with it, after the sweep's folder and a FAILED MLflow parent run were made
+    store = tmp_path / "store"
+    proc = command(tmp_path, "paged_bench", "-m", "scheduler=static,continuous", override,
+                   f"tracking.uri=sqlite:///{store}/mlflow.db", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    assert "(did you mean " in one_error_line(proc)
+    assert not (tmp_path / "sweep").exists() and not store.exists()

@@ -59,6 +59,7 @@ def check_jobs(config: DictConfig, total: int | None) -> None:
     try:
         _refuse_no_jobs(config, total)
         _refuse_experiments_that_sweep(config, jobs)
+        _refuse_unknown_keys(config, jobs)
         _refuse_routers_without_a_cluster(config, jobs)
         check_sweep(config, jobs)  # every job's tracking settings, before the first job
         parallel.prepare(config, jobs, total)
@@ -92,6 +93,25 @@ def _refuse_experiments_that_sweep(config: DictConfig, jobs: list[list[str]]) ->
         raise ConfigError(swept[0].get_key_element(), _typed_value(swept[0]),
                           f"{', '.join(sweeps)} {are} own: run one such experiment per command "
                           "(python -m paged_bench -m +experiment=NAME)")  # fmt: skip
+
+
+def _refuse_unknown_keys(config: DictConfig, jobs: list[list[str]]) -> None:
+    """A misspelled key (``max_bach=2,4``, or ``+max_bach=...``): every job would fail with it,
+    after the sweep's folder and MLflow parent run were made. The first job's config tells."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from paged_bench.config import settings, unknown_key, unknown_override
+
+    if not jobs:
+        return
+    try:
+        job_config = GlobalHydra.instance().config_loader().load_sweep_config(config, jobs[0])
+    except Exception as e:  # other refusals: the launcher reports them
+        if (error := unknown_override(e)) is not None:
+            raise error from e
+        return
+    for key in (k for k in job_config if k != "hydra" and k not in settings()):
+        raise unknown_key(key, OmegaConf.select(job_config, key), settings(), "paged_bench's config")
 
 
 def _refuse_routers_without_a_cluster(config: DictConfig, jobs: list[list[str]]) -> None:
