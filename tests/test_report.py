@@ -145,6 +145,24 @@ def test_a_single_run_gets_its_figures_and_plots(tmp_path):
     assert rows["TTFT p50 (ms)"] == f"{summary['median_ttft_ms']:,.0f}" and rows["completed"] == str(
         summary["completed"]
     )
+    assert "status" not in rows
+    # interrupted: its figures read as a finished run's, with nothing beside them to say otherwise
+    (run_dir / "run_info.json").write_text(json.dumps({"status": "interrupted", "error": "interrupted"}))
+    rep = build_report(find_runs(run_dir), tmp_path / "out2", metrics=["completed"], plots=False)
+    first = [c.strip() for c in rep.table.splitlines()[2].strip("|").split("|")]
+    assert first == ["status", "interrupted: the figures below are of the part it ran"]
+
+
+def test_a_run_that_stopped_part_way_is_a_dashed_curve_named_by_its_status(tmp_path, monkeypatch):
+    from paged_bench.report import plots
+
+    sweep = make_sweep(tmp_path / "sweep", [["scheduler=static"], ["scheduler=continuous"]])
+    (sweep / "0" / "run_info.json").write_text(json.dumps({"status": "interrupted", "error": "interrupted"}))
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda plt, fig, path: drawn.append(fig) or path)
+    plots.ttft_cdf(RunSet.of(find_runs(sweep)), tmp_path)
+    lines = {line.get_label(): line.get_linestyle() for line in drawn[0].axes[0].get_lines()}
+    assert lines == {"static (interrupted)": "--", "continuous": "-"}
 
 
 def test_the_command_writes_next_to_the_sweep_and_prints_the_markdown(sweep, capsys):

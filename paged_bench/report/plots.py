@@ -95,7 +95,10 @@ def ttft_cdf(rs: RunSet, out_dir: Path) -> Path | None:
                 continue
             name = str(rs.value(run, rs.policy)) if rs.policy else rs.label(run)
             color = colors.get(rs.value(run, rs.policy)) if rs.policy else None
-            ax.step(ttft, np.arange(1, len(ttft) + 1) / len(ttft), where="post", label=name, color=color)
+            # a run that stopped part-way: the requests that got a first token, told apart
+            partial = run.status != "finished"
+            ax.step(ttft, np.arange(1, len(ttft) + 1) / len(ttft), where="post", color=color,
+                    label=f"{name} ({run.status})" if partial else name, linestyle="--" if partial else "-")  # fmt: skip
         ax.set_xscale("symlog", linthresh=10)
         ax.set_xlabel("TTFT (ms)")
         ax.set_ylabel("share of requests")
