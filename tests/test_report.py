@@ -16,8 +16,8 @@ import yaml
 from paged_bench.app import run_job
 from paged_bench.report.__main__ import main as report_main
 from paged_bench.report.build import build_report, run_plots
-from paged_bench.report.plots import plotted_metrics, step_curve
 from paged_bench.report.load import RunSet, find_runs, save_config
+from paged_bench.report.plots import plotted_metrics, step_curve
 from paged_bench.report.tables import gain, metric
 from tests.conftest import compose_config
 
