@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from paged_bench.report.load import load_run
 from paged_bench.tracking import store
 from paged_bench.tracking.runs import PREEMPTIONS_SERIES, STEP_SERIES, params_of, rounded, step_metrics, upload_run
 from tests.tracking_support import artifact_paths, cli_env, client, fresh_store, run_cli, runs_of
@@ -188,6 +189,12 @@ def test_a_job_that_failed_is_logged_failed_with_its_error(tmp_path):
     assert run.info.run_name == "max_batch=-1" and run.data.tags["paged_bench.uploaded"] == "true"
     assert run.data.params == {"max_batch": "-1", "experiment_name": "unit"} and run.data.metrics == {}
     assert artifact_paths(c, run_id) == {"config.yaml", "run_info.json"}
+    # a job killed (SIGKILL) left its start record only: FAILED with no error tag, "failed: None" in reports
+    (run_dir / "run_info.json").write_text(json.dumps({"run_name": "killed", "start_time": time.time(), "pid": 1}))
+    killed = c.get_run(upload_run(c, c.get_experiment_by_name("unit").experiment_id, run_dir, {}))
+    assert killed.info.status == "FAILED"
+    assert killed.data.tags["error"].startswith("no results: the job stopped before it wrote any (its process was killed")
+    assert load_run(run_dir).error == killed.data.tags["error"]
 
 
 def test_sim_runs_do_not_log_the_roofline_options_the_linear_model_ignores():

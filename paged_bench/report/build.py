@@ -76,7 +76,7 @@ def build_report(
         parts.append(table)
     if failed:
         parts.append(
-            "Runs that did not finish:\n" + "\n".join(f"- {rs.label(r)}: {r.status}: {r.error}" for r in failed)
+            "Runs that did not finish:\n" + "\n".join(f"- {rs.label(r)}: {_outcome(r)}" for r in failed)
         )
     files.append(out_dir / "report.md")
     report = Report(
@@ -84,6 +84,11 @@ def build_report(
     )
     files[-1].write_text(report.markdown)
     return report
+
+
+def _outcome(run: Run) -> str:
+    """``failed: <error>``; an interrupted run's error only repeats its status."""
+    return run.status if run.error in (None, run.status) else f"{run.status}: {run.error}"
 
 
 def run_plots(run_dir: Path) -> list[Path]:

@@ -162,13 +162,20 @@ def is_run_dir(path: Path) -> bool:
     return False
 
 
+def run_outcome(info: dict[str, Any], summary: dict[str, Any]) -> tuple[str, str | None]:
+    """A run's status and error from its files: a job whose process was killed (SIGKILL, its
+    node lost) left its start record only, no status, and no error to say so."""
+    status = info.get("status") or ("finished" if summary else "failed")
+    error = info.get("error")
+    if status == "failed" and not error and not summary:
+        error = "no results: the job stopped before it wrote any (its process was killed, or its machine lost)"
+    return status, error
+
+
 def load_run(path: Path) -> Run:
     info = read_json(path / RUN_INFO)
     summary = read_json(path / "summary.json")
-    status = info.get("status") or ("finished" if summary else "failed")
-    error = info.get("error")
-    if not info and not summary:
-        error = "no results: the job stopped before it wrote any"
+    status, error = run_outcome(info, summary)
     job = int(path.name) if path.name.isdigit() else None
     choices = info.get("choices") if isinstance(info.get("choices"), dict) else {}
     return Run(path, job, status, error, _read_config(path), summary, str(path), choices)

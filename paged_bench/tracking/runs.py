@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from paged_bench.flat import flatten
-from paged_bench.report.load import RUN_INFO, RunFileError, read_json, read_yaml
+from paged_bench.report.load import RUN_INFO, RunFileError, read_json, read_yaml, run_outcome
 
 # a job's status -> MLflow's
 RUN_STATUS = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
@@ -205,15 +205,15 @@ def upload_run(mlflow_client: Any, experiment_id: str, run_dir: Path, settings: 
     config = read_yaml(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else {}
     info = read_json(run_dir / RUN_INFO)
     summary = read_json(run_dir / "summary.json")
-    status = info.get("status") or ("finished" if summary else "failed")
+    status, error = run_outcome(info, summary)
     name = (config or {}).get("experiment_name") or "paged_bench"
     tags = {**common_tags(name), KIND_TAG: "run", "status": status, RUN_DIR_TAG: str(run_dir)}
     if info.get("job_num") is not None:
         tags["job_num"] = str(info["job_num"])
     # which code ran each plugin: a run with a plugin package is redone with the same release
     tags.update({f"package.{kind}": dist for kind, dist in (info.get("plugin_packages") or {}).items() if dist})
-    if info.get("error"):
-        tags["error"] = str(info["error"])[:_MAX_TAG]
+    if error:
+        tags["error"] = str(error)[:_MAX_TAG]
     note = _note(summary)
     if note:
         tags[NOTE_TAG] = note[:_MAX_TAG]
