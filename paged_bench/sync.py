@@ -144,8 +144,9 @@ def sync_sweep(st: Store, sweep_dir: Path, runs: list[Run], tally: Tally) -> lis
     report = sweep_dir / REPORT_DIR
     files = sorted(report.iterdir()) if report.is_dir() else []
     failed = sum(r.status != "finished" for r in runs)
+    jobs = max(len(runs), info.get("total_jobs") or 0)  # as the sweep counts them: those never started too
     finish_sweep(st.client, parent.info.run_id, status, files,
-                 {"jobs": str(len(runs)), "failed_jobs": str(failed)})  # fmt: skip
+                 {"jobs": str(jobs), "failed_jobs": str(failed), "jobs_not_run": str(jobs - len(runs))})  # fmt: skip
     tally.closed += 1
     return notes
 

@@ -72,6 +72,10 @@ def test_a_parent_left_running_by_a_killed_sweep_is_closed(tmp_path):
     (parent,) = [r for r in runs if r.data.tags.get("paged_bench.kind") == "sweep"]
     children = sorted((r for r in runs if r is not parent), key=lambda r: int(r.data.tags["job_num"]))
     assert parent.info.status == "FAILED"  # job 1 never recorded an end
+    # counted as the sweep's own close counts them (it had no jobs_not_run tag)
+    assert {k: parent.data.tags[k] for k in ("jobs", "failed_jobs", "jobs_not_run")} == {
+        "jobs": "2", "failed_jobs": "1", "jobs_not_run": "0"}  # fmt: skip
+    assert children[1].data.tags["error"].startswith("no results: the job stopped before it wrote any")
     assert [(r.info.run_name, r.info.status) for r in children] == [("max_batch=4", "FINISHED"),
                                                                       ("max_batch=8", "FAILED")]  # fmt: skip
     second = _sync(tmp_path, tmp_path / "runs")
