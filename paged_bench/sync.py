@@ -29,7 +29,7 @@ from typing import Any
 import paged_bench.tracking  # noqa: F401  (telemetry off before mlflow is imported)
 from paged_bench.cli.sweep_folder import SWEEP_FILE, alive_here, job_info, sweep_info
 from paged_bench.errors import PagedBenchError, one_line
-from paged_bench.report.load import REPORT_DIR, Run, RunFileError, find_runs
+from paged_bench.report.load import REPORT_DIR, RUN_INFO, Run, RunFileError, find_runs, read_json
 from paged_bench.tracking import store
 from paged_bench.tracking.runs import (
     RUN_DIR_TAG, SWEEP_DIR_TAG, finish_sweep, is_complete, start_sweep, upload_run, uploaded, uploads_of,
@@ -161,7 +161,7 @@ def _groups(paths: Iterable[Path], unreadable: list[RunFileError]) -> tuple[dict
             folder = run.path.resolve().parent
             if (folder / SWEEP_FILE).is_file():
                 sweeps.setdefault(folder, []).append(run)
-            else:
+            elif not read_json(run.path / RUN_INFO).get("refused"):  # a refused command ran nothing, logged nothing
                 singles.append(run)
         for sweep_file in Path(path).glob(f"**/{SWEEP_FILE}"):  # a sweep none of whose jobs started
             sweeps.setdefault(sweep_file.parent.resolve(), [])

@@ -23,6 +23,9 @@ def test_untracked_runs_are_uploaded_once(tmp_path):
     uri = fresh_store(tmp_path)
     for batch in (4, 8):
         assert run_cli(tmp_path, f"max_batch={batch}", "tracking.enabled=false").returncode == 0
+    # a command refused by a bad value leaves its record but ran nothing: sync uploaded it as a FAILED run
+    assert run_cli(tmp_path, "max_batch=0", "tracking.enabled=false").returncode == 2
+    assert len(list(tmp_path.glob("runs/20*/*/run_info.json"))) == 3
     run_dirs = sorted(p.parent for p in tmp_path.glob("runs/20*/*/summary.json"))
     assert not _has_experiment(uri)  # tracking was off: nothing in the store yet
 

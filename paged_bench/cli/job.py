@@ -140,20 +140,20 @@ def _sweep_without_multirun(params: dict[str, str], overrides: list[str]) -> str
     return f"this config is a sweep ({swept}): run it with -m, or give each of those keys one value"
 
 
-def _record(job: Job, started: float, status: str, error: str | None) -> None:
+def _record(job: Job, started: float, status: str, error: str | None, **extra: Any) -> None:
     """The job's own record in ``run_info.json`` (a job that measured nothing still leaves its
     status, so the sweep counts it): what tracking and ``sync`` log it by."""
-    fields = {**job.record(started), "end_time": time.time()}
+    fields = {**job.record(started), "end_time": time.time(), **extra}
     if status != "finished" or error:
         fields.update(status=status, error=error)
     update_run_info(job.run_dir, fields)
 
 
-def _record_what_it_can(job: Job, started: float, status: str, error: str | None) -> None:
+def _record_what_it_can(job: Job, started: float, status: str, error: str | None, **extra: Any) -> None:
     """``_record`` after a failure: where the record cannot be written either (a full disk),
     the failure being reported says so; a second error here would only hide it."""
     with suppress(OSError):
-        _record(job, started, status, error)
+        _record(job, started, status, error, **extra)
 
 
 def _end(config: dict[str, Any], job: Job, started: float, status: str, error: str | None) -> None:
@@ -249,9 +249,11 @@ def _run(cfg: DictConfig, job: Job, started: float) -> None:
                               shield=signals.deferred)  # fmt: skip
     except PagedBenchError as e:  # bad config or plugin: nothing ran
         bar.close()
-        _record_what_it_can(job, started, "failed", str(e))
         if job.multirun:  # the sweep's table in MLflow shows which combination failed
+            _record_what_it_can(job, started, "failed", str(e))
             _track(config, job)
+        else:  # a command refused: not logged, now or by a later sync (its folder keeps the record)
+            _record_what_it_can(job, started, "failed", str(e), refused=True)
         return _fail(str(e), e.exit_code, job)
     except BaseException as e:  # Ctrl-C before the engine loop, or a bug: record it, let it through
         bar.close()
