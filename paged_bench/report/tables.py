@@ -130,7 +130,7 @@ def comparison_markdown(rs: RunSet, metrics: list[str]) -> str:
     if len(rs.runs) == 1:  # a single run: its figures, one per line
         run = rs.runs[0]
         rows = [[metric(k).label, fmt(metric(k), figures(run).get(k))] for k in metrics if k in figures(run)]
-        if run.status != "finished":  # no other row to stand beside: say what its figures are of
+        if rows and run.status != "finished":  # no other row to stand beside: say what its figures are of
             rows.insert(0, ["status", f"{run.status}: the figures below are of the part it ran"])
         return markdown_table(["metric", "value"], rows, [False, True])
     show_status = any(r.status != "finished" for r in rs.runs)
