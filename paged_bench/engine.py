@@ -96,9 +96,13 @@ class Engine:
         # KV as the step holds it: after scheduling, before finished requests are freed
         live, free_blocks = allocator.live_slots, allocator.num_free_blocks
         output = self.backend.execute(plan)
-        if self._timed and not output.duration:
-            output.duration = time.perf_counter() - began
-        if not _well_formed(output, len(plan.req_ids)):  # a plugin's: fail, naming it, not skew
+        try:
+            if self._timed and not output.duration:
+                output.duration = time.perf_counter() - began
+            well_formed = len(output.token_ids) == len(plan.req_ids) and output.duration >= 0
+        except (AttributeError, TypeError):  # no StepOutput, or a duration that is no number
+            well_formed = False
+        if not well_formed:  # a plugin's: fail, naming it, not skew
             raise EngineError(_bad_output(self.backend, plan, output))
         end = self.clock.advance(start, output.duration)
         try:
@@ -209,12 +213,6 @@ def _duration(steps: StepRecords, reqs: list[Request]) -> float:
     last = steps.last()
     ends = [r.finish_time for r in reqs if r.finish_time is not None]
     return max([last.time if last is not None else 0.0, *ends])
-
-
-def _well_formed(output: StepOutput, num_rows: int) -> bool:
-    duration = getattr(output, "duration", None)
-    return (isinstance(output, StepOutput) and len(output.token_ids) == num_rows
-            and isinstance(duration, (int, float)) and duration >= 0)  # fmt: skip
 
 
 def _is_token(token: object) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 
+import numpy as np
 import pytest
 
 from paged_bench.allocators.paged import PagedAllocator
@@ -172,6 +173,19 @@ def test_a_backend_output_of_the_wrong_type_names_the_backend(cls, shown):
     result = engine.run(requests)
     assert result.error.startswith("backend 'sim' ") and shown in result.error, result.error
     assert result.leaks == [] and all(r.is_finished for r in result.requests)
+
+
+class NumpyNumbers(SimBackend):
+    def execute(self, plan):
+        return StepOutput([np.int64(0)] * len(plan.req_ids), np.float32(0.01))
+
+
+def test_numpy_tokens_and_a_numpy_duration_are_well_formed():
+    # a float32 duration (a cost computed in numpy) must not be taken for a broken plugin's
+    engine, requests = _engine_with(ContinuousScheduler, "workload.num_requests=8")
+    engine.backend = NumpyNumbers()
+    result = engine.run(requests)
+    assert result.error is None and all(r.finish_reason.succeeded for r in result.requests)
 
 
 class AdmitsNone(ContinuousScheduler):
