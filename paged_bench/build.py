@@ -16,7 +16,7 @@ from paged_bench import registry
 from paged_bench.allocators.base import AllocatorCounters, KVLayout
 from paged_bench.backends.base import Backend
 from paged_bench.clock import make_clock
-from paged_bench.config import settings, unknown_key
+from paged_bench.config import check_settings
 from paged_bench.engine import Engine
 from paged_bench.errors import MAX_TOKENS, ConfigError, PluginError, check, check_int, check_number
 from paged_bench.memory import check_kv_pool_fits
@@ -62,9 +62,7 @@ def plugin_section(cfg: Mapping[str, Any], kind: str) -> tuple[str, dict[str, An
 
 
 def check_top_level(cfg: Mapping[str, Any]) -> None:
-    for key in cfg:
-        if key not in settings():
-            raise unknown_key(key, cfg[key], settings(), "paged_bench's config")
+    check_settings(cfg)
     check_int("block_size", cfg.get("block_size"), 1, MAX_TOKENS)
     check_int("max_batch", cfg.get("max_batch"))
     check_int("max_model_len", cfg.get("max_model_len"), 2)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from paged_bench.errors import ConfigError
@@ -42,6 +42,13 @@ def settings() -> frozenset[str]:
         keys |= set(primary) - {"hydra"}
         keys |= {next(iter(d)) for d in defaults if isinstance(d, dict) and not next(iter(d)).startswith("override ")}
     return frozenset(keys)
+
+
+def check_settings(cfg: Mapping[str, Any]) -> None:
+    """Every top-level key of ``cfg`` is one of ``settings()`` (Hydra's own ``hydra`` aside)."""
+    for key in cfg:
+        if key != "hydra" and key not in settings():
+            raise unknown_key(key, cfg[key], settings(), "paged_bench's config")
 
 
 def unknown_key(key: str, value: Any, known: Iterable[str], what: str, more: str = "") -> ConfigError:

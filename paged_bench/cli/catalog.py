@@ -120,33 +120,31 @@ def _refusal(group: str, option: str, groups: dict[str, set[str]], owners: dict[
     return f"which {owner} already is: not registered; give it its own name"
 
 
-def _named(group: str, text: str) -> tuple[str | None, bool]:
-    """The plugin an option file's ``name:`` selects, and whether it extends another option
-    (a defaults list: the name may come from there)."""
-    content = yaml.safe_load(text)
-    if not isinstance(content, dict):
-        return None, False
-    body = content.get(group) if _package_header(text) == "_global_" else content
+def _own_name(group: str, content: object, package: str | None) -> str | None:
+    """The ``name:`` an option's content sets for its plugin (under ``<group>:`` in a global one)."""
+    body = content.get(group) if isinstance(content, dict) and package == "_global_" else content
     name = body.get("name") if isinstance(body, dict) else None
-    return (name if isinstance(name, str) else None), bool(content.get("defaults"))
+    return name if isinstance(name, str) else None
 
 
-def _unnamed(group: str, text: str) -> str | None:
-    """Why an option file of a plugin kind selects nothing: it sets no ``name:``."""
-    name, extends = _named(group, text)
-    if group not in registry.KINDS or name is not None or extends:
-        return None
-    return f"which sets no name: key: not registered; set name: to its {group} plugin's entry-point name"
-
-
-def _selects_no_plugin(group: str, text: str) -> str | None:
-    """Why an option file selects a plugin no installed package registers (an entry point in a
-    group that paged_bench does not read: ``paged_bench.router`` for ``paged_bench.routers``)."""
-    name, _ = _named(group, text)
-    if group not in registry.KINDS or name is None or name in {p.name for p in registry.discover(group)}:
-        return None
+def _name_problem(group: str, text: str) -> tuple[str | None, bool]:
+    """Why a plugin package's option file of a plugin kind selects no plugin, and whether it is
+    registered all the same: it sets no ``name:`` (and extends no other option, whose name it
+    would take): not registered; its ``name:`` is no installed plugin (an entry point in a
+    group that paged_bench does not read: ``paged_bench.router`` for ``paged_bench.routers``):
+    registered, so that selecting it says which group to use."""
+    content = yaml.safe_load(text)
+    if group not in registry.KINDS or not isinstance(content, dict):
+        return None, True
+    name = _own_name(group, content, _package_header(text))
+    if name is None:
+        if content.get("defaults"):
+            return None, True
+        return f"which sets no name: key: not registered; set name: to its {group} plugin's entry-point name", False
+    if name in {p.name for p in registry.discover(group)}:
+        return None, True
     return (f"whose name: {name} is no installed {group} plugin: register it in entry-point group "
-            f"{registry.KINDS[group][0]}")
+            f"{registry.KINDS[group][0]}"), True
 
 
 def register_plugin_configs() -> list[str]:
@@ -175,14 +173,16 @@ def register_plugin_configs() -> list[str]:
             for group, f in files:
                 option, text = f.name[: -len(".yaml")], f.read_text()
                 where = f"{ep.value.replace('.', '/')}/{group}/{f.name}"
-                if (why := _refusal(group, option, groups, owners) or _unnamed(group, text)) is not None:
+                why, register = _name_problem(group, text)
+                if (refused := _refusal(group, option, groups, owners)) is not None:
+                    why, register = refused, False
+                if why is not None:
                     problems.append(f"plugin package {package} ships {where}, {why}")
+                if not register:
                     continue
                 store.store(group=group, name=option, node=OmegaConf.create(text),
                             package=_package_header(text), provider=package)  # fmt: skip
                 owners[(group, option)] = package
-                if (why := _selects_no_plugin(group, text)) is not None:
-                    problems.append(f"plugin package {package} ships {where}, {why}")
         except Exception as e:  # noqa: BLE001  (one broken package must not take the others' options away)
             problems.append(f"config options of plugin {ep.name!r} ({ep.value}) from package {package} "
                             f"could not be loaded: {type(e).__name__}: {e}")  # fmt: skip
@@ -222,9 +222,8 @@ def _plugin_of(group: str, option: str, options: dict) -> str | None:
         content, package = options[option]
         if not isinstance(content, dict):
             return None
-        body = content.get(group) if package == "_global_" else content
-        if isinstance(body, dict) and isinstance(body.get("name"), str):
-            return body["name"]
+        if (name := _own_name(group, content, package)) is not None:
+            return name
         bases = [d.partition("@")[0] for d in content.get("defaults") or () if isinstance(d, str) and d != "_self_"]
         option = bases[-1] if bases else None
     return None

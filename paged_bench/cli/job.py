@@ -33,7 +33,7 @@ from omegaconf.errors import OmegaConfBaseException
 from paged_bench.app import JobOutcome, run_job
 from paged_bench.cli import signals, sweep_folder
 from paged_bench.cli.progress import JobBar, echo
-from paged_bench.cli.sweep_jobs import unswept_params
+from paged_bench.cli.sweep_jobs import override_keys, unswept_params
 from paged_bench.cli.track import check_tracking, track_job
 from paged_bench.errors import PagedBenchError
 from paged_bench.files import cannot_write
@@ -125,8 +125,7 @@ def _options(choices: Mapping[str, Any], overrides: list[str]) -> dict[str, str]
     """The option picked per config group (``workload=seed``), which names the run's plugins,
     less the groups whose plugin the overrides renamed: ``router.name=least_kv`` runs least_kv
     under the option round_robin, so the plugin's own name labels it."""
-    renamed = {key.removesuffix(".name") for key in (o.split("=", 1)[0].lstrip("+~") for o in overrides)
-               if key.endswith(".name")}  # fmt: skip
+    renamed = {key.removesuffix(".name") for key in override_keys(overrides) if key.endswith(".name")}
     return {k: str(v) for k, v in choices.items() if v is not None and k not in renamed}
 
 

@@ -28,9 +28,14 @@ def job_overrides(config: DictConfig) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(sweep_overrides(config), None) for job in batch]
 
 
+def override_keys(overrides: list[str]) -> set[str]:
+    """The keys a job's overrides set (``+workload.rate=4`` -> ``workload.rate``)."""
+    return {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+
+
 def unswept_params(params: dict[str, str], overrides: list[str]) -> dict[str, str]:
     """The sweeper params (``hydra.sweeper.params``) that ``overrides`` give no value of."""
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    given = override_keys(overrides)
     return {k: v for k, v in params.items() if k not in given}
 
 
@@ -98,20 +103,17 @@ def _refuse_experiments_that_sweep(config: DictConfig, jobs: list[list[str]]) ->
 def _refuse_unknown_keys(config: DictConfig, jobs: list[list[str]]) -> None:
     """A misspelled key (``max_bach=2,4``, or ``+max_bach=...``): every job would fail with it,
     after the sweep's folder and MLflow parent run were made. The first job's config tells."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    from paged_bench.config import settings, unknown_key, unknown_override
+    from paged_bench.config import check_settings, unknown_override
 
     if not jobs:
         return
     try:
-        job_config = GlobalHydra.instance().config_loader().load_sweep_config(config, jobs[0])
+        job_config = _load_job(config, jobs[0])
     except Exception as e:  # other refusals: the launcher reports them
         if (error := unknown_override(e)) is not None:
             raise error from e
         return
-    for key in (k for k in job_config if k != "hydra" and k not in settings()):
-        raise unknown_key(key, OmegaConf.select(job_config, key), settings(), "paged_bench's config")
+    check_settings(job_config)
 
 
 def _refuse_routers_without_a_cluster(config: DictConfig, jobs: list[list[str]]) -> None:
@@ -131,13 +133,19 @@ def _refuse_routers_without_a_cluster(config: DictConfig, jobs: list[list[str]])
                                   f"{e.allowed} (set cluster.replicas=N, N >= 2, to compare routers)") from e  # fmt: skip
 
 
-def _job_config(config: DictConfig, overrides: list[str]) -> dict[str, Any]:
-    """The job's config as its launcher composes it, less ``hydra``; {} if it does not compose
-    (the launcher reports that)."""
+def _load_job(config: DictConfig, overrides: list[str]) -> DictConfig:
+    """The job's config as its launcher composes it (``hydra`` included); Hydra's error if it
+    does not compose."""
     from hydra.core.global_hydra import GlobalHydra
 
+    return GlobalHydra.instance().config_loader().load_sweep_config(config, overrides)
+
+
+def _job_config(config: DictConfig, overrides: list[str]) -> dict[str, Any]:
+    """The job's resolved config less ``hydra``; {} if it does not compose (the launcher
+    reports that)."""
     try:
-        job_config = GlobalHydra.instance().config_loader().load_sweep_config(config, overrides)
+        job_config = _load_job(config, overrides)
         with open_dict(job_config):
             del job_config["hydra"]
         return OmegaConf.to_container(job_config, resolve=True)
@@ -162,10 +170,8 @@ def _experiment_jobs(jobs: list[list[str]]) -> dict[str, list[str]]:
 
 def _is_sweep(config: DictConfig, overrides: list[str]) -> bool:
     """Whether the job's config (composed as its launcher will) sweeps keys its overrides leave."""
-    from hydra.core.global_hydra import GlobalHydra
-
     try:
-        job_config = GlobalHydra.instance().config_loader().load_sweep_config(config, overrides)
+        job_config = _load_job(config, overrides)
     except Exception:  # noqa: BLE001  (a config that does not compose: the launcher reports it)
         return False
     params = OmegaConf.select(job_config, "hydra.sweeper.params") or {}
