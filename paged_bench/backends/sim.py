@@ -110,8 +110,7 @@ class SimBackend(Backend):
         if self.roofline is not None:
             self.model_config = self.roofline.model  # its context bounds max_model_len, as a served model's
             self.vocab_size = self.roofline.model.vocab_size
-            # every rank's K/V for a token, replicated KV heads (tp past num_kv_heads) included
-            self.kv_bytes_per_token = self.roofline.shard.kv_bytes_per_token(self.roofline.dtype) * tp
+            self.kv_bytes_per_token = self.roofline.shard.kv_bytes_per_token_all_ranks(self.roofline.dtype)
         self._block_size = 16
         self.cost = LinearCost(
             check_number("backend.step_overhead_ms", step_overhead_ms) / 1e3,

@@ -99,7 +99,7 @@ def _check_sizing_flags(args: argparse.Namespace, model: ModelConfig) -> TPShard
 def _replicated(shard: TPShard, dtype: str) -> str:
     """Past one KV head per rank, heads are copied onto several ranks, and a token's K/V over
     all ranks grows: the figure a run reports as ``kv_bytes_per_token``."""
-    m, total = shard.model, shard.kv_bytes_per_token(dtype) * shard.size
+    m, total = shard.model, shard.kv_bytes_per_token_all_ranks(dtype)
     return (
         f"with --tp {shard.size}: each of the {m.num_kv_heads} KV heads is held by {shard.size // m.num_kv_heads} "
         f"ranks: {total:,} bytes/token ({_human(total)}) over all ranks, as a run reports kv_bytes_per_token"

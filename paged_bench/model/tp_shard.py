@@ -81,6 +81,11 @@ class TPShard:
         m = self.model
         return m.num_layers * self.num_kv_heads * m.head_dim * DTYPE_BYTES[dtype] * 2
 
+    def kv_bytes_per_token_all_ranks(self, dtype: str) -> int:
+        """Every rank's K/V for a token: past one KV head per rank, heads copied onto several
+        ranks count once per copy (what a run reports as ``kv_bytes_per_token``)."""
+        return self.kv_bytes_per_token(dtype) * self.size
+
 
 def split_problem(model: ModelConfig, size: int) -> str | None:
     """Why ``model`` does not split over ``size`` ranks (what would be allowed), or None."""
