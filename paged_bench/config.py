@@ -28,27 +28,34 @@ def compose_config(*overrides: str, config_name: str = "config") -> dict[str, An
 
 
 @functools.cache
-def settings() -> frozenset[str]:
-    """The top-level keys of paged_bench's configs (``config.yaml``, the server's ``serve.yaml``):
-    their knobs and config groups, and an experiment's ``report``."""
+def settings(config_name: str = "config") -> frozenset[str]:
+    """The top-level keys of a primary config (``config``: the benchmark's, ``serve``: the
+    server's, which includes the benchmark's): their knobs and config groups, and an
+    experiment's ``report``. ``server`` is the server's alone: a plain run does not take it."""
     from importlib import resources
 
     import yaml
 
     keys = set(_EXPERIMENT_KEYS)
-    for name in ("config.yaml", "serve.yaml"):
-        primary = yaml.safe_load(resources.files("paged_bench.conf").joinpath(name).read_text())
-        defaults = primary.pop("defaults", [])
-        keys |= set(primary) - {"hydra"}
-        keys |= {next(iter(d)) for d in defaults if isinstance(d, dict) and not next(iter(d)).startswith("override ")}
-    return frozenset(keys)
+    primary = yaml.safe_load(resources.files("paged_bench.conf").joinpath(f"{config_name}.yaml").read_text())
+    for default in primary.pop("defaults", []):
+        if isinstance(default, str) and default != "_self_":  # another primary config, included whole
+            keys |= settings(default)
+        elif isinstance(default, dict) and not next(iter(default)).startswith("override "):
+            keys.add(next(iter(default)))
+    return frozenset(keys | set(primary) - {"hydra"})
 
 
-def check_settings(cfg: Mapping[str, Any]) -> None:
-    """Every top-level key of ``cfg`` is one of ``settings()`` (Hydra's own ``hydra`` aside)."""
+def check_settings(cfg: Mapping[str, Any], config_name: str = "config") -> None:
+    """Every top-level key of ``cfg`` is one of ``settings(config_name)`` (Hydra's own
+    ``hydra`` aside)."""
+    known = settings(config_name)
     for key in cfg:
-        if key != "hydra" and key not in settings():
-            raise unknown_key(key, cfg[key], settings(), "paged_bench's config")
+        if key == "server" and key not in known:  # not a typo: the other command's section
+            raise ConfigError(key, cfg[key], "the server's section (python -m paged_bench.serve); a run aims at a "
+                              "server with target=openai target.base_url=URL")  # fmt: skip
+        if key != "hydra" and key not in known:
+            raise unknown_key(key, cfg[key], known, "paged_bench's config")
 
 
 def unknown_key(key: str, value: Any, known: Iterable[str], what: str, more: str = "") -> ConfigError:

@@ -238,3 +238,23 @@ def test_a_job_on_another_host_logs_itself_under_the_sweeps_parent(tmp_path, mon
     (child,) = [r for r in c.search_runs([exp]) if r.info.run_id != parent]
     assert child.data.tags["mlflow.parentRunId"] == parent and child.info.run_name == "max_batch=4"
     assert child.info.status == "FINISHED" and child.data.metrics["completed"] == 8
+
+
+@pytest.mark.parametrize("when", ["while it imports mlflow", "once it answers"])
+def test_a_terminated_tracking_helper_leaves_no_socket(tmp_path, when):
+    import socket
+
+    path = tmp_path / "h.sock"
+    helper = subprocess.Popen([sys.executable, "-m", "paged_bench.tracking.helper", "--socket", str(path)],
+                              env=cli_env(), stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if when == "once it answers":
+        with socket.socket(socket.AF_UNIX) as sock, sock.makefile("r") as reader:
+            sock.connect(str(path))
+            sock.sendall(b'{"op": "ping"}\n')
+            assert json.loads(reader.readline()) == {"pid": helper.pid}
+    helper.send_signal(signal.SIGTERM)
+    assert helper.wait(timeout=60) == 0, helper.stderr.read()
+    assert not path.exists()  # it stayed behind, and every later command first failed to connect to it

@@ -9,7 +9,7 @@ from importlib import resources
 import pytest
 
 from paged_bench.build import check_top_level
-from paged_bench.config import compose_config
+from paged_bench.config import check_settings, compose_config, settings
 from paged_bench.errors import ConfigError
 from tests.test_cli_edges import command, one_error_line
 
@@ -46,9 +46,18 @@ def test_every_shipped_config_has_only_known_settings(overrides):
 
 
 def test_the_servers_config_has_only_known_settings():
-    check_top_level(compose_config(config_name="serve"))
+    check_settings(compose_config(config_name="serve"), "serve")
     with pytest.raises(ConfigError, match=r"did you mean server\?"):
-        check_top_level({**compose_config(config_name="serve"), "sever": {}})
+        check_settings({**compose_config(config_name="serve"), "sever": {}}, "serve")
+
+
+def test_a_plain_run_refuses_the_servers_section(tmp_path):
+    # settings were the union of both configs: +server.port=1 on a plain run ran, and did nothing
+    line = one_error_line(command(tmp_path, "paged_bench", "+server.port=1", "tracking.enabled=false"))
+    assert line == ("error: server={'port': 1} is not allowed: the server's section (python -m paged_bench.serve); "
+                    "a run aims at a server with target=openai target.base_url=URL"), line
+    assert "server" not in settings()
+    assert settings() | {"server"} == settings("serve")
 
 
 @pytest.mark.parametrize("override", ["max_bach=2,4", "+max_bach=2,4", "workload.rte=1,2"])

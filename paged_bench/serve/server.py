@@ -28,7 +28,7 @@ from fastapi import FastAPI
 
 from paged_bench.build import build
 from paged_bench.cluster.spec import cluster_spec
-from paged_bench.config import compose_config
+from paged_bench.config import check_settings, compose_config
 from paged_bench.engine import Engine
 from paged_bench.errors import ConfigError, check, check_int, check_number
 from paged_bench.model.tokenizers import TOKENIZER_CHOICES, serving_tokenizer
@@ -131,7 +131,8 @@ def build_app(cfg: Mapping[str, Any]) -> tuple[FastAPI, ServerConfig]:
     spec = cluster_spec(cfg)  # the cluster and router groups come with the config; one engine serves
     check(spec is None, "cluster", f"{spec.num_replicas} replicas" if spec else None,
           "one replica: the server runs one engine (a cluster is simulated by python -m paged_bench)")  # fmt: skip
-    bench = build({**cfg, "clock": "wall"})
+    check_settings(cfg, "serve")  # then the engine's own, without the server's section
+    bench = build({**{k: v for k, v in cfg.items() if k != "server"}, "clock": "wall"})
     engine = Engine(bench.engine.scheduler, bench.backend, bench.engine.clock, max_step_records=MAX_STEP_RECORDS)
     backend = bench.backend
     tokenizer = serving_tokenizer(server_cfg.tokenizer, backend.tokenizer, backend.vocab_size)

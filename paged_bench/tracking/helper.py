@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -137,11 +138,24 @@ class Server:
             time.sleep(min(5.0, self.idle_s / 2))
             with self.lock:
                 if self.active == 0 and time.monotonic() - self.last > self.idle_s:
-                    self.path.unlink(missing_ok=True)  # (the lock file stays: a command may hold it)
-                    log = self.path.with_suffix(".log")
-                    if log.is_file() and not log.stat().st_size:
-                        log.unlink()
-                    os._exit(0)
+                    self._exit()
+
+    def _exit(self) -> None:
+        """Leave no socket behind (the lock file stays: a command may hold it); the caller
+        holds ``lock``, so no request is half done."""
+        self.path.unlink(missing_ok=True)
+        log = self.path.with_suffix(".log")
+        if log.is_file() and not log.stat().st_size:
+            log.unlink()
+        os._exit(0)
+
+    def _terminate(self, signum: int, frame: object) -> None:
+        # a thread of its own: the main thread may hold the lock, a connection's surely does
+        threading.Thread(target=self._exit_after_request).start()
+
+    def _exit_after_request(self) -> None:
+        with self.lock:  # the run being logged is logged whole; the requests waiting are not taken
+            self._exit()
 
     def serve(self) -> None:
         threading.Thread(target=self._idle_watch, daemon=True).start()
@@ -159,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     opts = args.parse_args(argv)
     server = Server(opts.socket, opts.idle)
     server.bind()  # commands can connect now; their requests wait for the import below
+    signal.signal(signal.SIGTERM, server._terminate)
     with server.lock:
         from mlflow import MlflowClient  # noqa: F401
     server.serve()
