@@ -11,6 +11,7 @@ failed jobs exits non-zero once everything is logged.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import warnings
 from contextlib import suppress
@@ -218,9 +219,9 @@ def cli() -> None:
     except BaseException:
         sweep.finish("FAILED")
         raise
-    if signals.received():  # it came while the sweep was being closed, which went on
-        print(signals.stopped_by(), file=sys.stderr)
-        sys.exit(signals.exit_status())
+    if signals.received():  # it came as the sweep was being closed, after its last job ended
+        print(f"note: {signal.Signals(signals.received()).name} came after the sweep's last job had ended: the sweep "
+              "was closed as it ended, nothing was cut short", file=sys.stderr)  # fmt: skip
     failed = sweep.failed_jobs()
     if failed:
         print(f"error: {failed[0]} of {failed[1]} sweep jobs did not finish (see the table above)", file=sys.stderr)

@@ -268,3 +268,31 @@ def test_a_job_stopped_before_its_engine_ran_says_nothing_was_measured(monkeypat
     info = json.loads((tmp_path / "run_info.json").read_text())
     assert info["status"] == "interrupted"
     assert info["error"] == "interrupted by SIGTERM before the engine ran: nothing was measured"
+
+
+LATE_SIGNAL = """
+import os, signal, sys
+from paged_bench.cli import sweep
+from paged_bench.__main__ import cli
+
+summarize = sweep._summarize
+def _summarize(s):  # Ctrl-C lands as the report is built, after the last job ended
+    os.kill(os.getpid(), signal.SIGINT)
+    return summarize(s)
+sweep._summarize = _summarize
+sys.argv = ["paged_bench", *sys.argv[1:]]
+cli()
+"""
+
+
+def test_a_signal_after_the_last_job_says_nothing_was_cut_short(tmp_path):
+    # it exited 130, "interrupted", while the parent was closed FINISHED with every figure
+    uri = fresh_store(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", LATE_SIGNAL, "-m", "max_batch=2,4"], cwd=tmp_path, env=cli_env(),
+                          capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == ("note: SIGINT came after the sweep's last job had ended: the sweep "
+                                                    "was closed as it ended, nothing was cut short")  # fmt: skip
+    assert "2 job(s), 0 not finished" in proc.stdout
+    parent, children = _split(runs_of(uri, "paged_bench")[1])
+    assert parent.info.status == "FINISHED" and [r.info.status for r in children] == ["FINISHED"] * 2
