@@ -60,6 +60,8 @@ def test_served_and_in_process_agree_on_token_counts(server, config, tmp_path):
     assert (tmp_path / "served" / "steps.csv").read_text().count("\n") == 1  # the header only
     summary = json.loads((tmp_path / "served" / "summary.json").read_text())
     assert summary["kv_live_slots_peak"] is None and summary["num_preemptions"] is None
+    # nor does the client's config know the server's devices (it said num_gpus 4 for a client's TP4)
+    assert summary["num_gpus"] is None and summary["output_throughput_per_gpu"] is None
     assert summary["median_ttft_ms"] > 0 and summary["median_itl_ms"] > 0
     # our server exports its own TTFT: what HTTP adds on top is measured
     assert summary["server_mean_ttft_ms"] > 0

@@ -36,10 +36,25 @@ def test_completion_logprobs_with_two_top_entries(client):
                                   extra_body={"ignore_eos": True})  # fmt: skip
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
-    assert all(len(top) >= 1 and len(top) <= 2 for top in lp.top_logprobs)  # 2 entries (fewer if equal text)
+    assert all(len(top) >= 1 and len(top) <= 2 for top in lp.top_logprobs)  # greedy: the chosen is the best of 2
     for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
         assert chosen <= 0 and math.isclose(chosen, max(top.values()), abs_tol=1e-9)  # greedy: the best one
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+
+
+def test_completion_top_logprobs_hold_the_sampled_token_too(client):
+    # OpenAI's legacy logprobs: "up to logprobs+1 elements", the sampled token always among
+    # them (vLLM: num_output_top_logprobs + 1); they held the top k alone
+    r = client.completions.create(model=NUMPY, prompt="The cat", max_tokens=24, logprobs=1, temperature=1.5, seed=3,
+                                  extra_body={"ignore_eos": True})  # fmt: skip
+    lp = r.choices[0].logprobs
+    for token, chosen, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert top[token] == chosen and 1 <= len(top) <= 2
+        assert next(iter(top)) == token  # first, as vLLM's
+    assert any(len(top) == 2 for top in lp.top_logprobs)  # sampled off the top one somewhere
+    zero = client.completions.create(model=NUMPY, prompt="The cat", max_tokens=3, logprobs=0, temperature=0)
+    lp = zero.choices[0].logprobs
+    assert [list(top) for top in lp.top_logprobs] == [[t] for t in lp.tokens]
 
 
 def test_chat_logprobs_and_top_logprobs(client):
@@ -198,3 +213,11 @@ def test_prompt_scoring_is_complete_even_when_the_prompt_is_cached(client):
     a, b = first.choices[0].logprobs.token_logprobs, second.choices[0].logprobs.token_logprobs
     assert len(a) == len(b) == 40 and a[0] is None and None not in a[1:]
     assert a == b
+
+
+def test_completions_default_to_16_tokens_as_openai_and_vllm(client):
+    # the default was the room max_model_len leaves: 2,000-odd tokens for a client that relies on 16
+    body = {"model": NUMPY, "prompt": "Hi", "extra_body": {"ignore_eos": True}}
+    assert client.completions.create(**body).usage.completion_tokens == 16
+    room = client.completions.create(**body, max_tokens=None, temperature=0)  # an explicit null: the room
+    assert room.usage.completion_tokens + room.usage.prompt_tokens == 2048 == room.usage.total_tokens

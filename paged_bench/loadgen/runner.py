@@ -48,6 +48,7 @@ ENGINE_ONLY_FIGURES = (
     "kv_live_slots_peak", "kv_reserved_slots_peak", "kv_utilization_mean", "kv_waste_pct", "kv_bytes_per_token",
     "kv_reserved_bytes_peak", "num_preemptions", "recomputed_tokens", "swapped_blocks", "prefix_cache_hit_rate",
     "preempted_prefix_hit_tokens", "kv_capacity_blocks", "kv_capacity_tokens",
+    "num_gpus", "output_throughput_per_gpu",  # the server's devices, which the client's config does not know
 )  # fmt: skip
 
 

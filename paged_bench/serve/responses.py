@@ -66,9 +66,10 @@ class LogprobFormatter:
         }
 
     def _top_dict(self, entry: TokenLogprob) -> dict[str, float]:
-        """Text -> logprob; tokens that decode to the same text keep the best one's (the
-        list is best first), as a dict can hold only one."""
-        out: dict[str, float] = {}
+        """Text -> logprob: the chosen token first, then the most likely (OpenAI's legacy
+        ``logprobs``: "up to logprobs+1 elements"; vLLM's ``num_output_top_logprobs + 1``).
+        Tokens that decode to the same text keep the first one's, as a dict holds only one."""
+        out = {self.token(entry.token_id): entry.logprob}
         for token_id, logprob in entry.top:
             out.setdefault(self.token(token_id), logprob)
         return out

@@ -45,7 +45,7 @@ class StreamOptions(_Lenient):
 
 class _SamplingRequest(_Lenient):
     model: Text | None = None
-    max_tokens: Int | None = Field(None, description="default: whatever room max_model_len leaves")
+    max_tokens: Int | None = Field(None, description="chat's default: whatever room max_model_len leaves")
     temperature: Finite | None = Field(None, ge=0.0, le=2.0, description="default 1.0, at most 2; below 1e-5 is greedy "
                                                                          "(as vLLM)")
     top_p: Finite | None = Field(None, gt=0.0, le=1.0, description="default 1.0")
@@ -77,6 +77,8 @@ class _SamplingRequest(_Lenient):
 
 class CompletionRequest(_SamplingRequest):
     prompt: Text | list[Int] | list[Text] | list[list[Int]]
+    max_tokens: Int | None = Field(16, description="16, as OpenAI's and vLLM's completions; null: whatever room "
+                                                   "max_model_len leaves")  # fmt: skip
     echo: Bool | None = Field(False, description="prepend the prompt (and, with logprobs, its token logprobs)")
     logprobs: Int | None = Field(None, ge=0, description="top entries per token (0: only the chosen token)")
 
