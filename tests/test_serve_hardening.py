@@ -252,6 +252,15 @@ def test_explicit_nulls_mean_defaults(sim):
     ("presence_penalty", 0.5),
     ("frequency_penalty", 0.5),
     ("tool_choice", "required"),
+    # vLLM's extras that change what is generated or returned (they were accepted, and ignored)
+    ("stop_token_ids", [5]),
+    ("min_tokens", 4),
+    ("include_stop_str_in_output", True),
+    ("skip_special_tokens", False),
+    ("guided_json", {"type": "object"}),
+    ("continue_final_message", True),
+    ("add_generation_prompt", False),
+    ("chat_template_kwargs", {"enable_thinking": False}),
 ])  # fmt: skip
 def test_unsupported_features_are_refused_by_name(sim, param, value):
     client = openai.OpenAI(base_url=sim.url + "/v1", api_key="x", max_retries=0)
@@ -259,6 +268,14 @@ def test_unsupported_features_are_refused_by_name(sim, param, value):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2,
                                        extra_body={param: value})  # fmt: skip
     assert raised.value.body["param"] == param
+
+
+def test_what_vllm_does_by_default_is_accepted(sim):
+    extras = {"skip_special_tokens": True, "add_generation_prompt": True, "min_tokens": 0, "stop_token_ids": [],
+              "include_stop_str_in_output": False}  # fmt: skip
+    r = httpx.post(sim.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                           "max_tokens": 2, **extras})  # fmt: skip
+    assert r.status_code == 200, r.text
 
 
 # -- 5. access ----------------------------------------------------------------------------

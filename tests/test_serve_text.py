@@ -1,7 +1,11 @@
-"""Incremental detokenization and stop strings (serve.text), with the byte tokenizer."""
+"""Incremental detokenization and stop strings (serve.text), with the byte tokenizer; a
+checkpoint's chat template that refuses the messages."""
 
 from __future__ import annotations
 
+import pytest
+
+from paged_bench.serve.protocol import RequestError, ServingContext, parse_chat
 from paged_bench.serve.text import TextStream, chat_renderer, simple_chat_template
 from paged_bench.tokenizer import ByteTokenizer
 
@@ -80,3 +84,23 @@ def test_a_stop_string_ending_in_an_incomplete_character_stops_the_flush():
     assert not stream.stopped and "".join(out) == "a"  # "b" is held back: it may start the stop
     assert stream.flush() == "" and stream.stopped
     assert stream.text == "a"
+
+
+def test_a_chat_template_that_refuses_the_messages_is_a_400_naming_why():
+    # raise_exception in a template (Mistral's, Gemma's: no system role) was a 500 and a traceback
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    words = ["<unk>", "hi", "be", "brief"]
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    hf.chat_template = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+                        "{% endif %}{% for m in messages %}{{ m['content'] }} {% endfor %}")  # fmt: skip
+    render = chat_renderer(hf)
+    assert render([{"role": "user", "content": "hi"}]) == [1]
+    ctx = ServingContext(model_name="m", max_model_len=64, vocab_size=len(words), encode=hf.encode, render_chat=render)
+    body = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], "max_tokens": 2}
+    with pytest.raises(RequestError) as raised:
+        parse_chat(body, ctx)
+    assert (raised.value.status, raised.value.param) == (400, "messages")
+    assert raised.value.message == "the model's chat template refused the messages: System role not supported"

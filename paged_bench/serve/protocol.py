@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from paged_bench.model.sampling import GREEDY_BELOW
 from paged_bench.serve.schemas import ChatMessage, ChatRequest, CompletionRequest, StreamOptions
+from paged_bench.serve.text import ChatTemplateError
 
 
 class RequestError(Exception):
@@ -132,6 +133,25 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "best_of": lambda v: v not in (None, 1),
     "top_k": lambda v: v not in (None, 0, -1),
     "min_p": _set,
+    # vLLM's extras, refused where they ask for what vLLM would do and this server does not
+    "stop_token_ids": _set,
+    "min_tokens": _set,
+    "include_stop_str_in_output": _set,
+    "skip_special_tokens": lambda v: v is not None and v is not True,  # decoding skips them always
+    "truncate_prompt_tokens": lambda v: v is not None,
+    "allowed_token_ids": lambda v: v is not None,
+    "bad_words": _set,
+    "prompt_logprobs": lambda v: v is not None,
+    "use_beam_search": _set,
+    "guided_json": _set,
+    "guided_regex": _set,
+    "guided_choice": _set,
+    "guided_grammar": _set,
+    "structured_outputs": _set,
+    "add_generation_prompt": lambda v: v is not None and v is not True,  # the prompt always ends with one
+    "continue_final_message": _set,
+    "chat_template": _set,
+    "chat_template_kwargs": _set,
 }
 
 
@@ -346,4 +366,8 @@ def parse_chat(body: Any, ctx: ServingContext) -> GenerationParams:
     _check_text_fits(sum(len(m["content"].encode("utf-8")) for m in messages), ctx)
     key = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return _params(req, [ctx.render_chat(messages)], ctx, key, getattr(req, key), logprobs)
+    try:
+        prompt = ctx.render_chat(messages)
+    except ChatTemplateError as e:
+        raise RequestError(str(e), "messages") from None
+    return _params(req, [prompt], ctx, key, getattr(req, key), logprobs)

@@ -73,6 +73,21 @@ class _SamplingRequest(_Lenient):
     parallel_tool_calls: Bool | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: Any = None
+    # vLLM's extra sampling and output knobs that would change what is generated or returned
+    stop_token_ids: Any = None
+    min_tokens: Any = None
+    include_stop_str_in_output: Any = None
+    skip_special_tokens: Any = None
+    truncate_prompt_tokens: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    prompt_logprobs: Any = None
+    use_beam_search: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
 
 
 class CompletionRequest(_SamplingRequest):
@@ -98,6 +113,11 @@ class ChatRequest(_SamplingRequest):
     max_completion_tokens: Int | None = Field(None, description="wins over max_tokens")
     logprobs: Bool | None = False
     top_logprobs: Int | None = Field(None, ge=0)
+    # vLLM's chat-template knobs: this server renders every chat the one way
+    add_generation_prompt: Any = None
+    continue_final_message: Any = None
+    chat_template: Any = None
+    chat_template_kwargs: Any = None
 
 
 # -- responses (documented in /openapi.json; the routes build plain dicts) ----------------

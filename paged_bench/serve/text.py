@@ -24,13 +24,22 @@ def simple_chat_template(messages: list[dict[str, str]]) -> str:
     return body + "<|assistant|>\n"
 
 
+class ChatTemplateError(ValueError):
+    """The checkpoint's chat template refused the messages (``raise_exception`` in it: a system
+    role it does not take, roles that do not alternate): the client's to fix."""
+
+
 def chat_renderer(tokenizer: Any) -> Callable[[list[dict[str, str]]], list[int]]:
     """messages -> prompt token ids, with the checkpoint's template when it ships one."""
     hf = getattr(tokenizer, "hf", None) or tokenizer  # model.tokenizers.HFTokenizer keeps it in .hf
     if getattr(hf, "chat_template", None) and hasattr(hf, "apply_chat_template"):
+        from jinja2 import TemplateError  # what transformers renders templates with
 
         def render(messages: list[dict[str, str]]) -> list[int]:
-            ids = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+            try:
+                ids = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+            except (TemplateError, ValueError, TypeError) as e:  # as vLLM's serving_chat: a 400
+                raise ChatTemplateError(f"the model's chat template refused the messages: {e}") from e
             if isinstance(ids, dict) or hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
                 ids = ids["input_ids"]
             return list(ids)
