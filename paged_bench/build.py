@@ -219,7 +219,8 @@ def _engine_on(backend: Backend, cfg: Mapping[str, Any], copies: int) -> tuple[E
         allocator,
         max_model_len=cfg["max_model_len"],
         eos_token_id=backend.eos_token_id,
-        internal=("max_model_len", "eos_token_id"),
+        stop_token_ids=backend.stop_token_ids,
+        internal=("max_model_len", "eos_token_id", "stop_token_ids"),
         **options,
     )
 

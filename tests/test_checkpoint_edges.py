@@ -1,6 +1,7 @@
 """Checkpoint folders that are wrong in the ways an audit found: loaded as another model
 (a stray weight file beside the shard index, a Mistral sliding window, an lm_head that tied
-embeddings would drop), or a traceback instead of one line naming the file. Tiny Llama
+embeddings would drop, end ids past the first), or a traceback instead of one line naming the
+file. Tiny Llama
 checkpoints written by transformers into a temporary folder."""
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import shutil
 import numpy as np
 import pytest
 
+from paged_bench.build import build
 from paged_bench.config import compose_config
 from paged_bench.errors import ConfigError
 from paged_bench.model.config import read_hf_config
 from paged_bench.model.weights import load_state
+from paged_bench.request import FinishReason, Request
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -128,3 +131,35 @@ def test_max_model_len_past_the_models_positions_is_refused(sharded):
     assert fits.engine.scheduler.max_model_len == 512
     with pytest.raises(ConfigError, match="max_model_len=512 is not allowed: at most 256"):
         build(compose_config("backend=numpy", "backend.model={preset: tiny, max_position_embeddings: 256}"))
+
+
+@pytest.mark.parametrize("where", ["config.json", "generation_config.json"])
+@pytest.mark.parametrize("backend", ["numpy", "hf_generate"])
+def test_every_end_id_a_checkpoint_names_stops_a_request_as_generate_does(tmp_path, where, backend):
+    # Llama 3.1 lists three end ids in config.json; Llama 3 Instruct adds <|eot_id|> in
+    # generation_config.json: only the first of either stopped a request, which ran on past it
+    path = checkpoint(tmp_path / "ckpt")
+    model = transformers.LlamaForCausalLM.from_pretrained(path)
+    prompt = [5, 6, 7, 8]
+
+    def generate(end_ids):
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=end_ids,
+                             pad_token_id=0)  # fmt: skip
+        return out[0, len(prompt) :].tolist()
+
+    free = generate(None)
+    k = next(i for i in range(1, 12) if free[i] not in free[:i])  # a token first sampled k tokens in
+    assert 2 not in free[: k + 1]
+    if where == "config.json":
+        _edit_config(path, eos_token_id=[2, free[k]])
+    else:
+        (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, free[k]]}))
+    assert generate([2, free[k]]) == free[: k + 1]  # transformers stops at it
+    bench = build(compose_config(f"backend={backend}", f"backend.model_path={path}", "clock=virtual",
+                                 "max_model_len=64", *(["scheduler=static"] if backend == "hf_generate" else [])))  # fmt: skip
+    req = Request(0, 0.0, prompt, 12, ignore_eos=False)
+    try:
+        bench.engine.run([req])
+    finally:
+        bench.backend.close()
+    assert list(req.output_token_ids) == free[: k + 1] and req.finish_reason is FinishReason.STOP

@@ -33,7 +33,7 @@ class ScriptedBackend(Backend):
 def engine_with(backend: Backend, **kw) -> Engine:
     engine = make_engine(**kw)
     engine.backend = backend
-    engine.scheduler.eos_token_id = backend.eos_token_id
+    engine.scheduler.end_token_ids = frozenset({backend.eos_token_id} - {None})
     return engine
 
 
@@ -259,7 +259,7 @@ def test_a_prefilled_request_handed_over_stops_on_eos_before_its_length():
     copy = prefill_copy(req)
     copy.token_ids.append(3)
     copy.token_times.append(0.1)
-    assert take_prefill(req, copy, max_model_len=64, eos_token_id=3) is False
+    assert take_prefill(req, copy, max_model_len=64, end_token_ids=frozenset({3})) is False
     assert req.finish_reason is FinishReason.STOP and req.output_token_ids == [3]
 
 

@@ -25,6 +25,7 @@ class Backend(ABC):
 
     vocab_size: int = ByteTokenizer.vocab_size
     eos_token_id: int | None = None
+    stop_token_ids: tuple[int, ...] = ()  # more ids that end a sequence (a checkpoint's other EOS ids)
     kv_bytes_per_token: int | None = None  # for the byte figures, when the model is known
     reads_token_ids: ClassVar[bool] = True  # False: plans carry no token ids (a cost model needs none)
     computes_kv: ClassVar[bool] = True  # writes real K/V into its pool (a cost model writes none)

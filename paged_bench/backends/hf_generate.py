@@ -75,6 +75,7 @@ class HFGenerateBackend(Backend):
         dt = pick_dtype(dtype, dev)
         cfg = resolve_model(model, model_path)
         adopt_model(self, cfg, model_path, dt)
+        self._end_ids = [t for t in (self.eos_token_id, *self.stop_token_ids) if t is not None] or None
         self.model = to_transformers(cfg, make_state(cfg, model_path, seed), str(dev), dt)
         self.device = dev
         self._saved_threads = pin_torch_threads(threads)  # restored by close()
@@ -109,7 +110,7 @@ class HFGenerateBackend(Backend):
                     top_p=sp.top_p if sampled else None,
                     top_k=None,
                     # ignore_eos: no EOS at all (min_new_tokens would ban it instead, changing tokens)
-                    eos_token_id=None if sp.ignore_eos else self.eos_token_id,
+                    eos_token_id=None if sp.ignore_eos else self._end_ids,
                     pad_token_id=self.eos_token_id if self.eos_token_id is not None else 0,
                     streamer=_Streamer(self._tokens),
                     stopping_criteria=StoppingCriteriaList([_Cancelled()]),

@@ -49,7 +49,7 @@ def prefill_copy(req: Request) -> Request:
     )
 
 
-def take_prefill(req: Request, copy: Request, max_model_len: int, eos_token_id: int | None) -> bool:
+def take_prefill(req: Request, copy: Request, max_model_len: int, end_token_ids: frozenset[int]) -> bool:
     """Give ``req`` what its prefill copy did; True if it goes on to a decode replica."""
     req.first_scheduled_time = copy.first_scheduled_time
     req.num_cached_tokens = copy.num_cached_tokens
@@ -60,7 +60,7 @@ def take_prefill(req: Request, copy: Request, max_model_len: int, eos_token_id: 
     token, now = copy.token_ids[-1], copy.token_times[0]
     req.token_ids.append(token)
     req.token_times.append(now)
-    if token == eos_token_id and not req.ignore_eos:  # EOS before the length cap, as in Scheduler.update
+    if token in end_token_ids and not req.ignore_eos:  # EOS before the length cap, as in Scheduler.update
         req.finish(FinishReason.STOP, now)
     elif req.num_tokens >= min(req.num_prompt_tokens + req.max_tokens, max_model_len):
         req.finish(FinishReason.LENGTH, now)

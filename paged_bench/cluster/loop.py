@@ -193,7 +193,7 @@ class Cluster:
     def _prefilled(self, copy: Request, source: Replica) -> None:
         req = self._origin.pop(copy)
         sched = source.engine.scheduler
-        if not take_prefill(req, copy, sched.max_model_len, sched.eos_token_id):
+        if not take_prefill(req, copy, sched.max_model_len, sched.end_token_ids):
             self._out.placement[req] = source.index
             if self._on_step is not None:
                 self._on_step(self.now, [req])

@@ -35,6 +35,10 @@ class ModelConfig:
     dtype: str = "float32"  # of the weights as stored; the backend picks its compute dtype
     bos_token_id: int | None = ByteTokenizer.bos_token_id
     eos_token_id: int | None = ByteTokenizer.eos_token_id
+    # more ids that end a sequence: the rest of a checkpoint's list (Llama 3.1's three) and its
+    # generation_config.json's (Llama 3 Instruct's <|eot_id|>), which transformers' generate
+    # and vLLM (its stop_token_ids) stop on too
+    more_eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
@@ -54,6 +58,8 @@ class ModelConfig:
         check(self.head_dim % 2 == 0, "backend.model.head_dim", self.head_dim, "an even number (rotary positions)")
         check(isinstance(self.tie_word_embeddings, bool), "backend.model.tie_word_embeddings",
               self.tie_word_embeddings, "true or false")  # fmt: skip
+        check(all(isinstance(i, int) and not isinstance(i, bool) for i in self.more_eos_token_ids),
+              "backend.model.more_eos_token_ids", self.more_eos_token_ids, "token ids")  # fmt: skip
 
     # -- size figures -------------------------------------------------------------------
 
@@ -122,8 +128,9 @@ class ModelConfig:
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
             dtype=dtype if dtype in DTYPE_BYTES else "float32",
             bos_token_id=hf.get("bos_token_id"),
-            # the scheduler stops on one id; a list (several end tokens) gives its first
+            # a list (several end tokens): the first is the EOS, the scheduler stops on any
             eos_token_id=eos[0] if isinstance(eos, list) and eos else eos,
+            more_eos_token_ids=tuple(eos[1:]) if isinstance(eos, list) else (),
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -147,7 +154,7 @@ class ModelConfig:
             "mlp_bias": False,
             "torch_dtype": self.dtype,
             "bos_token_id": self.bos_token_id,
-            "eos_token_id": self.eos_token_id,
+            "eos_token_id": [self.eos_token_id, *self.more_eos_token_ids] if self.more_eos_token_ids else self.eos_token_id,
         }
 
 
@@ -188,11 +195,23 @@ def read_hf_config(model_path: str | Path) -> ModelConfig:
     try:
         hf = json.loads(path.read_text())
         check(isinstance(hf, dict), "backend.model_path", str(path), "a config.json holding a JSON object")
-        return ModelConfig.from_hf(hf, str(path))
+        return with_generation_eos(ModelConfig.from_hf(hf, str(path)), Path(model_path) / "generation_config.json")
     except ConfigError:
         raise
     except (KeyError, ValueError, TypeError, ZeroDivisionError, OSError) as e:
         raise ConfigError("backend.model_path", str(model_path), f"a Llama config.json ({path}: {e!r})") from e
+
+
+def with_generation_eos(cfg: ModelConfig, path: Path) -> ModelConfig:
+    """``cfg`` also ending on the end ids of a ``generation_config.json`` (if there is one)."""
+    if not path.is_file():
+        return cfg
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    more = [i for i in ids if i != cfg.eos_token_id and i not in cfg.more_eos_token_ids]
+    check(all(isinstance(i, int) and not isinstance(i, bool) for i in more), f"{path}: eos_token_id", eos,
+          "a token id or a list of them")  # fmt: skip
+    return replace(cfg, more_eos_token_ids=(*cfg.more_eos_token_ids, *more)) if more else cfg
 
 
 def resolve_model(

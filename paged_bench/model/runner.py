@@ -30,7 +30,7 @@ from paged_bench.step import StepOutput, StepPlan
 
 def adopt_model(backend: Backend, cfg: ModelConfig, model_path: str | None, kv_dtype: str) -> None:
     """Set what the engine, the workloads and the server read off a backend serving ``cfg``:
-    its tokenizer (the checkpoint's, else the byte tokenizer), vocabulary, EOS and KV bytes."""
+    its tokenizer (the checkpoint's, else the byte tokenizer), vocabulary, end ids and KV bytes."""
     backend.model_config = cfg
     backend.tokenizer = load_tokenizer(model_path)
     # a tokenizer with ids past the model's vocabulary stopped the run at its first such token
@@ -38,6 +38,7 @@ def adopt_model(backend: Backend, cfg: ModelConfig, model_path: str | None, kv_d
           f"a tokenizer whose {backend.tokenizer.vocab_size} ids fit the model's vocabulary of {cfg.vocab_size}")  # fmt: skip
     backend.vocab_size = cfg.vocab_size
     backend.eos_token_id = cfg.eos_token_id
+    backend.stop_token_ids = cfg.more_eos_token_ids
     backend.kv_bytes_per_token = cfg.kv_bytes_per_token(kv_dtype)
 
 

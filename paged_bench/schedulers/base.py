@@ -54,6 +54,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         chunked_prefill: bool = True,
         eos_token_id: int | None = None,
+        stop_token_ids: tuple[int, ...] = (),
     ) -> None:
         self.allocator = allocator
         self.max_model_len = check_int("max_model_len", max_model_len)
@@ -74,7 +75,8 @@ class Scheduler:
             f">= max_model_len={max_model_len} when chunked_prefill is off (a prompt must fit one step)",
         )
         self.chunked_prefill = chunked_prefill
-        self.eos_token_id = eos_token_id
+        # every id that ends a sequence (a checkpoint may name several): a set, so one test a row
+        self.end_token_ids = frozenset(t for t in (eos_token_id, *stop_token_ids) if t is not None)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the tail is the last admitted
         self.num_preemptions = 0
@@ -136,7 +138,7 @@ class Scheduler:
     def update(self, plan: StepPlan, output: StepOutput, now: float) -> list[Request]:
         """Advance the scheduled requests by the step's output; returns those that finished."""
         finished = []
-        eos = self.eos_token_id
+        eos = self.end_token_ids
         for req, n, token in zip(self._scheduled, plan.num_new_tokens, output.token_ids):
             computed = req.num_computed_tokens + n
             req.num_computed_tokens = computed
@@ -146,7 +148,7 @@ class Scheduler:
             tokens.append(token)
             req.token_times.append(now)
             # EOS first, as vLLM v1's check_stop: an EOS that is also the last token allowed is a stop
-            if token == eos and not req.ignore_eos:
+            if token in eos and not req.ignore_eos:
                 req.finish(FinishReason.STOP, now)
             elif computed >= req.max_num_tokens - 1:  # now holds max_num_tokens tokens
                 req.finish(LENGTH, now)
