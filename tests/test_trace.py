@@ -72,6 +72,16 @@ def test_other_tools_column_names_are_recognised(tmp_path, header, row):
     assert summary(replay(tmp_path, "\n".join(lines))) == [(0, 0.5, 7, 3), (1, 1.25, 9, 4)]
 
 
+def test_a_jsonl_row_may_name_a_column_the_first_row_leaves_out(tmp_path):
+    # the columns were the first row's: the second row's prompt text was skipped for random ids
+    rows = [{"timestamp": 0, "prompt_len": 5, "output_len": 4},
+            {"timestamp": 0.1, "prompt": "x" * 50, "prompt_len": 5, "output_len": 4}]  # fmt: skip
+    text = "\n".join(json.dumps(r) for r in rows)
+    assert summary(replay(tmp_path, text, "t.jsonl")) == [(0, 0.0, 5, 4), (1, 0.1, 50, 4)]
+    backwards = "\n".join(json.dumps(r) for r in rows[::-1])  # request 0 is the file's first row
+    assert summary(replay(tmp_path, backwards, "t.jsonl")) == [(1, 0.0, 5, 4), (0, 0.1, 50, 4)]
+
+
 def test_mooncake_jsonl_counts_milliseconds(tmp_path):
     rows = [{"timestamp": 0, "input_length": 655, "output_length": 52, "hash_ids": [46, 47]},
             {"timestamp": 10535, "input_length": 672, "output_length": 26, "hash_ids": [46, 47]}]  # fmt: skip

@@ -143,11 +143,12 @@ def _records(path: Path, text: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
             yield line_no, row
 
 
-def _header(path: Path, text: str, first_row: Mapping[str, Any]) -> list[str]:
-    """The column names as the file spells them, repeats kept (a CSV row's dict holds the last)."""
+def _header(path: Path, text: str, rows: list[Mapping[str, Any]]) -> list[str]:
+    """The column names as the file spells them, repeats kept (a CSV row's dict holds the last);
+    a JSON Lines file's are every row's keys (a row may name what the first leaves out)."""
     if suffix(path).startswith(".csv"):
         return next(csv.reader(io.StringIO(text, newline="")))
-    return list(first_row)  # a JSON row with a repeated key was refused
+    return list(dict.fromkeys(key for row in rows for key in row))  # a row with a repeated key was refused
 
 
 def _find_columns(names: list[str], columns: Mapping[str, str], path: Path) -> dict[str, str | None]:
@@ -227,7 +228,7 @@ def read_trace(path: Path, columns: Mapping[str, str], time_unit: str) -> TraceR
     text = _text(path)
     records = list(_records(path, text))
     check(bool(records), "workload.path", str(path), "a trace with at least one request")
-    found = _find_columns(_header(path, text, records[0][1]), columns, path)
+    found = _find_columns(_header(path, text, [row for _, row in records]), columns, path)
     unit = time_unit
     if unit == "auto":
         mooncake = found["arrival_time"] == "timestamp" and found["prompt_len"] == "input_length"
