@@ -158,6 +158,13 @@ def test_bad_target_settings_name_the_key(config, tmp_path, override, message):
         run_job(config("target=openai", override), tmp_path)
 
 
+def test_a_base_url_without_v1_is_refused_naming_the_one_that_answers(server, config, tmp_path):
+    # vLLM's --base-url habit (the server's root): every request failed with a 404
+    with pytest.raises(ConfigError, match=f"the API's root, where /models is: {server.url}/v1$"):
+        run_job(config(*WORKLOAD, *FAST, "target=openai", f"target.base_url={server.url}"), tmp_path)
+    assert not list(tmp_path.glob("**/summary.json"))
+
+
 def test_parse_ttft_totals_sums_over_labels():
     text = """# HELP vllm:time_to_first_token_seconds ...
 vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="m"} 3.0

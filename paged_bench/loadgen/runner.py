@@ -35,7 +35,7 @@ from paged_bench.allocators.base import KVLayout
 from paged_bench.arrivals import feed
 from paged_bench.build import Bench
 from paged_bench.engine import EngineResult, StepRecords
-from paged_bench.errors import one_line
+from paged_bench.errors import ConfigError, one_line
 from paged_bench.loadgen.client import Outcome, request_body, send
 from paged_bench.loadgen.config import TargetConfig
 from paged_bench.loadgen.prometheus import ttft_totals
@@ -192,12 +192,22 @@ async def _first_model(client: httpx.AsyncClient, target: TargetConfig) -> str |
     """The server's first model; None (requests then name no model) if it cannot be listed."""
     try:
         resp = await client.get(target.url + "/models", headers=target.headers, timeout=10.0)
+        if resp.status_code == 404 and await _answers(client, target.url + "/v1/models", target):
+            # vLLM's --base-url is the server's root; ours is the API's, as the openai client's
+            raise ConfigError("target.base_url", target.base_url, f"the API's root, where /models is: {target.url}/v1")
         resp.raise_for_status()
         return resp.json()["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
         print(f"warning: could not list the models at {target.url}/models ({one_line(e)}); "
               "sending requests without a model name", file=sys.stderr)
         return None
+
+
+async def _answers(client: httpx.AsyncClient, url: str, target: TargetConfig) -> bool:
+    try:
+        return (await client.get(url, headers=target.headers, timeout=10.0)).is_success
+    except httpx.HTTPError:
+        return False
 
 
 def _overhead(before: tuple[float, float] | None, after: tuple[float, float] | None,
