@@ -158,3 +158,17 @@ def test_the_azure_presets_context_refuses_one_request_of_the_trace(config):
     too_long = [i for i, r in enumerate(requests) if r.num_prompt_tokens >= cfg["max_model_len"]]
     assert len(requests) == 19_366 and cfg["max_model_len"] == 8192
     assert too_long == [5442] and requests[5442].num_prompt_tokens == 14_050
+
+
+def test_a_rooflines_vocabulary_is_its_models_and_another_is_refused_not_ignored(config):
+    # backend.vocab_size=258 with a roofline was dropped for the model's 128,256: a client's
+    # prompts then held ids its server refused, every request a 400
+    def vocab(*overrides: str) -> int:
+        return build_engine(config(*SMALL, *overrides))[0].backend.vocab_size
+
+    assert vocab() == 32000 and vocab("backend.vocab_size=258") == 258
+    assert vocab("backend.cost_model=roofline") == PRESETS["llama-3-8b"].vocab_size
+    assert vocab("backend.cost_model=roofline", "backend.model={preset:llama-3-8b,vocab_size:258}") == 258
+    assert _refusal(config, "backend.cost_model=roofline", "backend.vocab_size=258") == (
+        "backend.vocab_size=258 is not allowed: null with a roofline: its model's, 128256 (another: "
+        "backend.model={preset:NAME,vocab_size:N})")  # fmt: skip

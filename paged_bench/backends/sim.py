@@ -36,6 +36,8 @@ from paged_bench.model.tp_link import link_preset
 from paged_bench.model.tp_shard import KEY as TP_KEY
 from paged_bench.step import StepOutput, StepPlan
 
+DEFAULT_VOCAB = 32000  # the ids a linear-cost run's workloads draw (a roofline takes its model's)
+
 
 @dataclass(frozen=True)
 class LinearCost:
@@ -76,7 +78,7 @@ class SimBackend(Backend):
         per_decode_seq_ms: float = 0.5,
         per_kv_token_us: float = 1.0,
         per_swap_block_ms: float = 0.05,
-        vocab_size: int = 32000,
+        vocab_size: int | None = None,
         cost_model: str = "linear",
         hardware: str = "h100",
         model: str | Mapping[str, Any] = "llama-3-8b",
@@ -88,7 +90,7 @@ class SimBackend(Backend):
         gpu_memory_utilization: float = 0.9,
     ) -> None:
         super().__init__()
-        self.vocab_size = check_int("backend.vocab_size", vocab_size, 2)
+        self.vocab_size = DEFAULT_VOCAB if vocab_size is None else check_int("backend.vocab_size", vocab_size, 2)
         check(cost_model in ("linear", "roofline"), "backend.cost_model", cost_model, "linear or roofline")
         tp = check_int(TP_KEY, tensor_parallel_size)
         self.gpu_memory_utilization = check_utilization(gpu_memory_utilization)
@@ -109,7 +111,12 @@ class SimBackend(Backend):
         self.num_devices = tp
         if self.roofline is not None:
             self.model_config = self.roofline.model  # its context bounds max_model_len, as a served model's
-            self.vocab_size = self.roofline.model.vocab_size
+            # the ids a workload draws are the model's (a client's prompts for its server)
+            model_vocab = self.roofline.model.vocab_size
+            check(vocab_size in (None, model_vocab), "backend.vocab_size", vocab_size,
+                  f"null with a roofline: its model's, {model_vocab} (another: backend.model="
+                  f"{{preset:NAME,vocab_size:N}})")  # fmt: skip
+            self.vocab_size = model_vocab
             self.kv_bytes_per_token = self.roofline.shard.kv_bytes_per_token_all_ranks(self.roofline.dtype)
         self._block_size = 16
         self.cost = LinearCost(
