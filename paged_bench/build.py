@@ -119,6 +119,12 @@ def _check_positions(cfg: Mapping[str, Any], backend: Backend) -> None:
         raise ConfigError("max_model_len", cfg["max_model_len"],
                           f"at most {model.max_position_embeddings}, the model's max_position_embeddings "
                           f"(set max_model_len={model.max_position_embeddings} or less)")  # fmt: skip
+    # past its window a Mistral attends to its last sliding_window tokens only, which this
+    # engine does not do: up to it, full attention is the same model
+    if model is not None and model.sliding_window is not None and cfg["max_model_len"] > model.sliding_window:
+        raise ConfigError("max_model_len", cfg["max_model_len"],
+                          f"at most {model.sliding_window}, the model's sliding_window (sliding-window attention "
+                          f"is not supported; set max_model_len={model.sliding_window} or less)")  # fmt: skip
 
 
 def _check_allocator_state(allocator: Any, name: str) -> None:

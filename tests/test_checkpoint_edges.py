@@ -1,5 +1,5 @@
 """Checkpoint folders that are wrong in the ways an audit found: loaded as another model
-(a stray weight file beside the shard index, a Mistral sliding window, an lm_head that tied
+(a stray weight file beside the shard index, a Mistral sliding window past its reach, an lm_head that tied
 embeddings would drop, end ids past the first), or a traceback instead of one line naming the
 file. Tiny Llama
 checkpoints written by transformers into a temporary folder."""
@@ -62,13 +62,20 @@ def test_only_the_shards_the_index_names_are_read(sharded, tmp_path):
         load_state(read_hf_config(folder), folder)
 
 
-def test_a_mistral_sliding_window_is_refused(tmp_path):
+def test_a_mistral_sliding_window_holds_max_model_len_to_it(tmp_path):
+    # past its window the model attends to the last N tokens only; up to it, full attention is
+    # the same model (Mistral-7B-v0.1's 4,096 was refused at every max_model_len)
     path = checkpoint(tmp_path / "mistral")
     _edit_config(path, model_type="mistral", sliding_window=8)
-    with pytest.raises(ConfigError, match="sliding_window=8 is not allowed: null"):
+    assert read_hf_config(path).sliding_window == 8
+    with pytest.raises(ConfigError, match="max_model_len=9 is not allowed: at most 8, the model's sliding_window"):
+        build(compose_config("backend=numpy", f"backend.model_path={path}", "max_model_len=9"))
+    build(compose_config("backend=numpy", f"backend.model_path={path}", "max_model_len=8", "num_blocks=4")).backend.close()
+    _edit_config(path, sliding_window="8")
+    with pytest.raises(ConfigError, match="sliding_window='8' is not allowed: null or a number of tokens"):
         read_hf_config(path)
     _edit_config(path, sliding_window=None)
-    assert read_hf_config(path).num_layers == 2
+    assert read_hf_config(path).sliding_window is None
 
 
 def test_tied_embeddings_beside_a_different_lm_head_are_refused(tmp_path):

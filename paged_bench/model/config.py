@@ -39,6 +39,9 @@ class ModelConfig:
     # generation_config.json's (Llama 3 Instruct's <|eot_id|>), which transformers' generate
     # and vLLM (its stop_token_ids) stop on too
     more_eos_token_ids: tuple[int, ...] = ()
+    # Mistral's: each token attends to the last N only; the same model as full attention up to
+    # N tokens, so a max_model_len past it is refused (build), not the checkpoint
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
@@ -107,10 +110,9 @@ class ModelConfig:
         rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         check(rope_type == "default", f"{where}: rope_type", rope_type, "default (rope scaling is not supported)")
-        # Mistral's: attention over the last N tokens only, which this model does not do (it
-        # would attend over the whole sequence, silently another model past N tokens)
         window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
-        check(window is None, f"{where}: sliding_window", window, "null (sliding-window attention is not supported)")
+        check(window is None or (isinstance(window, int) and not isinstance(window, bool) and window > 0),
+              f"{where}: sliding_window", window, "null or a number of tokens")  # fmt: skip
         heads = hf["num_attention_heads"]
         eos = hf.get("eos_token_id")
         dtype = str(hf.get("dtype") or hf.get("torch_dtype") or "float32").replace("torch.", "")
@@ -131,6 +133,7 @@ class ModelConfig:
             # a list (several end tokens): the first is the EOS, the scheduler stops on any
             eos_token_id=eos[0] if isinstance(eos, list) and eos else eos,
             more_eos_token_ids=tuple(eos[1:]) if isinstance(eos, list) else (),
+            sliding_window=window,
         )
 
     def to_hf(self) -> dict[str, Any]:
