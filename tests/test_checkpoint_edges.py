@@ -1,8 +1,8 @@
 """Checkpoint folders that are wrong in the ways an audit found: loaded as another model
-(a stray weight file beside the shard index, a Mistral sliding window past its reach, an lm_head that tied
-embeddings would drop, end ids past the first), or a traceback instead of one line naming the
-file. Tiny Llama
-checkpoints written by transformers into a temporary folder."""
+(a stray weight file beside the shard index, a Mistral sliding window past its reach, an
+lm_head that tied embeddings would drop, end ids past the first), or a traceback instead of
+one line naming the file. Tiny Llama checkpoints written by transformers into a temporary
+folder."""
 
 from __future__ import annotations
 
