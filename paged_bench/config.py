@@ -51,9 +51,11 @@ def check_settings(cfg: Mapping[str, Any], config_name: str = "config") -> None:
     ``hydra`` aside)."""
     known = settings(config_name)
     for key in cfg:
-        if key == "server" and key not in known:  # not a typo: the other command's section
-            raise ConfigError(key, cfg[key], "the server's section (python -m paged_bench.serve); a run aims at a "
-                              "server with target=openai target.base_url=URL")  # fmt: skip
+        if key == "server" and key not in known:  # not a typo: the server's section
+            if (cfg.get("target") or {}).get("spawn"):  # target=served: the server it starts takes it
+                continue
+            raise ConfigError(key, cfg[key], "the server's section (python -m paged_bench.serve, or target=served, "
+                              "which starts one); a run aims at a server with target=openai target.base_url=URL")  # fmt: skip
         if key != "hydra" and key not in known:
             raise unknown_key(key, cfg[key], known, "paged_bench's config")
 

@@ -54,10 +54,12 @@ def test_the_servers_config_has_only_known_settings():
 def test_a_plain_run_refuses_the_servers_section(tmp_path):
     # settings were the union of both configs: +server.port=1 on a plain run ran, and did nothing
     line = one_error_line(command(tmp_path, "paged_bench", "+server.port=1", "tracking.enabled=false"))
-    assert line == ("error: server={'port': 1} is not allowed: the server's section (python -m paged_bench.serve); "
-                    "a run aims at a server with target=openai target.base_url=URL"), line
+    assert line == ("error: server={'port': 1} is not allowed: the server's section (python -m paged_bench.serve, "
+                    "or target=served, which starts one); a run aims at a server with target=openai "
+                    "target.base_url=URL"), line
     assert "server" not in settings()
     assert settings() | {"server"} == settings("serve")
+    check_top_level(compose_config("target=served", "+server.tokenizer=byte"))  # the server it starts takes it
 
 
 @pytest.mark.parametrize("override", ["max_bach=2,4", "+max_bach=2,4", "workload.rte=1,2"])
