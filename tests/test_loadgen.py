@@ -10,6 +10,7 @@ import json
 import pytest
 
 from paged_bench.app import run_job
+from paged_bench.build import build
 from paged_bench.errors import ConfigError
 from paged_bench.loadgen.config import TargetConfig
 from paged_bench.loadgen.prometheus import parse_ttft_totals
@@ -49,7 +50,7 @@ def test_served_and_in_process_agree_on_token_counts(server, config, tmp_path):
     for s, l in zip(s_rows, l_rows):
         assert (s["prompt_tokens"], s["output_tokens"], s["finish_reason"]) == (l["prompt_tokens"], l["output_tokens"], "length")
     # token for token: the served text is the in-process tokens' text, in the server's tokenizer
-    decode = serving_tokenizer("auto", ByteTokenizer(), config(*FAST)["backend"]["vocab_size"]).decode
+    decode = serving_tokenizer("auto", ByteTokenizer(), build(config(*FAST)).backend.vocab_size).decode
     local_texts = [decode(r.output_token_ids) for r in local.result.requests]
     assert [s["text_digest"] for s in s_rows] == [text_digest(t) for t in local_texts]
     assert all(s["output_digest"] == "" for s in s_rows) and all(l["output_digest"] for l in l_rows)
@@ -134,6 +135,11 @@ def test_chat_endpoint(server, config, tmp_path):
     assert out.summary["completed"] == 12
     local = [int(r["output_tokens"]) for r in rows(out)]
     assert sum(local) == out.summary["total_output_tokens"] > 0
+    # each chat's text reads back as its workload prompt's length, and the server's template
+    # adds the same few tokens to every one (the random ids' decoded text was 15 tokens for 96)
+    lengths = [r.num_prompt_tokens for r in build(config(*WORKLOAD, *FAST)).requests]
+    added = {int(r["prompt_tokens"]) - n for r, n in zip(rows(out), lengths)}
+    assert len(added) == 1 and 0 < added.pop() < 20
 
 
 def test_spawned_server_runs_this_config(config, tmp_path):

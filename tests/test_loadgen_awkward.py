@@ -99,7 +99,8 @@ def rows(awkward, tmp_path_factory):
     # one at a time, well apart: the server meets the requests in the workload's order
     cfg = compose_config("workload=uniform", f"workload.num_requests={N}", "workload.rate=20", "workload.prompt_len=8",
                          "workload.output_len=10", "target=openai", f"target.base_url={awkward}", "target.warmup=0",
-                         "target.concurrency=1", "target.model=fake", "tracking.enabled=false")  # fmt: skip
+                         "target.concurrency=1", "target.model=fake", "tracking.enabled=false",
+                         "backend.vocab_size=258")  # fmt: skip  (the awkward server speaks bytes)
     out = run_job(cfg, tmp_path_factory.mktemp("awkward"))
     assert RECEIVED == WAYS
     with (out.run_dir / "requests.csv").open() as f:

@@ -66,8 +66,9 @@ def measured(fake_server, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
     from paged_bench.config import compose_config
 
+    # the fake server speaks bytes: a client's vocabulary of bytes counts its text as it does
     cfg = compose_config(*WORKLOAD, "target=openai", f"target.base_url={fake_server}/v1", "target.warmup=1",
-                         "target.concurrency=1")  # fmt: skip
+                         "target.concurrency=1", "backend.vocab_size=258")  # fmt: skip
     outcome = run_job(cfg, run_dir)
     log = httpx.get(f"{fake_server}/log").json()
     with (run_dir / "requests.csv").open() as f:

@@ -36,8 +36,9 @@ class Outcome:
     error: str | None = None
 
 
-def request_body(target: TargetConfig, model: str | None, req: Request, decode: Callable[[list[int]], str]) -> dict[str, Any]:
-    """The request as a benchmark client sends it: streaming, usage asked for, exact lengths."""
+def request_body(target: TargetConfig, model: str | None, req: Request, text: str | None) -> dict[str, Any]:
+    """The request as a benchmark client sends it: streaming, usage asked for, exact lengths
+    (a chat's ``text`` reads back as the prompt's length: ``prompts``)."""
     body: dict[str, Any] = {
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -50,7 +51,7 @@ def request_body(target: TargetConfig, model: str | None, req: Request, decode: 
     if req.sampling_seed is not None:
         body["seed"] = req.sampling_seed
     if target.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": decode(req.prompt_token_ids)}]
+        body["messages"] = [{"role": "user", "content": text}]
         body["max_completion_tokens"] = req.max_tokens
     else:  # token ids keep the prompt length exact (vLLM accepts them too)
         body["prompt"] = req.prompt_token_ids

@@ -39,6 +39,7 @@ from paged_bench.errors import ConfigError, one_line
 from paged_bench.loadgen.client import Outcome, request_body, send
 from paged_bench.loadgen.config import TargetConfig
 from paged_bench.loadgen.prometheus import ttft_totals
+from paged_bench.loadgen.prompts import chat_texts
 from paged_bench.loadgen.spawn import spawned_server
 from paged_bench.model.tokenizers import serving_tokenizer, text_token_count
 from paged_bench.records import RequestOutput, RequestRecords, text_digest
@@ -89,7 +90,7 @@ def _finish_reason(said: str | None, completion: int, max_tokens: int) -> Finish
 class _Run:
     target: TargetConfig
     requests: list[Request]
-    decode: Callable[[list[int]], str]
+    texts: list[str]  # each request's chat text (none for completions, which send token ids)
     count_tokens: Callable[[str], int]
     on_step: Callable[[float, list[RequestOutput]], None] | None
     max_concurrency: int | None = None  # the workload's closed loop (arrivals)
@@ -114,10 +115,12 @@ class _Run:
             after = await ttft_totals(client, self.target)
         return _overhead(before, after, self.records.values())
 
+    def _body(self, i: int) -> dict[str, Any]:
+        return request_body(self.target, self.model, self.requests[i], self.texts[i] if self.texts else None)
+
     async def _warmup(self, client: httpx.AsyncClient) -> None:
         for i in range(self.target.warmup):
-            req = self.requests[i % len(self.requests)]
-            out = await send(client, self.target, request_body(self.target, self.model, req, self.decode), self.now)
+            out = await send(client, self.target, self._body(i % len(self.requests)), self.now)
             if out.error:
                 print(f"warning: warm-up request {i} failed: {out.error}", file=sys.stderr)
 
@@ -134,7 +137,7 @@ class _Run:
         async def one(req: Request) -> None:
             try:
                 async with sem:
-                    body = request_body(self.target, self.model, req, self.decode)
+                    body = self._body(index[id(req)])
                     out = await send(client, self.target, body, self.now)
                 rec = self.records[index[id(req)]] = record(req, out, self.count_tokens)
             finally:
@@ -229,17 +232,18 @@ def run_target(cfg: Mapping[str, Any], bench: Bench, run_dir: Path,
     """Run ``bench.requests`` against ``cfg['target']`` (raises ConfigError before anything runs)."""
     target = TargetConfig.from_mapping(cfg["target"])
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request
-    tokenizer = bench.backend.tokenizer
-    if target.spawns:  # our own server: speak its tokenizer, so texts and token counts agree with it
-        choice = (cfg.get("server") or {}).get("tokenizer", "auto")
-        tokenizer = serving_tokenizer(choice, tokenizer, bench.backend.vocab_size)
+    # the tokenizer our server would speak for this config's backend (target=served: does), so
+    # chat texts and counted tokens agree with it
+    choice = (cfg.get("server") or {}).get("tokenizer", "auto")
+    tokenizer = serving_tokenizer(choice, bench.backend.tokenizer, bench.backend.vocab_size)
+    texts = chat_texts(bench.requests, tokenizer, cfg.get("seed", 0)) if target.endpoint == "chat" else []
 
     def count_tokens(text: str) -> int:  # when the server reports no usage, as vLLM's client counts
         return text_token_count(tokenizer, text)
 
     error, interrupted, extra = None, False, {}
     with spawned_server(cfg, target, run_dir) if target.spawns else nullcontext(target) as live:
-        run = _Run(live, bench.requests, tokenizer.decode, count_tokens, on_step, bench.max_concurrency)
+        run = _Run(live, bench.requests, texts, count_tokens, on_step, bench.max_concurrency)
         try:
             extra = asyncio.run(run.main())
         except KeyboardInterrupt:

@@ -29,11 +29,16 @@ class HFTokenizer:
         return self.hf.decode(token_ids, skip_special_tokens=True)
 
 
+def plain_ids(tokenizer: Any, text: str) -> list[int]:
+    """``text``'s token ids without special tokens (a checkpoint's tokenizer adds its BOS)."""
+    hf = getattr(tokenizer, "hf", None)
+    return list(hf.encode(text, add_special_tokens=False) if hf is not None else tokenizer.encode(text))
+
+
 def text_token_count(tokenizer: Any, text: str) -> int:
     """How many tokens a response's text is, as vLLM's benchmark client counts it: no special
     tokens (a checkpoint's tokenizer would add its BOS to every count)."""
-    hf = getattr(tokenizer, "hf", None)
-    return len(hf.encode(text, add_special_tokens=False) if hf is not None else tokenizer.encode(text))
+    return len(plain_ids(tokenizer, text))
 
 
 def load_tokenizer(model_path: str | None) -> HFTokenizer | ByteTokenizer:
