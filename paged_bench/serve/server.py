@@ -26,7 +26,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from paged_bench.build import build
+from paged_bench.build import build_engine, check_top_level
 from paged_bench.cluster.spec import cluster_spec
 from paged_bench.config import check_settings, compose_config
 from paged_bench.engine import Engine
@@ -132,9 +132,11 @@ def build_app(cfg: Mapping[str, Any]) -> tuple[FastAPI, ServerConfig]:
     check(spec is None, "cluster", f"{spec.num_replicas} replicas" if spec else None,
           "one replica: the server runs one engine (a cluster is simulated by python -m paged_bench)")  # fmt: skip
     check_settings(cfg, "serve")  # then the engine's own, without the server's section
-    bench = build({**{k: v for k, v in cfg.items() if k != "server"}, "clock": "wall"})
-    engine = Engine(bench.engine.scheduler, bench.backend, bench.engine.clock, max_step_records=MAX_STEP_RECORDS)
-    backend = bench.backend
+    engine_cfg = {**{k: v for k, v in cfg.items() if k != "server"}, "clock": "wall"}
+    check_top_level(engine_cfg)
+    built, _ = build_engine(engine_cfg)  # no workload: clients bring the requests
+    engine = Engine(built.scheduler, built.backend, built.clock, max_step_records=MAX_STEP_RECORDS)
+    backend = built.backend
     tokenizer = serving_tokenizer(server_cfg.tokenizer, backend.tokenizer, backend.vocab_size)
     ctx = ServingContext(
         model_name=server_cfg.model_name or default_model_name(cfg),
