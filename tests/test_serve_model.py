@@ -88,3 +88,15 @@ def test_checkpoint_tokenizer_and_chat_template(checkpoint):
             client.completions.create(model="tiny-llama", prompt=[3, 99], max_tokens=2)
     finally:
         handle.stop()
+
+
+def test_bpe_on_a_checkpoint_points_at_its_own_tokenizer(checkpoint):
+    # it suggested +backend.model.vocab_size, which a checkpoint's config.json overrides
+    from paged_bench.config import compose_config
+    from paged_bench.errors import ConfigError
+    from paged_bench.serve.server import build_app
+
+    path, _ = checkpoint
+    with pytest.raises(ConfigError, match=r"vocabulary of 11 \(server.tokenizer=auto, the checkpoint's own\)$"):
+        build_app(compose_config("backend=numpy", f"backend.model_path={path}", "max_model_len=512",
+                                 "server.tokenizer=bpe", config_name="serve"))  # fmt: skip

@@ -76,9 +76,10 @@ def serving_tokenizer(choice: str, backend_tokenizer: Any, vocab_size: int) -> A
         choice = "bpe" if vocab_size >= BPE_MERGED_VOCAB + 2 else "byte"
     tok = bpe_tokenizer() if choice == "bpe" else ByteTokenizer()
     if tok.vocab_size > vocab_size:
+        # a checkpoint's vocabulary is its own: only a random-weight model's can grow
+        fix = ("server.tokenizer=auto, the checkpoint's own" if not isinstance(backend_tokenizer, ByteTokenizer)
+               else f"set +backend.model.vocab_size={tok.vocab_size}, or server.tokenizer=byte")  # fmt: skip
         raise ConfigError(
-            "server.tokenizer", choice,
-            f"a tokenizer whose {tok.vocab_size} ids fit the model's vocabulary of {vocab_size} "
-            f"(set +backend.model.vocab_size={tok.vocab_size}, or server.tokenizer=byte)",
+            "server.tokenizer", choice, f"a tokenizer whose {tok.vocab_size} ids fit the model's vocabulary of {vocab_size} ({fix})"
         )
     return tok
