@@ -61,8 +61,11 @@ class ModelConfig:
         check(self.head_dim % 2 == 0, "backend.model.head_dim", self.head_dim, "an even number (rotary positions)")
         check(isinstance(self.tie_word_embeddings, bool), "backend.model.tie_word_embeddings",
               self.tie_word_embeddings, "true or false")  # fmt: skip
-        check(all(isinstance(i, int) and not isinstance(i, bool) for i in self.more_eos_token_ids),
-              "backend.model.more_eos_token_ids", self.more_eos_token_ids, "token ids")  # fmt: skip
+        check(isinstance(self.more_eos_token_ids, (list, tuple))
+              and all(isinstance(i, int) and not isinstance(i, bool) for i in self.more_eos_token_ids),
+              "backend.model.more_eos_token_ids", self.more_eos_token_ids, "a list of token ids")  # fmt: skip
+        # a tuple whatever it came as (a preset's JSON, a YAML mapping): configs compare equal
+        object.__setattr__(self, "more_eos_token_ids", tuple(self.more_eos_token_ids))
 
     # -- size figures -------------------------------------------------------------------
 
