@@ -221,3 +221,27 @@ def test_completions_default_to_16_tokens_as_openai_and_vllm(client):
     assert client.completions.create(**body).usage.completion_tokens == 16
     room = client.completions.create(**body, max_tokens=None, temperature=0)  # an explicit null: the room
     assert room.usage.completion_tokens + room.usage.prompt_tokens == 2048 == room.usage.total_tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_token_ids_end_a_choice_counted_with_their_text_left_out(client, stream):
+    # vLLM's check_stop: the sampled id ends the choice "stop"; its detokenizer leaves the
+    # stop token's text out (include_stop_str_in_output: false), usage counts it
+    body = {"model": NUMPY, "prompt": "The cat", "temperature": 0, "extra_body": {"ignore_eos": True}}
+    as_ids = {**body, "extra_body": {"ignore_eos": True, "return_tokens_as_token_ids": True}}
+    ids = client.completions.create(**as_ids, max_tokens=12, logprobs=0).choices[0].logprobs.tokens
+    ids = [int(t.removeprefix("token_id:")) for t in ids]
+    k = next(i for i in range(1, 12) if ids[i] not in ids[:i])
+    stopped = {**body, "max_tokens": 12, "extra_body": {"ignore_eos": True, "stop_token_ids": [ids[k]]}}
+    if stream:
+        chunks = list(client.completions.create(**stopped, stream=True, stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        reason = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        completion_tokens = chunks[-1].usage.completion_tokens
+    else:
+        r = client.completions.create(**stopped)
+        text, reason, completion_tokens = r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens
+    assert (reason, completion_tokens) == ("stop", k + 1)
+    assert text == client.completions.create(**body, max_tokens=k).choices[0].text  # greedy: the same k before it
+    with pytest.raises(openai.BadRequestError, match="stop token id 999 is out of range: 0 to 257"):
+        client.completions.create(**{**body, "max_tokens": 2, "extra_body": {"stop_token_ids": [999]}})

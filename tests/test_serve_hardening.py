@@ -253,7 +253,6 @@ def test_explicit_nulls_mean_defaults(sim):
     ("frequency_penalty", 0.5),
     ("tool_choice", "required"),
     # vLLM's extras that change what is generated or returned (they were accepted, and ignored)
-    ("stop_token_ids", [5]),
     ("min_tokens", 4),
     ("include_stop_str_in_output", True),
     ("skip_special_tokens", False),

@@ -138,6 +138,10 @@ class OpenAIServer:
                 n_out += 1
                 if not choice.generate:
                     break
+                if token_id in params.stop_token_ids:  # as vLLM's check_stop: counted, its text left out
+                    self.loop.finish(choice.stream, FinishReason.STOP)
+                    yield Token(choice.index, text.flush(), "stop", logprob)
+                    return
                 delta = text.add(token_id)
                 if text.stopped:
                     self.loop.finish(choice.stream, FinishReason.STOP)

@@ -92,6 +92,7 @@ class GenerationParams:
     logprobs: int | None = None  # top entries per generated token; None: no logprobs
     echo: bool = False  # completions: the prompt text (and its logprobs) before each choice
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
+    stop_token_ids: frozenset[int] = frozenset()  # vLLM's: a sampled one ends the choice, its text left out
 
     @property
     def num_choices(self) -> int:
@@ -134,7 +135,6 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "top_k": lambda v: v not in (None, 0, -1),
     "min_p": _set,
     # vLLM's extras, refused where they ask for what vLLM would do and this server does not
-    "stop_token_ids": _set,
     "min_tokens": _set,
     "include_stop_str_in_output": _set,
     "skip_special_tokens": lambda v: v is not None and v is not True,  # decoding skips them always
@@ -295,6 +295,13 @@ def _check_lengths(prompts: list[list[int]], key: str, max_tokens: int | None, c
         )  # fmt: skip
 
 
+def _stop_token_ids(ids: list[int] | None, ctx: ServingContext) -> frozenset[int]:
+    bad = next((i for i in ids or () if not 0 <= i < ctx.vocab_size), None)
+    if bad is not None:
+        raise RequestError(f"stop token id {bad} is out of range: 0 to {ctx.vocab_size - 1}", "stop_token_ids")
+    return frozenset(ids or ())
+
+
 def _stops(stop: Any, limits: Limits) -> tuple[str, ...]:
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     if len(stops) > limits.max_stop:
@@ -339,6 +346,7 @@ def _params(req: Any, prompts: list[list[int]], ctx: ServingContext, key: str, m
         top_p=1.0 if req.top_p is None else req.top_p,
         seed=None if req.seed == -1 else req.seed,  # vLLM's SamplingParams reads -1 as no seed
         stop=_stops(req.stop, ctx.limits),
+        stop_token_ids=_stop_token_ids(req.stop_token_ids, ctx),
         ignore_eos=bool(req.ignore_eos),
         stream=stream,
         include_usage=stream and bool(opts.include_usage),

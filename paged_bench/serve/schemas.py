@@ -73,8 +73,9 @@ class _SamplingRequest(_Lenient):
     parallel_tool_calls: Bool | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: Any = None
+    stop_token_ids: list[Int] | None = Field(None, description="vLLM's: token ids that end a choice (counted, "
+                                                                  "their text left out)")
     # vLLM's extra sampling and output knobs that would change what is generated or returned
-    stop_token_ids: Any = None
     min_tokens: Any = None
     include_stop_str_in_output: Any = None
     skip_special_tokens: Any = None
