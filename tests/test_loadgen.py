@@ -142,6 +142,22 @@ def test_chat_endpoint(server, config, tmp_path):
     assert len(added) == 1 and 0 < added.pop() < 20
 
 
+def test_a_traces_prompt_text_reaches_a_chat_as_that_text(server, config, tmp_path):
+    # the byte ids the sim's workload made of a recorded prompt were decoded with the server's
+    # BPE: the server got mojibake, not the prompt
+    from paged_bench.serve.text import simple_chat_template
+
+    texts = ["Hello there, how are you today?", "Paged attention hands out KV blocks."]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(json.dumps({"timestamp": i * 0.05, "prompt": t, "output_len": 4})
+                               for i, t in enumerate(texts)))  # fmt: skip
+    out = run_job(config(*FAST, "workload=trace", f"workload.path={trace}",
+                         *remote(server, "target.endpoint=chat", "target.warmup=0")), tmp_path / "run")  # fmt: skip
+    speaks = serving_tokenizer("auto", ByteTokenizer(), build(config(*FAST)).backend.vocab_size)
+    expected = [len(speaks.encode(simple_chat_template([{"role": "user", "content": t}]))) for t in texts]
+    assert [int(r["prompt_tokens"]) for r in rows(out)] == expected
+
+
 def test_spawned_server_runs_this_config(config, tmp_path):
     out = run_job(config(*WORKLOAD, *FAST, "target=openai", "target.spawn=true", "target.warmup=1"), tmp_path)
     assert out.status == "finished" and out.summary["completed"] == 12
@@ -166,8 +182,9 @@ def test_bad_target_settings_name_the_key(config, tmp_path, override, message):
 
 def test_a_base_url_without_v1_is_refused_naming_the_one_that_answers(server, config, tmp_path):
     # vLLM's --base-url habit (the server's root): every request failed with a 404
-    with pytest.raises(ConfigError, match=f"the API's root, where /models is: {server.url}/v1$"):
-        run_job(config(*WORKLOAD, *FAST, "target=openai", f"target.base_url={server.url}"), tmp_path)
+    for named in ([], ["target.model=paged-bench-sim"]):  # named, it was not checked: every request a 404
+        with pytest.raises(ConfigError, match=f"the API's root, where /models is: {server.url}/v1$"):
+            run_job(config(*WORKLOAD, *FAST, "target=openai", f"target.base_url={server.url}", *named), tmp_path)
     assert not list(tmp_path.glob("**/summary.json"))
 
 

@@ -108,7 +108,7 @@ class _Run:
         # redirects followed, as vLLM's aiohttp client follows them (httpx would not by default)
         async with httpx.AsyncClient(timeout=httpx.Timeout(self.target.timeout_s), limits=limits,
                                      follow_redirects=True) as client:  # fmt: skip
-            self.model = self.target.model or await _first_model(client, self.target)
+            self.model = await _server_model(client, self.target)
             await self._warmup(client)
             before = await ttft_totals(client, self.target)
             await self._timed(client)
@@ -191,16 +191,21 @@ class _Run:
         )
 
 
-async def _first_model(client: httpx.AsyncClient, target: TargetConfig) -> str | None:
-    """The server's first model; None (requests then name no model) if it cannot be listed."""
+async def _server_model(client: httpx.AsyncClient, target: TargetConfig) -> str | None:
+    """``target.model``, else the server's first model; None (requests then name no model) if
+    it cannot be listed. A base URL without its ``/v1`` is refused either way."""
     try:
         resp = await client.get(target.url + "/models", headers=target.headers, timeout=10.0)
         if resp.status_code == 404 and await _answers(client, target.url + "/v1/models", target):
             # vLLM's --base-url is the server's root; ours is the API's, as the openai client's
             raise ConfigError("target.base_url", target.base_url, f"the API's root, where /models is: {target.url}/v1")
+        if target.model:
+            return target.model
         resp.raise_for_status()
         return resp.json()["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
+        if target.model:  # a server that lists no models may still serve the one named
+            return target.model
         print(f"warning: could not list the models at {target.url}/models ({one_line(e)}); "
               "sending requests without a model name", file=sys.stderr)
         return None
@@ -236,7 +241,8 @@ def run_target(cfg: Mapping[str, Any], bench: Bench, run_dir: Path,
     # chat texts and counted tokens agree with it
     choice = (cfg.get("server") or {}).get("tokenizer", "auto")
     tokenizer = serving_tokenizer(choice, bench.backend.tokenizer, bench.backend.vocab_size)
-    texts = chat_texts(bench.requests, tokenizer, cfg.get("seed", 0)) if target.endpoint == "chat" else []
+    chat = target.endpoint == "chat"
+    texts = chat_texts(bench.requests, tokenizer, cfg.get("seed", 0), bench.backend.tokenizer) if chat else []
 
     def count_tokens(text: str) -> int:  # when the server reports no usage, as vLLM's client counts
         return text_token_count(tokenizer, text)
