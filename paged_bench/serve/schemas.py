@@ -76,19 +76,19 @@ class _SamplingRequest(_Lenient):
     stop_token_ids: list[Int] | None = Field(None, description="vLLM's: token ids that end a choice (counted, "
                                                                   "their text left out)")
     # vLLM's extra sampling and output knobs that would change what is generated or returned
-    min_tokens: Any = None
-    include_stop_str_in_output: Any = None
-    skip_special_tokens: Any = None
-    truncate_prompt_tokens: Any = None
-    allowed_token_ids: Any = None
-    bad_words: Any = None
-    prompt_logprobs: Any = None
-    use_beam_search: Any = None
+    min_tokens: Int | None = None
+    include_stop_str_in_output: Bool | None = None
+    skip_special_tokens: Bool | None = None
+    truncate_prompt_tokens: Int | None = None
+    allowed_token_ids: list[Int] | None = None
+    bad_words: list[Text] | None = None
+    prompt_logprobs: Int | None = None
+    use_beam_search: Bool | None = None
     guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
-    structured_outputs: Any = None
+    guided_regex: Text | None = None
+    guided_choice: list[Text] | None = None
+    guided_grammar: Text | None = None
+    structured_outputs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingRequest):
@@ -115,10 +115,10 @@ class ChatRequest(_SamplingRequest):
     logprobs: Bool | None = False
     top_logprobs: Int | None = Field(None, ge=0)
     # vLLM's chat-template knobs: this server renders every chat the one way
-    add_generation_prompt: Any = None
-    continue_final_message: Any = None
-    chat_template: Any = None
-    chat_template_kwargs: Any = None
+    add_generation_prompt: Bool | None = None
+    continue_final_message: Bool | None = None
+    chat_template: Text | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 # -- responses (documented in /openapi.json; the routes build plain dicts) ----------------
