@@ -48,16 +48,14 @@ def settings(config_name: str = "config") -> frozenset[str]:
 
 def check_settings(cfg: Mapping[str, Any], config_name: str = "config") -> None:
     """Every top-level key of ``cfg`` is one of ``settings(config_name)`` (Hydra's own
-    ``hydra`` aside)."""
-    known = settings(config_name)
-    for key in cfg:
-        if key == "server" and key not in known:  # not a typo: the server's section
-            if (cfg.get("target") or {}).get("spawn"):  # target=served: the server it starts takes it
-                continue
+    ``hydra`` aside), or of the server's when ``cfg``'s target starts it."""
+    # a run that starts our server (target=served) composes the server's config too
+    known = settings("serve" if (cfg.get("target") or {}).get("spawn") else config_name)
+    for key in (k for k in cfg if k != "hydra" and k not in known):
+        if key in settings("serve"):  # not a typo: the server's section, on a run that starts none
             raise ConfigError(key, cfg[key], "the server's section (python -m paged_bench.serve, or target=served, "
                               "which starts one); a run aims at a server with target=openai target.base_url=URL")  # fmt: skip
-        if key != "hydra" and key not in known:
-            raise unknown_key(key, cfg[key], known, "paged_bench's config")
+        raise unknown_key(key, cfg[key], known, "paged_bench's config")
 
 
 def unknown_key(key: str, value: Any, known: Iterable[str], what: str, more: str = "") -> ConfigError:

@@ -199,16 +199,15 @@ async def _server_model(client: httpx.AsyncClient, target: TargetConfig) -> str 
         if resp.status_code == 404 and await _answers(client, target.url + "/v1/models", target):
             # vLLM's --base-url is the server's root; ours is the API's, as the openai client's
             raise ConfigError("target.base_url", target.base_url, f"the API's root, where /models is: {target.url}/v1")
-        if target.model:
-            return target.model
         resp.raise_for_status()
-        return resp.json()["data"][0]["id"]
+        listed = resp.json()["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
         if target.model:  # a server that lists no models may still serve the one named
             return target.model
         print(f"warning: could not list the models at {target.url}/models ({one_line(e)}); "
               "sending requests without a model name", file=sys.stderr)
         return None
+    return target.model or listed
 
 
 async def _answers(client: httpx.AsyncClient, url: str, target: TargetConfig) -> bool:

@@ -138,7 +138,7 @@ class Scheduler:
     def update(self, plan: StepPlan, output: StepOutput, now: float) -> list[Request]:
         """Advance the scheduled requests by the step's output; returns those that finished."""
         finished = []
-        eos = self.end_token_ids
+        end_ids = self.end_token_ids
         for req, n, token in zip(self._scheduled, plan.num_new_tokens, output.token_ids):
             computed = req.num_computed_tokens + n
             req.num_computed_tokens = computed
@@ -148,7 +148,7 @@ class Scheduler:
             tokens.append(token)
             req.token_times.append(now)
             # EOS first, as vLLM v1's check_stop: an EOS that is also the last token allowed is a stop
-            if token in eos and not req.ignore_eos:
+            if token in end_ids and not req.ignore_eos:
                 req.finish(FinishReason.STOP, now)
             elif computed >= req.max_num_tokens - 1:  # now holds max_num_tokens tokens
                 req.finish(LENGTH, now)

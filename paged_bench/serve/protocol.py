@@ -241,10 +241,7 @@ def _prompts(prompt: Any, ctx: ServingContext) -> list[list[int]]:
             _check_text_fits(len(p.encode("utf-8")), ctx)
             out.append(ctx.encode(p))
             continue
-        bad = next((t for t in p if not 0 <= t < ctx.vocab_size), None)
-        if bad is not None:
-            raise RequestError(f"prompt token id {bad} is out of range: 0 to {ctx.vocab_size - 1}", "prompt")
-        out.append(list(p))
+        out.append(_in_vocabulary(p, ctx, "prompt token id", "prompt"))
     return out
 
 
@@ -295,11 +292,11 @@ def _check_lengths(prompts: list[list[int]], key: str, max_tokens: int | None, c
         )  # fmt: skip
 
 
-def _stop_token_ids(ids: list[int] | None, ctx: ServingContext) -> frozenset[int]:
-    bad = next((i for i in ids or () if not 0 <= i < ctx.vocab_size), None)
+def _in_vocabulary(ids: list[int], ctx: ServingContext, what: str, param: str) -> list[int]:
+    bad = next((t for t in ids if not 0 <= t < ctx.vocab_size), None)
     if bad is not None:
-        raise RequestError(f"stop token id {bad} is out of range: 0 to {ctx.vocab_size - 1}", "stop_token_ids")
-    return frozenset(ids or ())
+        raise RequestError(f"{what} {bad} is out of range: 0 to {ctx.vocab_size - 1}", param)
+    return list(ids)
 
 
 def _stops(stop: Any, limits: Limits) -> tuple[str, ...]:
@@ -346,7 +343,7 @@ def _params(req: Any, prompts: list[list[int]], ctx: ServingContext, key: str, m
         top_p=1.0 if req.top_p is None else req.top_p,
         seed=None if req.seed == -1 else req.seed,  # vLLM's SamplingParams reads -1 as no seed
         stop=_stops(req.stop, ctx.limits),
-        stop_token_ids=_stop_token_ids(req.stop_token_ids, ctx),
+        stop_token_ids=frozenset(_in_vocabulary(req.stop_token_ids or [], ctx, "stop token id", "stop_token_ids")),
         ignore_eos=bool(req.ignore_eos),
         stream=stream,
         include_usage=stream and bool(opts.include_usage),
