@@ -52,18 +52,25 @@ def check_settings(cfg: Mapping[str, Any], config_name: str = "config") -> None:
     # a run that starts our server (target=served) composes the server's config too
     known = settings("serve" if (cfg.get("target") or {}).get("spawn") else config_name)
     for key in (k for k in cfg if k != "hydra" and k not in known):
-        if key in settings("serve"):  # not a typo: the server's section, on a run that starts none
-            raise ConfigError(key, cfg[key], "the server's section (python -m paged_bench.serve, or target=served, "
-                              "which starts one); a run aims at a server with target=openai target.base_url=URL")  # fmt: skip
         raise unknown_key(key, cfg[key], known, "paged_bench's config")
 
 
-def unknown_key(key: str, value: Any, known: Iterable[str], what: str, more: str = "") -> ConfigError:
-    """``key`` is none of ``known`` (the keys of ``what``): the error names the nearest."""
+def _servers_section(key: str, value: Any) -> ConfigError:
+    """``key`` is in the server's section, on a run that starts no server: not a typo."""
+    return ConfigError(key, value, "the server's section (python -m paged_bench.serve, or target=served, which "
+                       "starts one); a run aims at a server with target=openai target.base_url=URL")  # fmt: skip
+
+
+def unknown_key(key: str, value: Any, known: Iterable[str], what: str, more: str = "", at: int = -1) -> ConfigError:
+    """``key``'s segment ``at`` is none of ``known`` (the keys of ``what``, the part of the
+    config that segment would be in): the error names the nearest."""
+    segments = key.split(".")
+    at %= len(segments)
+    if at == 0 and segments[0] in settings("serve") - set(known):  # not a typo: the server's section
+        return _servers_section(key, value)
     known = sorted(k for k in known if k != "hydra")
-    name = key.rpartition(".")[2]
-    near = difflib.get_close_matches(name, known, n=1)
-    hint = f" (did you mean {key[: len(key) - len(name)]}{near[0]}?)" if near else ""
+    near = difflib.get_close_matches(segments[at], known, n=1)
+    hint = f" (did you mean {'.'.join([*segments[:at], near[0], *segments[at + 1 :]])}?)" if near else ""
     return ConfigError(key, value, f"not a key of {what}{hint}; its keys are {', '.join(known)}{more}")
 
 
@@ -80,12 +87,20 @@ def unknown_override(e: Exception) -> ConfigError | None:
             and isinstance(cause.parent_node, DictConfig)):  # fmt: skip
         return None
     key, value = appended.groups()
-    parent = key.rpartition(".")[0]
-    if not parent:
-        return unknown_key(key, _typed(value), list(cause.parent_node), "paged_bench's config")
+    at = _depth(cause.parent_node)  # the segment the config lacks (server.port=1: server)
+    if at == 0:
+        return unknown_key(key, _typed(value), list(cause.parent_node), "paged_bench's config", at=0)
     # a plugin option its file leaves out still goes in with +
-    return unknown_key(key, _typed(value), list(cause.parent_node), f"the {parent} section",
-                       f"; a plugin option its file leaves out is added with +{key}={value}")  # fmt: skip
+    return unknown_key(key, _typed(value), list(cause.parent_node), f"the {'.'.join(key.split('.')[:at])} section",
+                       f"; a plugin option its file leaves out is added with +{key}={value}", at)  # fmt: skip
+
+
+def _depth(node: Any) -> int:
+    """How many sections down the config's top level ``node`` is (0: the top level)."""
+    depth = 0
+    while (node := node._get_parent()) is not None:
+        depth += 1
+    return depth
 
 
 def _typed(text: str) -> object:

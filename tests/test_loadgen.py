@@ -8,6 +8,7 @@ import csv
 import json
 
 import pytest
+import yaml
 
 from paged_bench.app import run_job
 from paged_bench.build import build
@@ -159,11 +160,23 @@ def test_a_traces_prompt_text_reaches_a_chat_as_that_text(server, config, tmp_pa
 
 
 def test_spawned_server_runs_this_config(config, tmp_path):
-    out = run_job(config(*WORKLOAD, *FAST, "target=openai", "target.spawn=true", "target.warmup=1"), tmp_path)
+    out = run_job(config(*WORKLOAD, *FAST, "target=openai", "target.spawn=true", "target.warmup=1",
+                         "+server.log_level=info", "+server.max_waiting=64"), tmp_path)  # fmt: skip
     assert out.status == "finished" and out.summary["completed"] == 12
-    assert (tmp_path / "server" / "serve_config.yaml").is_file()
+    served = yaml.safe_load((tmp_path / "server" / "serve_config.yaml").read_text())["server"]
+    assert served["max_waiting"] == 64 and served["host"] == "127.0.0.1"
     log = (tmp_path / "server" / "server.log").read_text()
     assert "server stopped" in log and "Traceback" not in log
+    assert '"POST /v1/completions HTTP/1.1" 200' in log  # its log level was the job's (warning, always)
+
+
+@pytest.mark.parametrize("key", ["host", "port"])
+def test_a_spawned_servers_address_is_refused_not_dropped(config, tmp_path, key):
+    # +server.port=8001 ran on a free port of the spawned server's choosing, without a word
+    with pytest.raises(ConfigError, match=f"^server.{key}=.* is not allowed: left out with target=served, whose "
+                                          "server listens on a free loopback port; to choose the"):  # fmt: skip
+        run_job(config(*WORKLOAD, "target=served", f"+server.{key}=8001"), tmp_path)
+    assert not (tmp_path / "server").exists()
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,15 @@ def test_a_base_url_no_socket_takes_is_refused_before_sending(base_url):
         TargetConfig.from_mapping({"base_url": base_url})
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions/", "/v1/models"])
+def test_an_endpoints_url_as_base_url_is_refused_naming_the_apis_root(path):
+    # the client adds the endpoint: every request went to .../completions/completions, a 404
+    with pytest.raises(ConfigError, match=r"^target.base_url=.* the API's root, not one endpoint's URL: "
+                                          r"http://127.0.0.1:8000/v1 \(target.endpoint picks"):  # fmt: skip
+        TargetConfig.from_mapping({"base_url": "http://127.0.0.1:8000" + path})
+    TargetConfig.from_mapping({"base_url": "http://127.0.0.1:8000/v1/"})
+
+
 @pytest.mark.parametrize("section, key", [
     ({"warmup": 2**63}, "target.warmup"),  # sent one after another: it never ended
     ({"model": ""}, "target.model"),  # was the server's first model, silently

@@ -62,6 +62,20 @@ def test_a_plain_run_refuses_the_servers_section(tmp_path):
     check_top_level(compose_config("target=served", "+server.tokenizer=byte"))  # the server it starts takes it
 
 
+@pytest.mark.parametrize("override, expected", [
+    # the top level lacks the section: "not a key of the server section; its keys are" the top level's
+    ("server.port=1", "server.port=1 is not allowed: the server's section (python -m paged_bench.serve"),
+    # the nearest was sought for the last segment (rate) among the top level's keys
+    ("workloda.rate=3", "workloda.rate=3 is not allowed: not a key of paged_bench's config (did you mean "
+                        "workload.rate?); its keys are allocator,"),
+    ("workload.rte.x=3", "workload.rte.x=3 is not allowed: not a key of the workload section (did you mean "
+                         "workload.rate.x?)"),
+])  # fmt: skip
+def test_a_section_the_config_lacks_is_named_not_its_last_key(tmp_path, override, expected):
+    line = one_error_line(command(tmp_path, "paged_bench", override, "tracking.enabled=false"))
+    assert line.startswith(f"error: {expected}"), line
+
+
 @pytest.mark.parametrize("override", ["max_bach=2,4", "+max_bach=2,4", "workload.rte=1,2"])
 def test_a_sweep_with_a_misspelled_key_is_refused_before_its_folder_and_parent_run(tmp_path, override):
     # each job failed with it, after the sweep's folder and a FAILED MLflow parent run were made

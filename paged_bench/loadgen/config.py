@@ -46,6 +46,9 @@ class TargetConfig:
         check(cfg.name in ("openai", "served"), "target", cfg.name, "engine, openai or served")
         check(_is_http_url(cfg.base_url), "target.base_url", cfg.base_url,
               "an http(s) URL of an OpenAI-compatible API with a port from 0 to 65535, e.g. http://127.0.0.1:8000/v1")
+        api_root = _api_root(cfg.url)
+        check(api_root == cfg.url, "target.base_url", cfg.base_url,
+              f"the API's root, not one endpoint's URL: {api_root} (target.endpoint picks completions or chat)")
         check(cfg.model is None or (isinstance(cfg.model, str) and bool(cfg.model)), "target.model", cfg.model,
               "a model name, or null (the server's first model)")  # fmt: skip
         check(isinstance(cfg.api_key_env, str) and bool(cfg.api_key_env), "target.api_key_env", cfg.api_key_env,
@@ -78,3 +81,13 @@ class TargetConfig:
     def headers(self) -> dict[str, str]:
         key = os.environ.get(self.api_key_env)
         return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _api_root(url: str) -> str:
+    """``url`` less an endpoint's path (``.../v1/chat/completions``: the client adds it to the
+    API's root, and every request went to ``.../chat/completions/completions``, a 404)."""
+    path = urlsplit(url).path
+    for endpoint in ("/chat/completions", "/completions", "/models"):
+        if path.endswith(endpoint):
+            return url[: len(url) - len(endpoint)]
+    return url

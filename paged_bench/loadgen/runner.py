@@ -40,7 +40,7 @@ from paged_bench.loadgen.client import Outcome, request_body, send
 from paged_bench.loadgen.config import TargetConfig
 from paged_bench.loadgen.prometheus import ttft_totals
 from paged_bench.loadgen.prompts import chat_texts
-from paged_bench.loadgen.spawn import spawned_server
+from paged_bench.loadgen.spawn import check_server_section, spawned_server
 from paged_bench.model.tokenizers import serving_tokenizer, text_token_count
 from paged_bench.records import RequestOutput, RequestRecords, text_digest
 from paged_bench.request import FinishReason, Request
@@ -235,6 +235,8 @@ def run_target(cfg: Mapping[str, Any], bench: Bench, run_dir: Path,
                on_step: Callable[[float, list[RequestOutput]], None] | None = None) -> RemoteRun:
     """Run ``bench.requests`` against ``cfg['target']`` (raises ConfigError before anything runs)."""
     target = TargetConfig.from_mapping(cfg["target"])
+    if target.spawns:
+        check_server_section(cfg.get("server"))
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request
     # the tokenizer our server would speak for this config's backend (target=served: does), so
     # chat texts and counted tokens agree with it

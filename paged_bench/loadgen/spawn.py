@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 from omegaconf import OmegaConf
 
-from paged_bench.errors import PagedBenchError
+from paged_bench.errors import ConfigError, PagedBenchError
 from paged_bench.loadgen.config import TargetConfig
 
 HOST = "127.0.0.1"
@@ -40,11 +40,22 @@ def free_port(host: str = HOST) -> int:
         return s.getsockname()[1]
 
 
+def check_server_section(section: Mapping[str, Any] | None) -> None:
+    """The spawned server takes the job's ``+server.*`` settings, but where it listens is its
+    own to pick (a ``+server.port`` was dropped without a word)."""
+    for key in ("host", "port"):
+        if key in (section or {}):
+            raise ConfigError(f"server.{key}", section[key],
+                              f"left out with target=served, whose server listens on a free loopback port; to "
+                              f"choose the {key}, start python -m paged_bench.serve server.{key}=... and aim "
+                              "target=openai target.base_url=http://HOST:PORT/v1 at it")  # fmt: skip
+
+
 def server_config(cfg: Mapping[str, Any], port: int, server_dir: Path) -> dict[str, Any]:
     """The job's config as the server's: the same engine, on a loopback port."""
     out = {k: v for k, v in cfg.items() if k not in _NOT_SERVER_KEYS}
     out["clock"] = "wall"
-    out["server"] = {**(cfg.get("server") or {}), "host": HOST, "port": port, "log_level": "warning"}
+    out["server"] = {"log_level": "warning", **(cfg.get("server") or {}), "host": HOST, "port": port}
     out["hydra"] = {"run": {"dir": str(server_dir)}, "output_subdir": None}
     return out
 
