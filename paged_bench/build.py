@@ -7,6 +7,7 @@ are checked here so that a bad value names its key before anything is built.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from paged_bench.errors import MAX_TOKENS, ConfigError, PluginError, check, chec
 from paged_bench.memory import check_kv_pool_fits
 from paged_bench.metrics import SLO_KEYS
 from paged_bench.model.kv_capacity import KVBudget
+from paged_bench.model.tokenizers import serving_tokenizer
 from paged_bench.request import Request
 from paged_bench.workloads.base import Workload, WorkloadContext
 
@@ -239,10 +241,13 @@ def build_workload(cfg: Mapping[str, Any]) -> Workload:
     return registry.create("workload", name, **options)
 
 
-def workload_requests(workload: Workload, backend: Backend) -> list[Request]:
+def workload_requests(workload: Workload, backend: Backend, tokenizer: str = "auto") -> list[Request]:
     """The workload's requests, tokenized for ``backend``: a list of ``Request`` with ids of their
-    own (a plugin's otherwise failed deep in a run, or ran as another workload)."""
-    reqs = workload.requests(WorkloadContext(backend.vocab_size, backend.tokenizer.encode))
+    own (a plugin's otherwise failed deep in a run, or ran as another workload). A text is read
+    as our server reads it for this backend (``tokenizer``: ``server.tokenizer``'s choice), so a
+    text trace's prompts are as long in-process as served; loaded only for a workload with text."""
+    speaks = functools.cache(lambda: serving_tokenizer(tokenizer, backend.tokenizer, backend.vocab_size))
+    reqs = workload.requests(WorkloadContext(backend.vocab_size, lambda text: speaks().encode(text)))
     if not (isinstance(reqs, list) and all(isinstance(r, Request) for r in reqs)):
         raise PluginError(f"workload {workload.name!r}: requests() returned {type(reqs).__name__}"
                           f"{' of ' + type(reqs[0]).__name__ if isinstance(reqs, list) and reqs else ''}, "
@@ -269,7 +274,7 @@ def build(cfg: Mapping[str, Any]) -> Bench:
     workload = build_workload(cfg)  # its settings are checked before a model loads
     engine, budget = build_engine(cfg)
     try:
-        requests = workload_requests(workload, engine.backend)
+        requests = workload_requests(workload, engine.backend, (cfg.get("server") or {}).get("tokenizer", "auto"))
     except BaseException:
         engine.backend.close()
         raise

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 
+import httpx
 import pytest
 import yaml
 
@@ -157,6 +158,20 @@ def test_a_traces_prompt_text_reaches_a_chat_as_that_text(server, config, tmp_pa
     speaks = serving_tokenizer("auto", ByteTokenizer(), build(config(*FAST)).backend.vocab_size)
     expected = [len(speaks.encode(simple_chat_template([{"role": "user", "content": t}]))) for t in texts]
     assert [int(r["prompt_tokens"]) for r in rows(out)] == expected
+
+
+def test_a_text_traces_prompts_are_as_long_in_process_as_served(server, config, tmp_path):
+    # in-process, the sim read a text as bytes (36 tokens for "Hello there, ..."), while our
+    # server for the same config reads it with the BPE: the two runs served different prompts
+    texts = ["Hello there, how are you today?", "Paged attention hands out KV blocks in pages."]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(json.dumps({"timestamp": i * 0.05, "prompt": t, "output_len": 4})
+                               for i, t in enumerate(texts)))  # fmt: skip
+    local = run_job(config(*FAST, "workload=trace", f"workload.path={trace}"), tmp_path / "local")
+    read = [httpx.post(f"{server.url}/v1/completions", json={"prompt": t, "max_tokens": 1}).json()["usage"]
+            for t in texts]  # fmt: skip
+    assert [int(r["prompt_tokens"]) for r in rows(local)] == [u["prompt_tokens"] for u in read]
+    assert all(u["prompt_tokens"] < len(t) // 2 for u, t in zip(read, texts))  # words, not bytes
 
 
 def test_spawned_server_runs_this_config(config, tmp_path):

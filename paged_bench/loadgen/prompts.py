@@ -36,15 +36,15 @@ def text_of_length(tokenizer: Any, token_ids: list[int], rng: np.random.Generato
     return text
 
 
-def chat_texts(requests: list[Request], tokenizer: Any, seed: int, workload_tokenizer: Any) -> list[str]:
+def chat_texts(requests: list[Request], tokenizer: Any, seed: int) -> list[str]:
     """Each request's chat text, in the order of ``requests`` (the same texts for the same seed):
-    a prompt that was text (a trace's: its ids are what ``workload_tokenizer`` makes of their
-    own text) goes as that text, as vLLM sends a dataset's; random ids are made text of their
-    length in ``tokenizer``, the server's."""
+    a prompt that was text (a trace's: its ids are what ``tokenizer``, the server's, which read
+    the workload's texts, makes of their own text) goes as that text, as vLLM sends a dataset's;
+    random ids are made text of their length in ``tokenizer``."""
     rng = np.random.default_rng(seed)
     texts = []
     for req in requests:
         ids = list(req.prompt_token_ids)
-        text = workload_tokenizer.decode(ids)
-        texts.append(text if plain_ids(workload_tokenizer, text) == ids else text_of_length(tokenizer, ids, rng))
+        text = tokenizer.decode(ids)
+        texts.append(text if plain_ids(tokenizer, text) == ids else text_of_length(tokenizer, ids, rng))
     return texts

@@ -243,7 +243,7 @@ def run_target(cfg: Mapping[str, Any], bench: Bench, run_dir: Path,
     choice = (cfg.get("server") or {}).get("tokenizer", "auto")
     tokenizer = serving_tokenizer(choice, bench.backend.tokenizer, bench.backend.vocab_size)
     chat = target.endpoint == "chat"
-    texts = chat_texts(bench.requests, tokenizer, cfg.get("seed", 0), bench.backend.tokenizer) if chat else []
+    texts = chat_texts(bench.requests, tokenizer, cfg.get("seed", 0)) if chat else []
 
     def count_tokens(text: str) -> int:  # when the server reports no usage, as vLLM's client counts
         return text_token_count(tokenizer, text)
