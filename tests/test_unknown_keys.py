@@ -66,10 +66,10 @@ def test_a_plain_run_refuses_the_servers_section(tmp_path):
     # the top level lacks the section: "not a key of the server section; its keys are" the top level's
     ("server.port=1", "server.port=1 is not allowed: the server's section (python -m paged_bench.serve"),
     # the nearest was sought for the last segment (rate) among the top level's keys
-    ("workloda.rate=3", "workloda.rate=3 is not allowed: not a key of paged_bench's config (did you mean "
-                        "workload.rate?); its keys are allocator,"),
-    ("workload.rte.x=3", "workload.rte.x=3 is not allowed: not a key of the workload section (did you mean "
-                         "workload.rate.x?)"),
+    ("workloda.rate=3", ("workloda.rate=3 is not allowed: not a key of paged_bench's config (did you mean "
+                         "workload.rate?); its keys are allocator,")),
+    ("workload.rte.x=3", ("workload.rte.x=3 is not allowed: not a key of the workload section (did you mean "
+                          "workload.rate.x?)")),
 ])  # fmt: skip
 def test_a_section_the_config_lacks_is_named_not_its_last_key(tmp_path, override, expected):
     line = one_error_line(command(tmp_path, "paged_bench", override, "tracking.enabled=false"))
