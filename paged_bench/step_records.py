@@ -9,8 +9,8 @@ rows are sealed into typed numpy columns, so a long run's records cost 8 bytes a
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
-from typing import NamedTuple
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -109,3 +109,34 @@ class StepRecords:
         if not self._chunks:
             return None
         return StepRow(*(col[-1].item() for col in self._chunks[-1]))
+
+
+# what a cluster's replicas hold at once adds up; a replica that ran out of work holds none
+_SUMMED_COLUMNS = ("batch_size", "running", "waiting", "kv_live_slots", "kv_reserved_slots")
+
+
+def cluster_wide(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
+    """A cluster's step rows (``steps.csv``'s, whose ``replica`` column says whose: each replica
+    counts its own steps) as one series, in time order: at the end of each replica's step, that
+    step's figures plus every other replica's latest (none once it went idle), its
+    ``preemptions``, and ``step`` counting the rows. A run of one engine's rows (no ``replica``
+    column) is returned as it is."""
+    if not rows or "replica" not in rows[0]:
+        return [dict(row) for row in rows]
+    idle = (0.0,) * len(_SUMMED_COLUMNS)
+    standing: dict[Any, tuple[float, ...]] = {}  # each replica's share of the total between its steps
+    totals = idle
+    out = []
+    for row in sorted(rows, key=lambda r: float(r["time"])):
+        values = tuple(float(row[c]) for c in _SUMMED_COLUMNS)
+        others = tuple(t - s for t, s in zip(totals, standing.get(row["replica"], idle)))
+        standing[row["replica"]] = values if _row_running(values) else idle
+        totals = tuple(o + s for o, s in zip(others, standing[row["replica"]]))
+        merged = dict(zip(_SUMMED_COLUMNS, (o + v for o, v in zip(others, values))))
+        out.append({"step": len(out), "time": float(row["time"]), "duration": 0.0, **merged,
+                    "preemptions": float(row["preemptions"])})  # fmt: skip
+    return out
+
+
+def _row_running(values: tuple[float, ...]) -> bool:
+    return values[_SUMMED_COLUMNS.index("running")] > 0

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from paged_bench import registry
 from paged_bench.build import (
     PLUGIN_KINDS,
@@ -98,15 +100,19 @@ def build_cluster(cfg: Mapping[str, Any], spec: ClusterSpec) -> ClusterBench:
         roles = ["colocated"] * spec.num_decode
     replicas = [Replica(i, role, engine) for i, (role, engine) in enumerate(zip(roles, engines))]
 
-    def router() -> Router:
-        return registry.create("router", router_name, **router_options)
+    def router(role: str = "colocated") -> Router:
+        options = dict(router_options)
+        if role == "decode" and isinstance(options.get("seed"), int) and options["seed"] >= 0:
+            # a stream of its own: with the prefill router's seed, both drew the same pairs
+            options["seed"] = int(np.random.SeedSequence([options["seed"], 1]).generate_state(1)[0])
+        return registry.create("router", router_name, **options)
 
     if spec.disaggregated:
         try:
             kv_bytes = _kv_bytes_per_token(cfg, engines[0])
         except ConfigError as e:
             raise ConfigError(e.key, e.value, f"{e.allowed} (the K/V size prices a hand-over's transfer)") from e
-        cluster = Cluster(replicas, router(), router(), spec.link, kv_bytes)
+        cluster = Cluster(replicas, router("prefill"), router("decode"), spec.link, kv_bytes)
     else:
         cluster = Cluster(replicas, router())
     _, kv_budget = built[0]

@@ -21,6 +21,7 @@ from typing import Any
 from paged_bench.flat import display_key
 from paged_bench.report.load import Run, RunSet
 from paged_bench.report.tables import figures, metric
+from paged_bench.step_records import cluster_wide
 
 MAX_PANELS = 12
 
@@ -154,6 +155,15 @@ def _with_steps(rs: RunSet) -> list[Run]:
     return [r for r in rs.runs if r.table("steps") is not None][:MAX_PANELS]
 
 
+def _steps(run: Run):
+    """The run's steps as one series: a cluster's replicas summed (``cluster_wide``; drawn
+    row by row, they made a sawtooth that jumped between replicas)."""
+    import pandas as pd
+
+    df = run.table("steps")
+    return pd.DataFrame(cluster_wide(df.to_dict("records"))) if "replica" in df else df
+
+
 def step_curve(steps, column: str):
     """A per-step figure as a line over time: each step's value held over its own span
     [end - duration, end] (a step row's ``time`` is its end), across the gap to the next step
@@ -179,7 +189,7 @@ def kv_over_time(rs: RunSet, out_dir: Path) -> Path | None:
     plt = _pyplot()
     fig, axes = _grid(plt, len(runs))
     for ax, run in zip(axes, runs):
-        df = run.table("steps")
+        df = _steps(run)
         ax.fill_between(*step_curve(df, "kv_live_slots"), alpha=0.5, label="live")
         ax.plot(*step_curve(df, "kv_reserved_slots"), color="C3", label="reserved")
         ax.set_xlabel("time (s)")
@@ -197,7 +207,7 @@ def preemptions_over_time(rs: RunSet, out_dir: Path) -> Path | None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in runs:
-        df = run.table("steps")
+        df = _steps(run)
         ax.step(df["time"], df["preemptions"].cumsum(), where="post", label=rs.label(run))
     ax.set_xlabel("time (s)")
     ax.set_ylabel("preemptions (cumulative)")

@@ -1,6 +1,6 @@
 """Power of two choices (Mitzenmacher): sample two distinct replicas at random, send the
-request to the one with fewer requests in flight. Nearly as balanced as asking every
-replica, at the cost of two probes; seeded, so a run is reproducible."""
+request to the one with fewer requests in flight (either, at random, on a tie). Nearly as
+balanced as asking every replica, at the cost of two probes; seeded, so a run is reproducible."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from paged_bench.errors import check_int
 from paged_bench.request import Request
-from paged_bench.routers.base import ReplicaView, Router, least_loaded
+from paged_bench.routers.base import ReplicaView, Router
 
 
 class PowerOfTwoRouter(Router):
@@ -22,5 +22,7 @@ class PowerOfTwoRouter(Router):
     def route(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
         if len(replicas) == 1:
             return 0
-        a, b = self._rng.choice(len(replicas), size=2, replace=False)
-        return least_loaded([replicas[a], replicas[b]])
+        # drawn in random order, the first wins a tie: a tie to the lower index left the last
+        # replica a pair it could only win outright (200 requests at low load: 79/71/44/6)
+        a, b = (replicas[i] for i in self._rng.choice(len(replicas), size=2, replace=False))
+        return a.index if a.num_in_flight <= b.num_in_flight else b.index

@@ -25,6 +25,7 @@ from typing import Any
 
 from paged_bench.flat import flatten
 from paged_bench.report.load import RUN_INFO, RunFileError, read_json, read_yaml, run_outcome
+from paged_bench.step_records import cluster_wide
 
 # a job's status -> MLflow's
 RUN_STATUS = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
@@ -125,11 +126,13 @@ def summary_metrics(summary: Mapping[str, Any], timestamp: int) -> list:
 def step_metrics(steps: list[Mapping[str, Any]], start_ms: int, max_points: int) -> list:
     """The step-wise series from ``steps.csv`` rows (read by column name), thinned to
     ``max_points`` per series; timestamps follow the run's clock (a step's end), so the UI's
-    relative-time axis shows run time (virtual time for the sim)."""
+    relative-time axis shows run time (virtual time for the sim). A cluster's are its replicas'
+    summed (``cluster_wide``): each replica's own step numbers made one series jump between them."""
     from mlflow.entities import Metric
 
     if not steps or max_points <= 0:
         return []
+    steps = cluster_wide(steps)
     stride = math.ceil(len(steps) / max_points)
     kept = list(range(0, len(steps), stride))
     kept[-1] = len(steps) - 1  # the last step is always a point (the run's end): still at most max_points

@@ -1,0 +1,61 @@
+"""A cluster's step records read as one series: each replica numbers its own steps, so the
+MLflow step series and the report's KV plot, drawn row by row, jumped between replicas."""
+
+from __future__ import annotations
+
+import csv
+
+from paged_bench.app import run_job
+from paged_bench.cluster.build import build_cluster
+from paged_bench.cluster.spec import cluster_spec
+from paged_bench.report.load import RunSet, load_run
+from paged_bench.report.plots import kv_over_time
+from paged_bench.step_records import cluster_wide
+from paged_bench.tracking.runs import STEP_SERIES, step_metrics
+
+WORKLOAD = ("workload=poisson", "workload.num_requests=60", "workload.rate=20", "cluster.replicas=3")
+
+
+def _replayed(rows, column):
+    """``column`` summed over replicas after each row, each replica at its latest step (none once idle)."""
+    latest, out = {}, []
+    for row in sorted(rows, key=lambda r: float(r["time"])):
+        mine = float(row[column])
+        latest[row["replica"]] = mine if float(row["running"]) > 0 else 0.0
+        out.append(mine + sum(v for r, v in latest.items() if r != row["replica"]))
+    return out
+
+
+def test_a_clusters_steps_are_its_replicas_summed_in_time_order(config, tmp_path):
+    assert run_job(config(*WORKLOAD), tmp_path).status == "finished"
+    with (tmp_path / "steps.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len({r["replica"] for r in rows}) == 3
+    merged = cluster_wide(rows)
+    assert [m["step"] for m in merged] == list(range(len(rows)))
+    times = [m["time"] for m in merged]
+    assert times == sorted(times)
+    for column in ("kv_reserved_slots", "waiting", "batch_size"):
+        assert [m[column] for m in merged] == _replayed(rows, column)
+    assert max(m["kv_reserved_slots"] for m in merged) > max(float(r["kv_reserved_slots"]) for r in rows)
+    # MLflow's series: one point per step number, steps rising (94 points held 90 step numbers)
+    metrics = step_metrics(rows, 0, 10_000)
+    for name in STEP_SERIES.values():
+        steps = [m.step for m in metrics if m.key == name]
+        assert steps == sorted(set(steps)) and len(steps) == len(rows)
+    one = [dict(r, step=str(i)) for i, r in enumerate(r for r in rows if r["replica"] == "0")]
+    assert cluster_wide([{k: v for k, v in r.items() if k != "replica"} for r in one]) == [
+        {k: v for k, v in r.items() if k != "replica"} for r in one]  # one engine's rows are left as they are
+
+
+def test_the_kv_plot_of_a_cluster_is_drawn(config, tmp_path):
+    run_job(config(*WORKLOAD), tmp_path / "run")
+    (tmp_path / "plots").mkdir()
+    assert kv_over_time(RunSet.of([load_run(tmp_path / "run")]), tmp_path / "plots").is_file()
+
+
+def test_a_split_clusters_decode_router_draws_its_own_pairs(config):
+    cfg = config("cluster.prefill_replicas=2", "cluster.decode_replicas=2", "router=power_of_two")
+    cluster = build_cluster(cfg, cluster_spec(cfg)).cluster
+    draws = [[r._rng.integers(1 << 30) for _ in range(8)] for r in (cluster.router, cluster.decode_router)]
+    assert draws[0] != draws[1]  # both were seeded with seed: the same pairs, prefill and decode
