@@ -29,7 +29,7 @@ from typing import Any
 import paged_bench.tracking  # noqa: F401  (telemetry off before mlflow is imported)
 from paged_bench.cli.sweep_folder import SWEEP_FILE, alive_here, job_info, sweep_info
 from paged_bench.errors import PagedBenchError, one_line
-from paged_bench.report.load import REPORT_DIR, RUN_INFO, Run, RunFileError, find_runs, read_json
+from paged_bench.report.load import REPORT_DIR, RUN_INFO, TRACKING_URI_KEY, Run, RunFileError, find_runs, read_json
 from paged_bench.tracking import store
 from paged_bench.tracking.runs import (
     RUN_DIR_TAG, SWEEP_DIR_TAG, finish_sweep, is_complete, start_sweep, upload_run, uploaded, uploads_of,
@@ -192,7 +192,9 @@ def sync(paths: list[Path], tracking_uri: str | None = None) -> tuple[Tally, lis
     for sweep_dir, runs in sorted(sweeps.items()):
         link = sweep_info(sweep_dir).get("tracking") or {}
         notes += sync_sweep(store_for(link.get("uri")), sweep_dir, runs, tally)
-    notes += [note for note in (sync_run(store_for(None), run, tally) for run in singles) if note]
+    # a run names the store its config named, if any (it went to the default store of sync's folder)
+    recorded = (read_json(run.path / RUN_INFO).get(TRACKING_URI_KEY) for run in singles)
+    notes += [note for note in (sync_run(store_for(uri), run, tally) for run, uri in zip(singles, recorded)) if note]
     return tally, notes
 
 

@@ -23,9 +23,12 @@ def test_untracked_runs_are_uploaded_once(tmp_path):
     uri = fresh_store(tmp_path)
     for batch in (4, 8):
         assert run_cli(tmp_path, f"max_batch={batch}", "tracking.enabled=false").returncode == 0
-    # a command refused by a bad value leaves its record but ran nothing: sync uploaded it as a FAILED run
-    assert run_cli(tmp_path, "max_batch=0", "tracking.enabled=false").returncode == 2
-    assert len(list(tmp_path.glob("runs/20*/*/run_info.json"))) == 3
+    # a command refused leaves its record but ran nothing: sync uploaded it as a FAILED run (a
+    # bad value, then a sweep's config without -m, an interpolation to nothing, hydra.job.chdir)
+    for refused in (["max_batch=0"], ["+experiment=uniform_lengths"], ["max_batch=${nosuch}"],
+                    ["hydra.job.chdir=true"]):  # fmt: skip
+        assert run_cli(tmp_path, *refused, "tracking.enabled=false").returncode == 2
+    assert len(list(tmp_path.glob("runs/20*/*/run_info.json"))) == 6
     run_dirs = sorted(p.parent for p in tmp_path.glob("runs/20*/*/summary.json"))
     assert not _has_experiment(uri)  # tracking was off: nothing in the store yet
 
@@ -41,6 +44,18 @@ def test_untracked_runs_are_uploaded_once(tmp_path):
     second = _sync(tmp_path, *run_dirs)
     assert second.stdout.strip() == "sync: 0 run(s) uploaded, 2 already in the store, 0 sweep parent run(s) closed"
     assert len(runs_of(uri, "paged_bench")[1]) == 2
+
+
+def test_a_run_is_uploaded_to_the_store_its_config_named(tmp_path):
+    # its tracking.uri was not recorded: sync copied it into the default store, beside that one
+    default, own = fresh_store(tmp_path), fresh_store(tmp_path / "own")
+    relative = "sqlite:///own/runs/mlflow.db"  # read from where the run ran, not where sync runs
+    assert run_cli(tmp_path, "max_batch=4", "tracking.enabled=false", f"tracking.uri={relative}").returncode == 0
+    (tmp_path / "elsewhere").mkdir()
+    proc = _sync(tmp_path / "elsewhere", tmp_path / "runs")
+    assert proc.returncode == 0 and "1 run(s) uploaded" in proc.stdout, proc.stderr
+    assert len(runs_of(own, "paged_bench")[1]) == 1
+    assert not _has_experiment(default)
 
 
 def _has_experiment(uri):

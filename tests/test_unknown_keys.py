@@ -84,3 +84,12 @@ def test_a_sweep_with_a_misspelled_key_is_refused_before_its_folder_and_parent_r
                    f"tracking.uri=sqlite:///{store}/mlflow.db", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
     assert "(did you mean " in one_error_line(proc)
     assert not (tmp_path / "sweep").exists() and not store.exists()
+
+
+def test_a_sweep_that_changes_into_each_jobs_folder_is_refused_before_its_first_job(tmp_path):
+    # each job made an MLflow store of its own in its folder, and was logged there and in the sweep's
+    store = tmp_path / "store"
+    proc = command(tmp_path, "paged_bench", "-m", "max_batch=2,4", "hydra.job.chdir=true",
+                   f"tracking.uri=sqlite:///{store}/mlflow.db", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    assert one_error_line(proc).startswith("error: hydra.job.chdir=True is not allowed: false (paged_bench writes")
+    assert proc.returncode == 2 and not (tmp_path / "sweep").exists() and not store.exists()

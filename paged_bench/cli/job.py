@@ -33,12 +33,19 @@ from omegaconf.errors import OmegaConfBaseException
 from paged_bench.app import JobOutcome, run_job
 from paged_bench.cli import signals, sweep_folder
 from paged_bench.cli.progress import JobBar, echo
-from paged_bench.cli.sweep_jobs import override_keys, unswept_params
+from paged_bench.cli.sweep_jobs import chdir_refused, override_keys, unswept_params
 from paged_bench.cli.track import check_tracking, track_job
 from paged_bench.errors import PagedBenchError
 from paged_bench.files import cannot_write
 from paged_bench.outputs import format_summary
-from paged_bench.report.load import CONFIG_FILE, REPORT_DIR, RUN_INFO, save_config, update_run_info
+from paged_bench.report.load import (
+    CONFIG_FILE,
+    REPORT_DIR,
+    RUN_INFO,
+    TRACKING_URI_KEY,
+    save_config,
+    update_run_info,
+)
 
 # what a run writes into its folder (outputs.write_run, a cluster's replicas.csv, its config,
 # its plots, a report of it, the server it spawned): never another tool's files
@@ -58,6 +65,7 @@ class Job:
     sweep: dict[str, Any] = field(default_factory=dict)  # what its sweep's sweep.json says
     options: dict[str, str] = field(default_factory=dict)  # the config option per group (workload=seed)
     unswept: str | None = None  # why a config that defines a sweep cannot run as one job
+    chdir: bool = False  # hydra.job.chdir: Hydra changed into the job's folder (refused)
     config: dict[str, Any] | None = None  # resolved, once it is
 
     @classmethod
@@ -77,13 +85,14 @@ class Job:
             sweep=sweep_folder.sweep_info(sweep_dir) if sweep_dir else {},
             options=_options(hc.runtime.choices, task),
             unswept=None if multirun else _sweep_without_multirun(dict(hc.sweeper.params or {}), task),
+            chdir=bool(hc.job.chdir),
         )
 
     def record(self, started: float) -> dict[str, Any]:
         """Who the job is, in its ``run_info.json``: what tracking, ``sync`` and its sweep
         know it by."""
         return {"run_name": self.name, "job_num": self.num, sweep_folder.SWEEP_ID: self.sweep.get("id"),
-                "start_time": started}  # fmt: skip
+                "start_time": started, **_store_of(self.config or {})}  # fmt: skip
 
     @property
     def label(self) -> str:
@@ -208,9 +217,29 @@ def run(cfg: DictConfig) -> None:
         _fail(message, 1, job)
 
 
+def _store_of(config: Mapping[str, Any]) -> dict[str, str]:
+    """The store the config names (``tracking.uri``), as ``run_info.json`` records it for a later
+    ``sync`` (which otherwise uploads to its own default store): absolute, as the job read it."""
+    uri = (config.get("tracking") or {}).get("uri")
+    if not isinstance(uri, str) or not uri:
+        return {}
+    from paged_bench.tracking.store import resolve_uri
+
+    return {TRACKING_URI_KEY: resolve_uri(uri)}
+
+
+def _refuse(message: str, job: Job, started: float) -> None:
+    """A command refused before its config resolved: recorded as such in its folder, so that a
+    later ``sync`` leaves it out (it ran nothing), and failed with exit status 2."""
+    _record_what_it_can(job, started, "failed", message, refused=True)
+    _fail(message, 2, job)
+
+
 def _run(cfg: DictConfig, job: Job, started: float) -> None:
+    if job.chdir:
+        return _refuse(str(chdir_refused()), job, started)
     if job.unswept:
-        return _fail(job.unswept, 2, job)
+        return _refuse(job.unswept, job, started)
     holder = sweep_folder.job_info(job.run_dir)
     if not job.multirun and sweep_folder.alive_here(holder):  # clearing it would delete a live run's results
         return _fail(f"{job.run_dir} is in use by a running job (pid {holder['pid']}): use another hydra.run.dir, "
@@ -229,14 +258,16 @@ def _run(cfg: DictConfig, job: Job, started: float) -> None:
     except OmegaConfBaseException as e:  # an interpolation that resolves to nothing
         where = getattr(e, "full_key", None)
         message = (f"{where}: " if where else "") + str(e).splitlines()[0]
+        if not job.multirun:
+            return _refuse(message, job, started)
         _record_what_it_can(job, started, "failed", message)
         return _fail(message, 2, job)
     # who the job is, before its config and before it runs: a job cut off with its process is
     # still logged by name, and the sweep's process passes a signal on to the process running it
     # (with the options picked: a job that fails to build is labelled as one that ran, workload=seed)
     options = {k: v for k, v in job.options.items() if not k.startswith("hydra/")}
-    update_run_info(job.run_dir, {**job.record(started), "pid": os.getpid(), "host": socket.gethostname(),
-                                  "choices": options})  # fmt: skip
+    update_run_info(job.run_dir, {**job.record(started), **_store_of(config), "pid": os.getpid(),
+                                  "host": socket.gethostname(), "choices": options})  # fmt: skip
     save_config(job.run_dir, config)
     job.config = config
     bar = JobBar(enabled=not job.multirun or in_sweep_process, nested=job.multirun)

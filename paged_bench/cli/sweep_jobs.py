@@ -62,6 +62,7 @@ def check_jobs(config: DictConfig, total: int | None) -> None:
     except Exception:  # noqa: BLE001  (the sweeper reports bad overrides itself)
         jobs = []
     try:
+        _refuse_chdir(config)
         _refuse_no_jobs(config, total)
         _refuse_experiments_that_sweep(config, jobs)
         _refuse_unknown_keys(config, jobs)
@@ -71,6 +72,21 @@ def check_jobs(config: DictConfig, total: int | None) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(e.exit_code) from e
+
+
+def chdir_refused() -> Exception:
+    """``hydra.job.chdir=true``: relative paths (the default MLflow store, the sweep's folder, a
+    trace's) were read from each job's folder: every job made a store of its own there, and a
+    sweep's jobs were logged twice. Each job's files go to its folder without it."""
+    from paged_bench.errors import ConfigError
+
+    return ConfigError("hydra.job.chdir", True, "false (paged_bench writes each job's files into its folder itself; "
+                       "run from there, relative paths such as the default MLflow store's were the folder's)")  # fmt: skip
+
+
+def _refuse_chdir(config: DictConfig) -> None:
+    if OmegaConf.select(config, "hydra.job.chdir"):
+        raise chdir_refused()
 
 
 def _refuse_no_jobs(config: DictConfig, total: int | None) -> None:
