@@ -76,7 +76,8 @@ def request_latency(req: Request) -> RequestLatency:
     return RequestLatency(*values, (records.chunk_gaps(np.ones(1, bool)) * 1e3).tolist())
 
 
-def _stats(name: str, values: np.ndarray) -> dict[str, float | None]:
+def latency_stats(name: str, values: np.ndarray) -> dict[str, float | None]:
+    """``name``'s percentiles, mean and std (ms) over ``values``; null when there are none."""
     if not len(values):
         return dict.fromkeys([f"{label}_{name}_ms" for label in (*PERCENTILES, *SPREADS)])
     ranks = [q for q in PERCENTILES.values() if q is not None]
@@ -144,7 +145,7 @@ def request_figures(
         else:
             values = getattr(lat, f"{name}_ms")[done]
             values = values[~np.isnan(values)]
-        summary.update(_stats(name, values))
+        summary.update(latency_stats(name, values))
     summary["max_output_tokens_per_s"] = peak_output_tokens_per_s(records, done)
     starts, ends = records.arrival_time[done], records.last_chunk_time[done]
     summary["max_concurrent_requests"] = peak_concurrency(starts, np.where(np.isnan(ends), starts, ends))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import itertools
 
+import numpy as np
 import pytest
 
 from paged_bench.app import run_job
@@ -58,8 +59,16 @@ def test_the_kv_transfer_is_priced_from_the_model_and_the_link(split_run):
 
 def test_a_slower_link_delays_the_second_token_not_the_first(config, tmp_path):
     fast = run_job(config(*SPLIT), tmp_path / "fast").summary
-    slow = run_job(config(*SPLIT, "cluster.link=ethernet", "cluster.link_bandwidth_gbs=1"), tmp_path / "slow").summary
+    slow_run = run_job(config(*SPLIT, "cluster.link=ethernet", "cluster.link_bandwidth_gbs=1"), tmp_path / "slow")
+    slow = slow_run.summary
     assert slow["median_ttft_ms"] == fast["median_ttft_ms"]  # the prefill side does not see the link
+    # a P/D proxy's client waits for the decode replica's first token: it sees the link
+    assert slow["median_decode_ttft_ms"] > fast["median_decode_ttft_ms"] + slow["mean_kv_transfer_ms"] / 2
+    seconds = sorted((r.token_times[1] - r.arrival_time) * 1e3 for r in slow_run.result.requests
+                     if len(r.token_times) > 1)  # fmt: skip
+    assert slow["p99_decode_ttft_ms"] == pytest.approx(float(np.percentile(seconds, 99)))
+    assert slow["median_decode_ttft_ms"] == pytest.approx(float(np.median(seconds)))
+    assert fast["median_decode_ttft_ms"] > fast["median_ttft_ms"]
     assert slow["mean_kv_transfer_ms"] > 50 * fast["mean_kv_transfer_ms"]
     assert slow["p99_itl_ms"] > fast["p99_itl_ms"] + slow["mean_kv_transfer_ms"] / 2
     assert slow["kv_transfer_bytes"] == fast["kv_transfer_bytes"]

@@ -29,7 +29,7 @@ import numpy as np
 from paged_bench.cluster.loop import ClusterRun
 from paged_bench.cluster.replica import Replica
 from paged_bench.engine import STEP_COLUMNS, EngineResult, StepRecords
-from paged_bench.metrics import LATENCIES, PERCENTILES, SPREADS, peak_output_tokens_per_s, summarize
+from paged_bench.metrics import LATENCIES, PERCENTILES, SPREADS, latency_stats, peak_output_tokens_per_s, summarize
 from paged_bench.records import RequestRecords
 
 PER_REPLICA = ("completed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "prefix_cache_hit_rate",
@@ -142,10 +142,22 @@ def cluster_summary(
         summary["num_kv_transfers"] = len(run.transfers)
         summary["mean_kv_transfer_ms"] = float(np.mean(seconds)) if seconds else None
         summary["p99_kv_transfer_ms"] = float(np.percentile(seconds, 99)) if seconds else None
+        summary.update(latency_stats("decode_ttft", _decode_ttfts_ms(records)))
     for s in replicas:
         for key in ("busy_fraction", *PER_REPLICA):
             summary[f"replica{s['replica']}/{key}"] = s.get(key)
     return summary, replicas
+
+
+def _decode_ttfts_ms(records: RequestRecords) -> np.ndarray:
+    """A split cluster's TTFT as a client of a P/D proxy reads it: vLLM's
+    (``disagg_prefill_proxy_server.py``) discards the prefill instance's token and streams the
+    decode instance's, so the client waits for the hand-over and a decode slot too. Arrival to
+    the first token a decode replica sampled (each request's second), over the requests that
+    had one."""
+    has = records.succeeded & (records.num_chunks >= 2)
+    second = records.chunk_times[records.chunk_offsets[:-1][has] + 1]
+    return (second - records.arrival_time[has]) * 1e3
 
 
 def _imbalance(counts: list[int]) -> float | None:

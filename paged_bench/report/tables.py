@@ -54,6 +54,8 @@ _METRICS = [
     Metric("kv_transfer_bytes", "K/V transferred (bytes)", None),
     Metric("mean_kv_transfer_ms", "K/V transfer mean (ms)", "lower", "{:.2f}"),
     Metric("p99_kv_transfer_ms", "K/V transfer p99 (ms)", "lower", "{:.2f}"),
+    Metric("median_decode_ttft_ms", "TTFT via a P/D proxy p50 (ms)", "lower"),
+    Metric("p99_decode_ttft_ms", "TTFT via a P/D proxy p99 (ms)", "lower"),
 ]
 METRICS = {m.key: m for m in _METRICS}
 DEFAULT_METRICS = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "p99_e2el_ms", "kv_reserved_slots_peak"]
