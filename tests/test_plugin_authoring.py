@@ -28,7 +28,8 @@ def site(tmp_path_factory) -> str:
     fake_distribution(root, "slip-plugins", {"paged_bench.router": {"fewest": "slip_plugins:Fewest"},  # singular
                                              "paged_bench.conf": {"slip": "slip_conf"}},
                       {"slip_plugins": ROUTER})  # fmt: skip
-    _conf_package(root, "slip_conf", {"router/fewest.yaml": "name: fewest\n", "router/noname.yaml": "seed: 1\n"})
+    _conf_package(root, "slip_conf", {"router/fewest.yaml": "name: fewest\n", "router/noname.yaml": "seed: 1\n",
+                                      "router/broken.yaml": "name: fewest\nseed: [1\n"})  # fmt: skip
     fake_distribution(root, "bare-plugins", {"paged_bench.conf": {"bare": "bare_conf"}}, {})
     _conf_package(root, "bare_conf", {})  # installed without its YAML (no package data)
     return str(root)
@@ -43,7 +44,12 @@ def test_each_mistake_is_one_warning_naming_the_file_and_what_to_do(tmp_path, si
                    "no installed router plugin: register it in entry-point group paged_bench.routers")
     unnamed = ("warning: plugin package slip-plugins ships slip_conf/router/noname.yaml, which sets no name: key: "
                "not registered; set name: to its router plugin's entry-point name")
-    assert sorted(_warnings(proc.stdout)) == [bare, wrong_group, unnamed]
+    # a YAML error was "config options of plugin 'slip' (slip_conf) could not be loaded", no file
+    # named, and every other file of the package was left out with it
+    broken = "warning: plugin package slip-plugins ships slip_conf/router/broken.yaml, which could not be read: "
+    found = sorted(_warnings(proc.stdout))
+    assert [w for w in found if not w.startswith(broken)] == [bare, wrong_group, unnamed]
+    assert len(found) == 4 and "line 3" in next(w for w in found if w.startswith(broken))
 
 
 def test_a_plugin_in_a_group_paged_bench_does_not_read_is_named_with_the_group_to_use(tmp_path, site):

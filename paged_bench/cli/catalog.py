@@ -23,7 +23,7 @@ from importlib.metadata import entry_points
 import yaml
 
 from paged_bench import registry
-from paged_bench.errors import PagedBenchError
+from paged_bench.errors import PagedBenchError, one_line
 
 CONF_GROUP = "paged_bench.conf"
 _HEADER = re.compile(r"^#\s*@package\s+(\S+)\s*$")
@@ -147,6 +147,14 @@ def _name_problem(group: str, text: str) -> tuple[str | None, bool]:
             f"{registry.KINDS[group][0]}"), True
 
 
+def _unreadable(e: Exception) -> str:
+    """Why an option file could not be read, with the line of a YAML mistake."""
+    mark = getattr(e, "problem_mark", None)
+    if isinstance(e, yaml.MarkedYAMLError) and mark is not None:
+        return f"{e.problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return one_line(e)
+
+
 def register_plugin_configs() -> list[str]:
     """Put the config options that plugin packages ship into Hydra's ConfigStore; returns a
     message per package whose options could not be read and per option file left out (see
@@ -171,17 +179,20 @@ def register_plugin_configs() -> list[str]:
                 problems.append(f"plugin package {package} ships no option files in {ep.value.replace('.', '/')}/ "
                                 "(<group>/<option>.yaml): install them with the package, as package data")  # fmt: skip
             for group, f in files:
-                option, text = f.name[: -len(".yaml")], f.read_text()
-                where = f"{ep.value.replace('.', '/')}/{group}/{f.name}"
-                why, register = _name_problem(group, text)
+                option, where = f.name[: -len(".yaml")], f"{ep.value.replace('.', '/')}/{group}/{f.name}"
+                try:
+                    text = f.read_text()
+                    why, register = _name_problem(group, text)
+                    node = OmegaConf.create(text) if register else None
+                except Exception as e:  # noqa: BLE001  (one unreadable file: named, the package's others still load)
+                    why, register = f"which could not be read: {_unreadable(e)}", False
                 if (refused := _refusal(group, option, groups, owners)) is not None:
                     why, register = refused, False
                 if why is not None:
                     problems.append(f"plugin package {package} ships {where}, {why}")
                 if not register:
                     continue
-                store.store(group=group, name=option, node=OmegaConf.create(text),
-                            package=_package_header(text), provider=package)  # fmt: skip
+                store.store(group=group, name=option, node=node, package=_package_header(text), provider=package)
                 owners[(group, option)] = package
         except Exception as e:  # noqa: BLE001  (one broken package must not take the others' options away)
             problems.append(f"config options of plugin {ep.name!r} ({ep.value}) from package {package} "

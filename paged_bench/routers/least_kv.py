@@ -1,4 +1,5 @@
-"""Least KV: the replica with the most free KV blocks (fewest requests in flight on ties).
+"""Least KV: the replica with the largest share of its KV blocks free (the most free blocks,
+replicas' pools being equal; fewest requests in flight on ties).
 
 Free blocks lag the queue (a request holds no blocks until it is admitted), so under a burst
 this router can pile requests onto one replica; that is the difference from
