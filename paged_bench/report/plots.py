@@ -58,7 +58,9 @@ def _save(plt, fig, path: Path) -> Path:
     with warnings.catch_warnings():  # labels too long to lay out tightly: the figure is still drawn whole
         warnings.simplefilter("ignore", UserWarning)
         fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with warnings.catch_warnings():  # a long run's curves: placing the legend is slow, not wrong
+        warnings.filterwarnings("ignore", message='Creating legend with loc="best" can be slow', category=UserWarning)
+        fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
