@@ -93,3 +93,18 @@ def test_a_sweep_that_changes_into_each_jobs_folder_is_refused_before_its_first_
                    f"tracking.uri=sqlite:///{store}/mlflow.db", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
     assert one_error_line(proc).startswith("error: hydra.job.chdir=True is not allowed: false (paged_bench writes")
     assert proc.returncode == 2 and not (tmp_path / "sweep").exists() and not store.exists()
+
+
+@pytest.mark.parametrize("override", ["experiment_name=a,b", "tracking.step_metrics=0,100"])
+def test_a_sweep_over_where_it_is_recorded_is_refused_before_its_first_job(tmp_path, override):
+    # its table had identical rows told apart by nothing; experiment_name=a,b went to one experiment
+    proc = command(tmp_path, "paged_bench", "-m", override, "tracking.enabled=false",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    key, _, value = override.partition("=")
+    assert one_error_line(proc) == (f"error: {key}='{value}' is not allowed: one value per sweep (it says where and "
+                                    "how the sweep is recorded, not what its jobs run): run one sweep per value")
+    assert proc.returncode == 2 and not (tmp_path / "sweep").exists()
+    # one value is no sweep of it (a plain value's characters were taken for its sweep's values)
+    proc = command(tmp_path, "paged_bench", "-m", f"{key}={value.split(',')[-1]}", "max_batch=2,4",
+                   "workload.num_requests=2", "tracking.enabled=false", f"hydra.sweep.dir={tmp_path / 'one'}")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr

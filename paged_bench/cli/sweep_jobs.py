@@ -67,6 +67,7 @@ def check_jobs(config: DictConfig, total: int | None) -> None:
         _refuse_experiments_that_sweep(config, jobs)
         _refuse_unknown_keys(config, jobs)
         _refuse_routers_without_a_cluster(config, jobs)
+        _refuse_sweeping_the_record(config)
         check_sweep(config, jobs)  # every job's tracking settings, before the first job
         parallel.prepare(config, jobs, total)
     except ConfigError as e:
@@ -147,6 +148,20 @@ def _refuse_routers_without_a_cluster(config: DictConfig, jobs: list[list[str]])
             if e.key == "router":  # the job's other settings: its launcher reports them
                 raise ConfigError(routers[0].get_key_element(), _typed_value(routers[0]),
                                   f"{e.allowed} (set cluster.replicas=N, N >= 2, to compare routers)") from e  # fmt: skip
+
+
+def _refuse_sweeping_the_record(config: DictConfig) -> None:
+    """``experiment_name`` or a ``tracking`` setting swept: its jobs measure the same thing, so
+    the sweep's table shows identical rows told apart by nothing, and a sweep is one parent run
+    in one MLflow experiment (``experiment_name=a,b``: both jobs went to the parent's)."""
+    from paged_bench.errors import ConfigError
+
+    for o in safe_overrides(config):
+        key = o.key_or_group.lstrip("+~")
+        swept = o.is_sweep_override() and len(set(o.sweep_string_iterator())) > 1
+        if swept and (key == "experiment_name" or key.startswith("tracking.")):
+            raise ConfigError(o.get_key_element(), _typed_value(o), "one value per sweep (it says where and how "
+                              "the sweep is recorded, not what its jobs run): run one sweep per value")  # fmt: skip
 
 
 def _load_job(config: DictConfig, overrides: list[str]) -> DictConfig:
