@@ -131,6 +131,11 @@ _TABLE = (
     ("preemptions", ("num_preemptions",), "{}"),
     ("prefix cache hit rate", ("prefix_cache_hit_rate",), "{:.1%}"),
     ("goodput (req/s)", ("goodput",), "{:.2f}"),
+    ("GPUs, output tok/s per GPU", ("num_gpus", "output_throughput_per_gpu"), "{}, {:.1f}"),
+    # a cluster's (a row shows where its figures are in the summary)
+    ("replicas, load imbalance (max / mean)", ("num_replicas", "replica_load_imbalance"), "{}, {:.2f}"),
+    ("TTFT via a P/D proxy median / p99 (ms)", ("median_decode_ttft_ms", "p99_decode_ttft_ms"), "{:.1f} / {:.1f}"),
+    ("K/V transfer mean (ms)", ("mean_kv_transfer_ms",), "{:.2f}"),
 )
 
 

@@ -147,6 +147,11 @@ def test_a_cluster_run_through_the_command_line(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["num_replicas"] == 2 and summary["completed"] == 48
     assert summary["replica0/completed"] + summary["replica1/completed"] == 48
+    # the console says it was a cluster, on how many GPUs (it showed one engine's figures only)
+    values = [line.rsplit("  ", 1)[-1].strip() for line in proc.stdout.splitlines()
+              if line.startswith(("  GPUs, output tok/s per GPU", "  replicas, load imbalance"))]  # fmt: skip
+    per_gpu, imbalance = summary["output_throughput_per_gpu"], summary["replica_load_imbalance"]
+    assert values == [f"2, {per_gpu:.1f}", f"2, {imbalance:.2f}"], values
 
 
 @pytest.mark.parametrize("split", [(), ("cluster.prefill_replicas=1",)])
