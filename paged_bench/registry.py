@@ -104,7 +104,28 @@ def load(kind: str, name: str) -> type:
     base = _base(kind)
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise PluginError(f"{_plugin(kind, name, ep)} is not a subclass of {base.__module__}.{base.__qualname__}")
+    if (problem := _hook_mismatch(cls, base)) is not None:
+        raise PluginError(f"{_plugin(kind, name, ep)} {problem}")
     return cls
+
+
+def _hook_mismatch(cls: type, base: type) -> str | None:
+    """How ``cls`` overrides one of ``base``'s methods with parameters the engine's call does
+    not fit (``pick_waiting(self, extra)``: a TypeError mid-run, pointing at the engine), or
+    None. An override must take the base method's positional parameters; more need defaults."""
+    for attr, hook in vars(base).items():
+        mine = getattr(cls, attr, None)
+        if attr.startswith("_") or not inspect.isfunction(hook) or not inspect.isfunction(mine) or mine is hook:
+            continue
+        params = [p for p in inspect.signature(hook).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]  # fmt: skip
+        try:
+            inspect.signature(mine).bind(*(None for _ in params))
+        except TypeError:
+            called = ", ".join(p.name for p in params)
+            return (f"overrides {attr}{inspect.signature(mine)}, which is called as {attr}({called}): take "
+                    f"{base.__qualname__}.{attr}'s parameters (more only with defaults)")
+    return None
 
 
 def _in_another_group(kind: str, name: str) -> EntryPoint | None:

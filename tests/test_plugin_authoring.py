@@ -102,3 +102,29 @@ def test_an_option_the_file_does_not_give_says_where_options_come_from(monkeypat
     assert str(e.value).endswith("failed to build: TypeError: _keyword_only() missing 1 required keyword-only "
                                  "argument: 'num_requests' (its options come from its option file, or "
                                  "+workload.KEY=VALUE)")  # fmt: skip
+
+
+BAD_HOOK = """from paged_bench.schedulers.continuous import ContinuousScheduler
+
+
+class Picky(ContinuousScheduler):
+    name = "picky"
+
+    def pick_waiting(self, how):
+        return self.waiting[0]
+
+    def choose_victim(self, req, reason=None):  # one more, with a default: called as the base's, it fits
+        return super().choose_victim(req)
+"""
+
+
+def test_a_hook_whose_parameters_the_engine_cannot_pass_is_refused_before_the_run(tmp_path):
+    # was a TypeError at the first admission, "raised at paged_bench/schedulers/base.py", and a traceback
+    site = fake_distribution(tmp_path / "site", "picky-plugins", {"paged_bench.schedulers": {"picky": "picky:Picky"}},
+                             {"picky": BAD_HOOK})  # fmt: skip
+    proc = run_cli(tmp_path, "scheduler.name=picky", "tracking.enabled=false", PYTHONPATH=str(site))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: scheduler plugin 'picky' (picky:Picky) from package picky-plugins overrides pick_waiting(self, how), "
+        "which is called as pick_waiting(self): take Scheduler.pick_waiting's parameters (more only with defaults)")
+    assert not list(tmp_path.glob("runs/*/*/summary.json"))
