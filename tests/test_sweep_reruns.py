@@ -32,7 +32,8 @@ def test_a_sweep_rerun_into_its_folder_reports_and_logs_only_its_own_jobs(tmp_pa
     first = run_cli(tmp_path, "-m", "max_batch=2,8", *SMALL, "hydra.sweep.dir=runs/same", "experiment_name=first")
     assert first.returncode == 0, first.stderr
     # job 0 fails before it measures anything; job 1's folder is the first sweep's alone
-    second = run_cli(tmp_path, "-m", "max_batch=0", *SMALL, "hydra.sweep.dir=runs/same", "experiment_name=second")
+    # (a pool too small for one sequence: refused as the job builds its engine, not before the sweep)
+    second = run_cli(tmp_path, "-m", "num_blocks=2", *SMALL, "hydra.sweep.dir=runs/same", "experiment_name=second")
     assert second.returncode == 1, second.stderr
     assert "1 job(s), 1 not finished" in second.stdout
     assert "| metric" not in second.stdout  # no empty table of the one job's figures
@@ -44,7 +45,7 @@ def test_a_sweep_rerun_into_its_folder_reports_and_logs_only_its_own_jobs(tmp_pa
 
     parent, children = _children(uri, "second")
     assert parent.data.tags["jobs"] == "1" and parent.data.tags["failed_jobs"] == "1"
-    assert [(c.data.params["max_batch"], c.info.status) for c in children] == [("0", "FAILED")]
+    assert [(c.data.params["num_blocks"], c.info.status) for c in children] == [("2", "FAILED")]
     assert "median_ttft_ms" not in children[0].data.metrics  # not the first run's figures
 
 

@@ -108,3 +108,14 @@ def test_a_sweep_over_where_it_is_recorded_is_refused_before_its_first_job(tmp_p
     proc = command(tmp_path, "paged_bench", "-m", f"{key}={value.split(',')[-1]}", "max_batch=2,4",
                    "workload.num_requests=2", "tracking.enabled=false", f"hydra.sweep.dir={tmp_path / 'one'}")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_value_every_job_refuses_is_refused_before_the_first_job(tmp_path):
+    # each job failed with the same line, under a FAILED parent run; one that some jobs refuse is theirs
+    proc = command(tmp_path, "paged_bench", "-m", "max_batch=2,4", "workload.rate=-1", "tracking.enabled=false",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    assert one_error_line(proc) == "error: workload.rate=-1 is not allowed: a number > 0"
+    assert proc.returncode == 2 and not (tmp_path / "sweep").exists()
+    proc = command(tmp_path, "paged_bench", "-m", "workload.rate=-1,20", "workload.num_requests=2",
+                   "tracking.enabled=false", f"hydra.sweep.dir={tmp_path / 'some'}")  # fmt: skip
+    assert proc.returncode == 1 and "1 of 2 sweep jobs did not finish" in proc.stderr

@@ -68,6 +68,7 @@ def check_jobs(config: DictConfig, total: int | None) -> None:
         _refuse_unknown_keys(config, jobs)
         _refuse_routers_without_a_cluster(config, jobs)
         _refuse_sweeping_the_record(config)
+        _refuse_what_no_job_can_run(config, jobs)
         check_sweep(config, jobs)  # every job's tracking settings, before the first job
         parallel.prepare(config, jobs, total)
     except ConfigError as e:
@@ -162,6 +163,31 @@ def _refuse_sweeping_the_record(config: DictConfig) -> None:
         if swept and (key == "experiment_name" or key.startswith("tracking.")):
             raise ConfigError(o.get_key_element(), _typed_value(o), "one value per sweep (it says where and how "
                               "the sweep is recorded, not what its jobs run): run one sweep per value")  # fmt: skip
+
+
+def _refuse_what_no_job_can_run(config: DictConfig, jobs: list[list[str]]) -> None:
+    """A value every job refuses (``-m max_batch=2,4 workload.rate=-1``): each job failed with
+    the same line, after the sweep's folder and a FAILED parent run were made. Jobs are checked
+    in order until one passes (the first, most often); one that only some jobs refuse is left to
+    them, and the sweep's table shows which."""
+    from paged_bench.build import build_workload, check_top_level
+    from paged_bench.errors import ConfigError
+
+    refused = None
+    for overrides in jobs:
+        if not (job_config := _job_config(config, overrides)):
+            return  # it does not compose: its launcher says why
+        try:
+            check_top_level(job_config)
+            build_workload(job_config)
+        except ConfigError as e:
+            refused = refused or e
+            continue
+        except Exception:  # noqa: BLE001  (a config that does not compose, a plugin's trouble: its job reports it)
+            return
+        return
+    if refused is not None:
+        raise refused
 
 
 def _load_job(config: DictConfig, overrides: list[str]) -> DictConfig:
