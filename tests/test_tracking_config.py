@@ -26,6 +26,8 @@ BAD_SETTINGS = [
     ("tracking.uri=sqlite:///:memory:", "tracking.uri='sqlite:///:memory:' is not allowed: an SQLite store in a file"),
     ("tracking.uri=sqlite://", "tracking.uri='sqlite://' is not allowed: an SQLite store in a file"),
     ("tracking.uri=123", "tracking.uri=123 is not allowed: a tracking URI: sqlite:///PATH"),
+    # ran, then "MLflow tracking failed (UnsupportedModelRegistryStoreURIException: ... 'ftp://x')"
+    ("tracking.uri=ftp://x", "tracking.uri='ftp://x' is not allowed: a tracking URI: sqlite:///PATH"),
     ("+tracking.url=x", "tracking.url='x' is not allowed: one of enabled, uri, step_metrics, plots"),
     ("experiment_name=123", "experiment_name=123 is not allowed: a name of 1 to 500 characters (the MLflow "
                             "experiment), or null (a number is a name in quotes: \"experiment_name='123'\")"),
@@ -46,7 +48,8 @@ def test_good_tracking_settings_pass(monkeypatch):
     monkeypatch.delenv(store.URI_ENV, raising=False)
     good = [(), ("tracking.enabled=false",), ("tracking.step_metrics=0", "tracking.plots=true"),
             ("experiment_name=null",), ("tracking.uri=sqlite:///rel/x.db",), ("tracking.uri=databricks",),
-            ("tracking.uri=http://127.0.0.1:5000",), ("tracking.enabled=false", "tracking.uri=/a/folder")]  # fmt: skip
+            ("tracking.uri=http://127.0.0.1:5000",), ("tracking.enabled=false", "tracking.uri=/a/folder"),
+            ("tracking.uri=postgresql+psycopg2://u@h/db",), ("tracking.uri=HTTPS://h",)]  # fmt: skip
     for overrides in good:
         check_tracking(compose_config(*overrides))
 

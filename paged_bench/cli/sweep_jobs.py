@@ -67,9 +67,9 @@ def check_jobs(config: DictConfig, total: int | None) -> None:
         _refuse_experiments_that_sweep(config, jobs)
         _refuse_unknown_keys(config, jobs)
         _refuse_routers_without_a_cluster(config, jobs)
+        check_sweep(config, jobs)  # every job's tracking settings, before the first job
         _refuse_sweeping_the_record(config)
         _refuse_what_no_job_can_run(config, jobs)
-        check_sweep(config, jobs)  # every job's tracking settings, before the first job
         parallel.prepare(config, jobs, total)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

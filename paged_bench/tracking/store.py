@@ -61,6 +61,19 @@ def resolve_uri(configured: str | None = None) -> str:
     return Path(uri).resolve().as_uri() if _is_file_store(uri) and not urlparse(uri).scheme else uri  # a folder
 
 
+# what MLflow's tracking-store registry opens (mlflow/tracking/_tracking_service/utils.py):
+# ftp://x passed, and the run's tracking failed after it, naming the model registry
+_DATABASES = ("postgresql", "mysql", "sqlite", "mssql")  # and their dialects, postgresql+psycopg2
+
+
+@functools.cache
+def _tracking_schemes() -> frozenset[str]:
+    from importlib.metadata import entry_points
+
+    plugins = {ep.name for ep in entry_points(group="mlflow.tracking_store")}
+    return frozenset({"", "file", "databricks", "databricks-uc", "uc", "http", "https", *plugins})
+
+
 def check_uri(configured: Any, key: str) -> None:
     """Refuse, before anything runs, a store that MLflow would refuse once the run is over:
     ``configured`` (named ``key`` in the message), else ``$MLFLOW_TRACKING_URI`` when set."""
@@ -70,6 +83,10 @@ def check_uri(configured: Any, key: str) -> None:
     if uri is None:
         return  # the embedded SQLite store
     check(isinstance(uri, str) and uri.strip() != "", key, uri, f"a tracking URI: {URI_FORMS}")
+    scheme = urlparse(uri).scheme.lower()
+    check(scheme in _tracking_schemes() or scheme.startswith(_DATABASES), key, uri,
+          f"a tracking URI: {URI_FORMS} (MLflow has no tracking store for {scheme}://; a package may add one "
+          "in entry-point group mlflow.tracking_store)")  # fmt: skip
     check(not _is_file_store(uri) or _file_store_allowed(), key, uri,
           f"a tracking URI: {URI_FORMS} (MLflow 3 opens a folder or file:// store only with "
           f"{FILE_STORE_ENV}=true)")  # fmt: skip
