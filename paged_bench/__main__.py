@@ -70,18 +70,24 @@ def _raised_in_hydra(e: BaseException) -> bool:
     return tb is not None and Path(tb.tb_frame.f_code.co_filename).is_relative_to(_HYDRA)
 
 
-def _type_error_line(e: TypeError) -> str:
-    """A TypeError inside Hydra's defaults list: a group override given values that are not
-    option names (``router=[1,2]``). The group is the one Hydra was expanding, if it is known."""
+def _group_option_line(e: ValueError | TypeError) -> str:
+    """A ValueError or TypeError inside Hydra's defaults list: a group override given values
+    that are not option names (``router=[1,2]``, ``cluster=null``: "Config group override must
+    be a string or a list. Got NoneType", naming no group). The group is the one Hydra was
+    expanding, if it is known."""
     tb, group, options = e.__traceback__, None, None
-    while tb is not None:  # the innermost frame that holds the group default being expanded
-        default = tb.tb_frame.f_locals.get("d")
+    while tb is not None:  # the innermost frame that holds the group default (or override) being read
+        default, override = tb.tb_frame.f_locals.get("d"), tb.tb_frame.f_locals.get("override")
         if isinstance(getattr(default, "group", None), str) and hasattr(default, "get_options"):
             group, options = default.group, default.get_options()
+        elif isinstance(getattr(override, "key_or_group", None), str) and hasattr(override, "value"):
+            group, options = override.key_or_group, override.value()
         tb = tb.tb_next
     if group is None:
+        if isinstance(e, ValueError):
+            return str(e).strip().splitlines()[0]
         return f"a config group takes option names, e.g. router=round_robin ({type(e).__name__}: {e})"
-    shown = f"[{', '.join(map(str, options))}]" if isinstance(options, list) else options
+    shown = f"[{', '.join(map(str, options))}]" if isinstance(options, list) else "null" if options is None else options
     names = ", ".join(_group_options(group)) or "(none available)"
     return f"{group}={shown} is not allowed: an option name, one of {names}"
 
@@ -95,7 +101,7 @@ def hydra_error(e: BaseException) -> str | None:
         return _one_line(e)
     if not (isinstance(e, (ValueError, TypeError)) and _raised_in_hydra(e)):
         return None
-    return _type_error_line(e) if isinstance(e, TypeError) else str(e).strip().splitlines()[0]
+    return _group_option_line(e)
 
 
 def folder_error(e: OSError) -> str | None:

@@ -153,6 +153,13 @@ def test_a_group_override_given_a_list_is_one_line_in_every_entry_point(tmp_path
                                     "least_outstanding, power_of_two, prefix_affinity, round_robin")  # fmt: skip
 
 
+@pytest.mark.parametrize("module", ["paged_bench", "paged_bench.serve"])
+def test_a_group_override_given_null_names_the_group_and_its_options(tmp_path, module):
+    # was Hydra's "Config group override must be a string or a list. Got NoneType": no group named
+    proc = command(tmp_path, module, "cluster=null", f"hydra.run.dir={tmp_path / 'run'}")
+    assert one_error_line(proc) == "error: cluster=null is not allowed: an option name, one of colocated, disaggregated"
+
+
 def test_an_unknown_option_in_a_list_lists_the_real_options(tmp_path):
     proc = command(tmp_path, "paged_bench", "tracking.enabled=false", "cluster=[a,b]", f"hydra.run.dir={tmp_path}/r")
     assert one_error_line(proc) == "error: cluster=b is not allowed: one of colocated, disaggregated"
@@ -352,10 +359,13 @@ def test_sync_of_a_folder_without_runs_opens_the_store_it_is_given(tmp_path, mon
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     (tmp_path / "empty").mkdir()
-    code = sync_main([str(tmp_path / "empty"), "--tracking-uri", "bogus://x"])
+    assert sync_main([str(tmp_path / "empty"), "--tracking-uri", "bogus://x"]) == 2  # no such kind of store
+    assert capsys.readouterr().err.startswith("error: --tracking-uri='bogus://x' is not allowed: a tracking URI")
+    (tmp_path / "folder.db").mkdir()
+    code = sync_main([str(tmp_path / "empty"), "--tracking-uri", f"sqlite:///{tmp_path / 'folder.db'}"])
     out = capsys.readouterr()
     (line,) = out.err.strip().splitlines()
-    assert code == 1 and line.startswith("error: sync failed: ") and "bogus://x" in line and out.out == ""
+    assert code == 1 and line.startswith("error: sync failed: ") and "folder.db" in line and out.out == ""
     # with no store named, a folder with no runs is nothing to do
     monkeypatch.chdir(tmp_path)
     assert sync_main([str(tmp_path / "empty")]) == 0
