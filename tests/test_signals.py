@@ -137,6 +137,9 @@ def test_ctrl_c_on_a_joblib_sweep_logs_the_interrupted_jobs(tmp_path, n_jobs, ma
         assert 0 < child.data.metrics["completed"] == summary["completed"] < 20000
     not_run = len(max_batch.split(",")) - 2
     assert parent.data.tags["failed_jobs"] == "2" and parent.data.tags["jobs_not_run"] == str(not_run)
+    # how it was launched, which wall-clock figures depend on (the overrides tag left it out)
+    assert parent.data.tags["launcher"] == "joblib"
+    assert parent.data.tags["launcher_overrides"] == f"hydra/launcher=joblib hydra.launcher.n_jobs={n_jobs}"
     assert not (sweep_dir / "2").exists()  # one handed to a worker as the sweep stopped is withdrawn
 
 

@@ -51,6 +51,7 @@ def test_a_sweep_is_a_parent_run_with_a_child_per_job_and_exits_1_when_jobs_fail
     assert parent.info.status == "FAILED"  # closed, never left RUNNING
     assert parent.data.params == {"scheduler": "static,continuous", "max_batch": "4,-1"}
     assert parent.data.tags["failed_jobs"] == "2" and parent.data.tags["jobs"] == "4"
+    assert parent.data.tags["launcher"] == "basic" and "launcher_overrides" not in parent.data.tags
     assert REPORT_FILES <= artifact_paths(c, parent.info.run_id)
     assert "| static" in parent.data.tags["mlflow.note.content"]  # the summary is the parent's description
     assert [r.info.run_name for r in children] == [

@@ -78,7 +78,7 @@ def _start(config: DictConfig) -> None:
     spec = {str(o.get_key_element()).lstrip("+~"): value_text(o) for o in safe_overrides(config)}
     spec = {k: v for k, v in spec.items() if not k.startswith("tracking.")}  # the store is no param
     overrides = " ".join(folder.recorded(list(config.hydra.overrides.task)))
-    tags = {SWEEP_DIR_TAG: str(sweep_dir), "jobs": str(total or ""), "overrides": overrides}
+    tags = {SWEEP_DIR_TAG: str(sweep_dir), "jobs": str(total or ""), "overrides": overrides, **_launcher_tags(config)}
     info: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "total_jobs": total,
                             "started": time.time(), "experiment": experiment, "run_name": f"sweep {experiment} {sweep_dir.name}",
                             "params": spec, "tags": tags}  # fmt: skip
@@ -214,6 +214,15 @@ def _submit_rest(sweep: _Sweep) -> None:
     for run_dir in folder.job_dirs(sweep.sweep_dir):
         if run_dir.resolve() not in sweep.submitted:
             _submit(sweep, run_dir)
+
+
+def _launcher_tags(config: DictConfig) -> dict[str, str]:
+    """How the jobs were launched (``hydra/launcher=joblib hydra.launcher.n_jobs=2``), which
+    a wall-clock backend's figures depend on: the launcher and Hydra's own overrides."""
+    launcher = OmegaConf.select(config, "hydra.runtime.choices")
+    hydra = [o for o in OmegaConf.select(config, "hydra.overrides.hydra", default=[]) or [] if "launcher" in o]
+    tags = {"launcher": str((launcher or {}).get("hydra/launcher") or "basic")}
+    return tags | ({"launcher_overrides": " ".join(hydra)} if hydra else {})
 
 
 def _close_parent(sweep: _Sweep, status: str, files: list[Path], tags: dict[str, str]) -> None:
