@@ -142,3 +142,18 @@ def test_a_sweep_over_workloads_compares_the_options_chosen_not_the_plugins(tmp_
     runs = RunSet.of(find_runs(sweep))
     assert runs.policy == "workload.name" and runs.policy_values() == ["poisson", "seed"]
     assert "Tight layout" not in proc.stderr
+
+
+def test_a_report_says_what_every_run_was_given_beside_what_varies(tmp_path):
+    # the table shows what varies: a sweep's fixed max_batch=8 (beside +experiment=..., whose
+    # question reads "at the same max_batch") was nowhere in its report
+    fresh_store(tmp_path)
+    proc = run_cli(tmp_path, "-m", "scheduler=static,continuous", "max_batch=8", "workload.num_requests=5",
+                   "experiment_name=fixed", "hydra.sweep.dir=sweep")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    said = "Every run: `max_batch=8 workload.num_requests=5 experiment_name=fixed`"  # not the store's settings
+    assert said in (tmp_path / "sweep" / "report" / "report.md").read_text().splitlines()
+    # and from MLflow, as report --experiment fetches the sweep
+    proc = run_cli(tmp_path, "--experiment", "fixed", "--out", "from_mlflow", module="paged_bench.report")
+    assert proc.returncode == 0, proc.stderr
+    assert said in (tmp_path / "from_mlflow" / "report.md").read_text().splitlines()

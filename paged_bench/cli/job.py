@@ -66,6 +66,7 @@ class Job:
     options: dict[str, str] = field(default_factory=dict)  # the config option per group (workload=seed)
     unswept: str | None = None  # why a config that defines a sweep cannot run as one job
     chdir: bool = False  # hydra.job.chdir: Hydra changed into the job's folder (refused)
+    overrides: list[str] = field(default_factory=list)  # its command line's, less the store's and Hydra's
     config: dict[str, Any] | None = None  # resolved, once it is
 
     @classmethod
@@ -86,13 +87,14 @@ class Job:
             options=_options(hc.runtime.choices, task),
             unswept=None if multirun else _sweep_without_multirun(dict(hc.sweeper.params or {}), task),
             chdir=bool(hc.job.chdir),
+            overrides=[o for o in sweep_folder.recorded(task) if not o.startswith("hydra")],
         )
 
     def record(self, started: float) -> dict[str, Any]:
         """Who the job is, in its ``run_info.json``: what tracking, ``sync`` and its sweep
         know it by."""
         return {"run_name": self.name, "job_num": self.num, sweep_folder.SWEEP_ID: self.sweep.get("id"),
-                "start_time": started, **_store_of(self.config or {})}  # fmt: skip
+                "start_time": started, "overrides": self.overrides, **_store_of(self.config or {})}  # fmt: skip
 
     @property
     def label(self) -> str:

@@ -69,6 +69,8 @@ def build_report(
     parts = [f"### {title}"]
     if description:
         parts.append(description)
+    if common := common_overrides(runs):  # what the table, showing what varies, leaves out
+        parts.append(f"Every run: `{' '.join(common)}`")
     head_to_head = head_to_head_markdown(rs, metrics)
     if head_to_head:  # says it all; every run's own row is in table.md and table.csv
         parts.append(head_to_head)
@@ -84,6 +86,15 @@ def build_report(
     )
     files[-1].write_text(report.markdown)
     return report
+
+
+def common_overrides(runs: list[Run]) -> list[str]:
+    """The command-line overrides every run was given (``+experiment=X max_batch=8``: a sweep's
+    fixed settings), as each run's ``run_info.json`` records them (store and Hydra settings
+    left out); none where a run has no such record."""
+    if not runs or any(run.overrides is None for run in runs):
+        return []
+    return [str(o) for o in runs[0].overrides if all(o in run.overrides for run in runs[1:])]
 
 
 def _outcome(run: Run) -> str:

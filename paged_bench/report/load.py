@@ -69,6 +69,7 @@ class Run:
     summary: dict[str, Any]
     source: str = ""  # where the run comes from: its folder, or its MLflow run (runs:/<id>)
     choices: dict[str, str] = field(default_factory=dict)  # config group -> option (workload=seed)
+    overrides: list[str] | None = None  # its command line's (run_info.json), where recorded
     _tables: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -179,7 +180,8 @@ def load_run(path: Path) -> Run:
     status, error = run_outcome(info, summary)
     job = int(path.name) if path.name.isdigit() else None
     choices = info.get("choices") if isinstance(info.get("choices"), dict) else {}
-    return Run(path, job, status, error, _read_config(path), summary, str(path), choices)
+    overrides = info.get("overrides") if isinstance(info.get("overrides"), list) else None
+    return Run(path, job, status, error, _read_config(path), summary, str(path), choices, overrides)
 
 
 def find_runs(path: Path, depth: int = 4, unreadable: list[RunFileError] | None = None) -> list[Run]:
