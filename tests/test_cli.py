@@ -141,7 +141,7 @@ def test_a_run_whose_every_request_fails_is_a_failed_run(tmp_path):
     "args, expected",
     [
         (["max_batch=${nope}"], "error: max_batch: Interpolation key 'nope' not found"),
-        (["workload=null"], "error: Config group override must be a string or a list"),
+        (["workload=null"], "error: workload=null is not allowed: an option name, one of azure_conv, bursty, "),  # Hydra named no group
         (["--cfg", "job", "-m", "max_batch=1,2"], "error: Only one of --run, --multirun"),
         (["--experiments", "extra"], "error: --experiments takes nothing after it (got extra"),
         # refused before its model loads (it was the first step that failed); its option sets max_batch 1
