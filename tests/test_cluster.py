@@ -128,6 +128,9 @@ def test_power_of_two_is_reproducible_from_its_seed(config, tmp_path):
         # a transfer that never arrives left every request unfinished, with no reason given
         (("cluster.prefill_replicas=1", "cluster.decode_replicas=1", "cluster.link_latency_us=inf"),
          "cluster.link_latency_us"),
+        # past the clock's horizon: the first transfer stopped the run mid-way
+        (("cluster.prefill_replicas=1", "cluster.decode_replicas=1", "cluster.link_latency_us=1e30"),
+         "cluster.link_latency_us"),
     ],
 )
 def test_bad_cluster_settings_are_one_line_errors(config, tmp_path, overrides, key):

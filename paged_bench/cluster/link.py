@@ -13,7 +13,8 @@ InfiniBand NDR (400 Gb/s, Splitwise's setting) and 100 Gb Ethernet.
 
 from __future__ import annotations
 
-from paged_bench.errors import check_choice, check_number
+from paged_bench.clock import HORIZON_S
+from paged_bench.errors import check, check_choice, check_number
 from paged_bench.model.tp_link import LINKS as DEVICE_LINKS
 from paged_bench.model.tp_link import Link
 
@@ -31,7 +32,11 @@ def make_link(name: str, bandwidth_gbs: float | None = None, latency_us: float |
     if bandwidth_gbs is not None:
         link = Link(name, check_number("cluster.link_bandwidth_gbs", bandwidth_gbs, 0, strict=True) * 1e9, link.latency)
     if latency_us is not None:
-        link = Link(name, link.bandwidth, check_number("cluster.link_latency_us", latency_us) * 1e-6)
+        latency = check_number("cluster.link_latency_us", latency_us) * 1e-6
+        # past the clock's horizon, the first transfer stopped the run mid-way
+        check(latency < HORIZON_S, "cluster.link_latency_us", latency_us, f"less than {HORIZON_S * 1e6:g} (the "
+              f"simulated clock's {HORIZON_S:g} s)")  # fmt: skip
+        link = Link(name, link.bandwidth, latency)
     return link
 
 
