@@ -288,3 +288,16 @@ def test_rows_that_failed_when_recorded_are_left_out_and_said_so(tmp_path, capsy
     assert "note: 1 rows of" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="a trace with at least one request of 1 output token or more"):
         replay(tmp_path, BURSTGPT.split("\n")[0] + "\n45,ChatGPT,1087,0,1087,Conversation log\n")
+
+
+def test_a_prompt_whose_stated_length_disagrees_is_sent_with_a_note(tmp_path, capsys):
+    # the stated prompt_len was dropped without a word where the row's text read otherwise
+    rows = [{"timestamp": 0, "prompt": "abc", "prompt_len": 3, "output_len": 2},
+            {"timestamp": 1, "prompt": "abcdef", "prompt_len": 2, "output_len": 2},
+            {"timestamp": 2, "prompt": [5, 6], "prompt_len": "n/a", "output_len": 2},  # no count: none stated
+            {"timestamp": 3, "prompt_len": 4, "output_len": 2}]  # fmt: skip
+    reqs = replay(tmp_path, "\n".join(json.dumps(r) for r in rows), "t.jsonl")
+    assert [r.num_prompt_tokens for r in reqs] == [3, 6, 2, 4]  # bytes here; the prompt wins
+    assert capsys.readouterr().err.strip() == (
+        f"note: 1 of 4 rows of {tmp_path / 't.jsonl'} give a prompt whose length here is not the row's prompt "
+        "length (line 2: 6 tokens, 2 stated): the prompt is sent, as long as it is here")

@@ -135,6 +135,7 @@ class TraceWorkload(Workload):
         for i in kept_in_file_order:
             where = f"{self.path}:{rows.lines[i]}"
             tokens[i] = self._prompt_tokens(rows.prompts[i], drawn, ctx, where)
+        _note_stated_lengths(rows, tokens, self.path)
         return [Request(i, t, tokens[i], rows.output_lens[i]) for i, t in zip(kept, times.tolist())]
 
     @staticmethod
@@ -176,3 +177,15 @@ def _check_within_horizon(key: str, value: float, last_arrival: float) -> None:
     failed at its first idle wait naming no key)."""
     check(last_arrival < HORIZON_S, key, value,
           f"a value that puts the last arrival within the clock's {HORIZON_S:.0e} s (it falls at {last_arrival:.3g} s)")
+
+
+def _note_stated_lengths(rows: TraceRows, tokens: dict[int, Any], path: str) -> None:
+    """Say so when rows give a prompt and a prompt length that disagree: the prompt is sent
+    (as this backend's tokenizer reads a text; a trace recorded under another tokenizer counts
+    it otherwise), and its length is what the run reports."""
+    off = [i for i in tokens if rows.prompts[i] is not None and rows.prompt_lens[i] not in (None, len(tokens[i]))]
+    if off:
+        i = off[0]
+        print(f"note: {len(off)} of {len(tokens)} rows of {path} give a prompt whose length here is not the "
+              f"row's prompt length (line {rows.lines[i]}: {len(tokens[i])} tokens, {rows.prompt_lens[i]} stated): "
+              "the prompt is sent, as long as it is here", file=sys.stderr)  # fmt: skip

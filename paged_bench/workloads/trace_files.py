@@ -67,7 +67,7 @@ class TraceRows:
 
     times: list[float]  # seconds: epoch seconds when ``absolute``, else from the trace's start
     absolute: bool
-    prompt_lens: list[int | None]  # None where the row gives a prompt (text or token ids) instead
+    prompt_lens: list[int | None]  # as the row states it; None where it gives only a prompt (text or token ids)
     prompts: list[str | list[int] | None]
     output_lens: list[int]
     lines: list[int]
@@ -257,8 +257,8 @@ def read_trace(path: Path, columns: Mapping[str, str], time_unit: str) -> TraceR
                 out.prompt_lens.append(_count(row[found[field]]))
                 out.prompts.append(None)
             else:
-                out.prompt_lens.append(None)
                 out.prompts.append(_prompt(prompt))
+                out.prompt_lens.append(_stated(row.get(found["prompt_len"]) if found["prompt_len"] else None))
         except (KeyError, ValueError, TypeError, OverflowError) as e:
             value = row.get(found[field]) if found[field] else None
             raise ConfigError("workload.path", f"{path}:{line_no}",
@@ -268,6 +268,15 @@ def read_trace(path: Path, columns: Mapping[str, str], time_unit: str) -> TraceR
     check(len(kinds) == 1, "workload.path", str(path), "arrival times all datetimes or all numbers, not a mix")
     out.absolute = kinds.pop() or _epoch_seconds(out, path, unit, found["arrival_time"])
     return out
+
+
+def _stated(value: Any) -> int | None:
+    """A row's prompt length beside its prompt: compared with the prompt, never used for it (a
+    cell that is no count is as good as none)."""
+    try:
+        return None if value in (None, "") else _count(value)
+    except (ValueError, TypeError, OverflowError):
+        return None
 
 
 def _epoch_seconds(rows: TraceRows, path: Path, unit: str, column: str | None) -> bool:
