@@ -33,6 +33,7 @@ MIRRORED_KNOBS = ("num_blocks", "block_size", "max_model_len")  # allocator opti
 # scheduler options copied from the top level, which sizes the pool, the backend's activations and
 # its per-step cap: an option file may set a lower value (a narrower policy), never a higher one
 CAPPED_KNOBS = ("max_batch", "max_num_batched_tokens")
+AUTO_MODEL_LEN = 2048  # max_model_len=auto where the backend has no model to take it from
 
 
 @dataclass
@@ -67,7 +68,11 @@ def check_top_level(cfg: Mapping[str, Any]) -> None:
     check_settings(cfg)
     check_int("block_size", cfg.get("block_size"), 1, MAX_TOKENS)
     check_int("max_batch", cfg.get("max_batch"))
-    check_int("max_model_len", cfg.get("max_model_len"), 2)
+    if cfg.get("max_model_len") != "auto":
+        try:
+            check_int("max_model_len", cfg.get("max_model_len"), 2)
+        except ConfigError as e:
+            raise ConfigError(e.key, e.value, f"{e.allowed}, or auto (the model's context)") from None
     check_int("max_num_batched_tokens", cfg.get("max_num_batched_tokens"))
     check_int("seed", cfg.get("seed"), 0)
     if cfg.get("num_blocks") not in (None, "auto"):
@@ -197,10 +202,25 @@ def build_engine(cfg: Mapping[str, Any], copies: int = 1) -> tuple[Engine, KVBud
                                                          f"serves {cap} request(s) at a time)")  # fmt: skip
     backend = registry.create("backend", name, **options)
     try:
-        return _engine_on(backend, cfg, copies)
+        return _engine_on(backend, with_model_len(cfg, backend), copies)
     except BaseException:  # a refused setting must not leave the backend's model or workers behind
         backend.close()
         raise
+
+
+def with_model_len(cfg: Mapping[str, Any], backend: Backend) -> dict[str, Any]:
+    """``cfg`` with ``max_model_len=auto`` made the model's context, as vLLM derives it when
+    none is given: its ``max_position_embeddings``, or its sliding window if shorter (past it
+    this engine would not attend as the model does); ``AUTO_MODEL_LEN`` for a backend with no
+    model (the linear simulator)."""
+    if cfg.get("max_model_len") != "auto":
+        return dict(cfg)
+    model = backend.model_config
+    value = AUTO_MODEL_LEN if model is None else min(model.max_position_embeddings, model.sliding_window or MAX_TOKENS)
+    out = {**cfg, "max_model_len": value}
+    if isinstance(cfg.get("allocator"), Mapping) and "max_model_len" in cfg["allocator"]:
+        out["allocator"] = {**cfg["allocator"], "max_model_len": value}  # its mirror of the top level
+    return out
 
 
 def _engine_on(backend: Backend, cfg: Mapping[str, Any], copies: int) -> tuple[Engine, KVBudget | None]:
@@ -278,5 +298,5 @@ def build(cfg: Mapping[str, Any]) -> Bench:
     except BaseException:
         engine.backend.close()
         raise
-    _note_capped(requests, cfg["max_model_len"])
+    _note_capped(requests, engine.scheduler.max_model_len)
     return Bench(engine, requests, dict(cfg), choices, kv_budget=budget, max_concurrency=workload.max_concurrency)

@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 
-from paged_bench.build import build
+from paged_bench.build import build, build_engine
 from paged_bench.config import compose_config
 from paged_bench.errors import ConfigError
 from paged_bench.model.config import read_hf_config
@@ -71,6 +71,11 @@ def test_a_mistral_sliding_window_holds_max_model_len_to_it(tmp_path):
     with pytest.raises(ConfigError, match="max_model_len=9 is not allowed: at most 8, the model's sliding_window"):
         build(compose_config("backend=numpy", f"backend.model_path={path}", "max_model_len=9"))
     build(compose_config("backend=numpy", f"backend.model_path={path}", "max_model_len=8", "num_blocks=4")).backend.close()
+    # auto (the server's default, as vLLM's): the window, shorter than the positions
+    engine, _ = build_engine(compose_config("backend=numpy", f"backend.model_path={path}", "max_model_len=auto",
+                                            "allocator=contiguous", "num_blocks=4"))  # fmt: skip
+    assert engine.scheduler.max_model_len == 8 and engine.allocator.blocks_per_slab == 1  # the slab follows
+    engine.backend.close()
     _edit_config(path, sliding_window="8")
     with pytest.raises(ConfigError, match="sliding_window='8' is not allowed: null or a number of tokens"):
         read_hf_config(path)

@@ -13,6 +13,7 @@ from paged_bench import memory
 from paged_bench.app import run_job
 from paged_bench.build import build_engine, build_workload, check_top_level
 from paged_bench.clock import WallClock
+from paged_bench.config import compose_config
 from paged_bench.errors import ConfigError, EngineError
 from paged_bench.model.config import PRESETS, resolve_model
 from paged_bench.model.roofline import RooflineCost, hardware, load_preset, save_preset
@@ -172,3 +173,16 @@ def test_a_rooflines_vocabulary_is_its_models_and_another_is_refused_not_ignored
     assert _refusal(config, "backend.cost_model=roofline", "backend.vocab_size=258") == (
         "backend.vocab_size=258 is not allowed: null with a roofline: its model's, 128256 (another: "
         "backend.model={preset:NAME,vocab_size:N})")  # fmt: skip
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (("backend=sim",), 2048),  # no model to take it from
+    (("backend=sim", "backend.cost_model=roofline"), 8192),  # llama-3-8b's max_position_embeddings
+    (("backend=numpy",), 4096),  # the random-weight model's
+])  # fmt: skip
+def test_max_model_len_auto_is_the_models_context(overrides, expected):
+    engine, _ = build_engine(compose_config(*overrides, "max_model_len=auto", "tracking.enabled=false"))
+    assert engine.scheduler.max_model_len == expected
+    engine.backend.close()
+    with pytest.raises(ConfigError, match=r"^max_model_len='x' is not allowed: an integer >= 2, or auto \(the model's"):
+        check_top_level(compose_config("max_model_len=x"))

@@ -35,7 +35,7 @@ def sim():
 
 @pytest.fixture(scope="module")
 def tiny():
-    handle = serve_in_thread(*QUIET, "backend=numpy", "backend.model=tiny", "max_batch=16")
+    handle = serve_in_thread(*QUIET, "backend=numpy", "backend.model=tiny", "max_batch=16", "max_model_len=2048")
     yield handle
     handle.stop()
 

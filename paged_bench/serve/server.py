@@ -140,7 +140,7 @@ def build_app(cfg: Mapping[str, Any]) -> tuple[FastAPI, ServerConfig]:
     tokenizer = serving_tokenizer(server_cfg.tokenizer, backend.tokenizer, backend.vocab_size)
     ctx = ServingContext(
         model_name=server_cfg.model_name or default_model_name(cfg),
-        max_model_len=cfg["max_model_len"],
+        max_model_len=built.scheduler.max_model_len,  # auto: the model's
         vocab_size=backend.vocab_size,
         encode=tokenizer.encode,
         render_chat=chat_renderer(tokenizer),
