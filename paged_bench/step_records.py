@@ -112,31 +112,41 @@ class StepRecords:
 
 
 # what a cluster's replicas hold at once adds up; a replica that ran out of work holds none
-_SUMMED_COLUMNS = ("batch_size", "running", "waiting", "kv_live_slots", "kv_reserved_slots")
+SUMMED_COLUMNS = ("batch_size", "running", "waiting", "kv_live_slots", "kv_reserved_slots")
+
+
+def summed_over_replicas(replica: np.ndarray, time: np.ndarray,
+                         columns: Mapping[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:  # fmt: skip
+    """A cluster's step records (row i is replica ``replica[i]``'s step ending at ``time[i]``;
+    ``columns`` holds ``SUMMED_COLUMNS``) as one series: the rows' order by time, and per column,
+    at the end of each of those steps, its figure plus every other replica's latest (none once
+    that replica went idle)."""
+    order = np.lexsort((np.arange(len(time)), time))  # by time, then as given
+    ids = np.asarray(replica)[order]
+    by_replica = np.lexsort((np.arange(len(ids)), ids))  # each replica's rows, in time order
+    previous = np.full(len(ids), -1)  # the same replica's previous row, by position in ``order``
+    same = ids[by_replica][1:] == ids[by_replica][:-1]
+    previous[by_replica[1:][same]] = by_replica[:-1][same]
+    idle = np.asarray(columns["running"], float)[order] <= 0
+    summed = {}
+    for name in SUMMED_COLUMNS:
+        value = np.asarray(columns[name], float)[order]
+        standing = np.where(idle, 0.0, value)  # its share of the total until its next step
+        before = np.where(previous >= 0, standing[np.maximum(previous, 0)], 0.0)
+        summed[name] = np.cumsum(standing - before) - standing + value
+    return order, summed
 
 
 def cluster_wide(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
-    """A cluster's step rows (``steps.csv``'s, whose ``replica`` column says whose: each replica
-    counts its own steps) as one series, in time order: at the end of each replica's step, that
-    step's figures plus every other replica's latest (none once it went idle), its
-    ``preemptions``, and ``step`` counting the rows. A run of one engine's rows (no ``replica``
-    column) is returned as it is."""
+    """A cluster's ``steps.csv`` rows (its ``replica`` column says whose: each replica counts its
+    own steps) as one series, ``summed_over_replicas``, with each row's ``preemptions`` and
+    ``step`` counting the rows. A run of one engine's rows (no ``replica`` column) is returned
+    as it is."""
     if not rows or "replica" not in rows[0]:
         return [dict(row) for row in rows]
-    idle = (0.0,) * len(_SUMMED_COLUMNS)
-    standing: dict[Any, tuple[float, ...]] = {}  # each replica's share of the total between its steps
-    totals = idle
-    out = []
-    for row in sorted(rows, key=lambda r: float(r["time"])):
-        values = tuple(float(row[c]) for c in _SUMMED_COLUMNS)
-        others = tuple(t - s for t, s in zip(totals, standing.get(row["replica"], idle)))
-        standing[row["replica"]] = values if _row_running(values) else idle
-        totals = tuple(o + s for o, s in zip(others, standing[row["replica"]]))
-        merged = dict(zip(_SUMMED_COLUMNS, (o + v for o, v in zip(others, values))))
-        out.append({"step": len(out), "time": float(row["time"]), "duration": 0.0, **merged,
-                    "preemptions": float(row["preemptions"])})  # fmt: skip
-    return out
-
-
-def _row_running(values: tuple[float, ...]) -> bool:
-    return values[_SUMMED_COLUMNS.index("running")] > 0
+    column = {name: np.array([float(row[name]) for row in rows]) for name in (*SUMMED_COLUMNS, "time", "preemptions")}
+    order, summed = summed_over_replicas(np.array([str(row["replica"]) for row in rows]), column["time"], column)
+    times, preemptions = column["time"][order].tolist(), column["preemptions"][order].tolist()
+    values = [summed[name].tolist() for name in SUMMED_COLUMNS]
+    return [{"step": i, "time": times[i], "duration": 0.0, **dict(zip(SUMMED_COLUMNS, row)),
+             "preemptions": preemptions[i]} for i, row in enumerate(zip(*values))]  # fmt: skip

@@ -27,7 +27,8 @@ def _replayed(rows, column):
 
 
 def test_a_clusters_steps_are_its_replicas_summed_in_time_order(config, tmp_path):
-    assert run_job(config(*WORKLOAD), tmp_path).status == "finished"
+    outcome = run_job(config(*WORKLOAD), tmp_path)
+    assert outcome.status == "finished"
     with (tmp_path / "steps.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert len({r["replica"] for r in rows}) == 3
@@ -38,6 +39,10 @@ def test_a_clusters_steps_are_its_replicas_summed_in_time_order(config, tmp_path
     for column in ("kv_reserved_slots", "waiting", "batch_size"):
         assert [m[column] for m in merged] == _replayed(rows, column)
     assert max(m["kv_reserved_slots"] for m in merged) > max(float(r["kv_reserved_slots"]) for r in rows)
+    # the summary's whole-cluster peaks are this series' (kv_*_peak are the largest replica's)
+    for kind in ("live", "reserved"):
+        peak = outcome.summary[f"cluster_kv_{kind}_slots_peak"]
+        assert peak == max(m[f"kv_{kind}_slots"] for m in merged) > outcome.summary[f"kv_{kind}_slots_peak"]
     # MLflow's series: one point per step number, steps rising (94 points held 90 step numbers)
     metrics = step_metrics(rows, 0, 10_000)
     for name in STEP_SERIES.values():

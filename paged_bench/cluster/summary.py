@@ -31,6 +31,7 @@ from paged_bench.cluster.replica import Replica
 from paged_bench.engine import STEP_COLUMNS, EngineResult, StepRecords
 from paged_bench.metrics import LATENCIES, PERCENTILES, SPREADS, latency_stats, peak_output_tokens_per_s, summarize
 from paged_bench.records import RequestRecords
+from paged_bench.step_records import SUMMED_COLUMNS, summed_over_replicas
 
 PER_REPLICA = ("completed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "prefix_cache_hit_rate",
                "num_preemptions", "kv_reserved_slots_peak")  # fmt: skip
@@ -134,6 +135,7 @@ def cluster_summary(
     summary["replica_steps"] = len(merged.steps)
     served = [len(res.requests) for res, role in zip(run.results, roles) if role != "decode"]
     summary["replica_load_imbalance"] = _imbalance(served)
+    summary.update(_cluster_kv_peaks(run))
     if summary["num_prefill_replicas"]:
         summary["decode_load_imbalance"] = _imbalance([len(res.requests) for res, role in zip(run.results, roles)
                                                        if role == "decode"])  # fmt: skip
@@ -147,6 +149,18 @@ def cluster_summary(
         for key in ("busy_fraction", *PER_REPLICA):
             summary[f"replica{s['replica']}/{key}"] = s.get(key)
     return summary, replicas
+
+
+def _cluster_kv_peaks(run: ClusterRun) -> dict[str, int | None]:
+    """The most KV slots the replicas held at once, summed (``kv_*_slots_peak`` are the largest
+    one replica held: a sweep over ``cluster.replicas`` showed them fall as replicas were added)."""
+    steps = [res.steps for res in run.results]
+    if not any(len(s) for s in steps):
+        return {"cluster_kv_live_slots_peak": None, "cluster_kv_reserved_slots_peak": None}
+    replica = np.concatenate([np.full(len(s), i) for i, s in enumerate(steps)])
+    columns = {name: np.concatenate([s.column(name) for s in steps]) for name in (*SUMMED_COLUMNS, "time")}
+    _, summed = summed_over_replicas(replica, columns["time"], columns)
+    return {f"cluster_{name}_peak": int(summed[name].max()) for name in ("kv_live_slots", "kv_reserved_slots")}
 
 
 def _decode_ttfts_ms(records: RequestRecords) -> np.ndarray:
