@@ -56,7 +56,7 @@ def build_report(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rs = RunSet.of(runs)
-    metrics = metrics or rs.report_metrics() or DEFAULT_METRICS
+    metrics = metrics or rs.report_metrics() or default_metrics(runs)
     title = title or rs.experiment_name() or out_dir.parent.name
 
     files = [out_dir / "table.csv", out_dir / "table.md"]
@@ -86,6 +86,14 @@ def build_report(
     )
     files[-1].write_text(report.markdown)
     return report
+
+
+def default_metrics(runs: list[Run]) -> list[str]:
+    """``DEFAULT_METRICS``; for clusters, the KV peak of all replicas at once in place of the
+    largest one replica reached (which fell in a sweep over ``cluster.replicas``)."""
+    if runs and all("cluster_kv_reserved_slots_peak" in run.summary for run in runs):
+        return [m.replace("kv_reserved_slots_peak", "cluster_kv_reserved_slots_peak") for m in DEFAULT_METRICS]
+    return list(DEFAULT_METRICS)
 
 
 def common_overrides(runs: list[Run]) -> list[str]:
