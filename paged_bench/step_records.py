@@ -137,16 +137,23 @@ def summed_over_replicas(replica: np.ndarray, time: np.ndarray,
     return order, summed
 
 
+def cluster_columns(replica: np.ndarray, columns: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """A cluster's step records (``columns``: ``time``, ``preemptions`` and ``SUMMED_COLUMNS``,
+    row i replica ``replica[i]``'s) as one engine's: ``step`` counting the rows in time order,
+    ``time``, ``duration`` 0 (each value holds until the next row), the ``summed_over_replicas``
+    figures and each row's ``preemptions``."""
+    time = np.asarray(columns["time"], float)
+    order, summed = summed_over_replicas(replica, time, columns)
+    return {"step": np.arange(len(order)), "time": time[order], "duration": np.zeros(len(order)), **summed,
+            "preemptions": np.asarray(columns["preemptions"], float)[order]}  # fmt: skip
+
+
 def cluster_wide(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
-    """A cluster's ``steps.csv`` rows (its ``replica`` column says whose: each replica counts its
-    own steps) as one series, ``summed_over_replicas``, with each row's ``preemptions`` and
-    ``step`` counting the rows. A run of one engine's rows (no ``replica`` column) is returned
-    as it is."""
+    """``cluster_columns`` of ``steps.csv`` rows (its ``replica`` column says whose: each replica
+    counts its own steps), as rows. A run of one engine's rows (no ``replica`` column) is
+    returned as it is."""
     if not rows or "replica" not in rows[0]:
         return [dict(row) for row in rows]
-    column = {name: np.array([float(row[name]) for row in rows]) for name in (*SUMMED_COLUMNS, "time", "preemptions")}
-    order, summed = summed_over_replicas(np.array([str(row["replica"]) for row in rows]), column["time"], column)
-    times, preemptions = column["time"][order].tolist(), column["preemptions"][order].tolist()
-    values = [summed[name].tolist() for name in SUMMED_COLUMNS]
-    return [{"step": i, "time": times[i], "duration": 0.0, **dict(zip(SUMMED_COLUMNS, row)),
-             "preemptions": preemptions[i]} for i, row in enumerate(zip(*values))]  # fmt: skip
+    columns = {name: [float(row[name]) for row in rows] for name in (*SUMMED_COLUMNS, "time", "preemptions")}
+    merged = {k: v.tolist() for k, v in cluster_columns(np.array([str(row["replica"]) for row in rows]), columns).items()}
+    return [dict(zip(merged, values)) for values in zip(*merged.values())]

@@ -183,7 +183,7 @@ def _refuse_what_no_job_can_run(config: DictConfig, jobs: list[list[str]]) -> No
         except ConfigError as e:
             refused = refused or e
             continue
-        except Exception:  # noqa: BLE001  (a config that does not compose, a plugin's trouble: its job reports it)
+        except Exception:  # noqa: BLE001  (a plugin's own trouble building its workload: its job reports it)
             return
         return
     if refused is not None:

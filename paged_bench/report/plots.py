@@ -21,7 +21,7 @@ from typing import Any
 from paged_bench.flat import display_key
 from paged_bench.report.load import Run, RunSet
 from paged_bench.report.tables import figures, metric
-from paged_bench.step_records import cluster_wide
+from paged_bench.step_records import cluster_columns
 
 MAX_PANELS = 12
 
@@ -158,12 +158,12 @@ def _with_steps(rs: RunSet) -> list[Run]:
 
 
 def _steps(run: Run):
-    """The run's steps as one series: a cluster's replicas summed (``cluster_wide``; drawn
+    """The run's steps as one series: a cluster's replicas summed (``cluster_columns``; drawn
     row by row, they made a sawtooth that jumped between replicas)."""
     import pandas as pd
 
     df = run.table("steps")
-    return pd.DataFrame(cluster_wide(df.to_dict("records"))) if "replica" in df else df
+    return pd.DataFrame(cluster_columns(df["replica"].to_numpy(), df)) if "replica" in df else df
 
 
 def step_curve(steps, column: str):
