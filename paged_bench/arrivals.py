@@ -9,13 +9,15 @@ The engine's run loop and the HTTP load generator both consume a feed the same w
     finished(reqs, now)   these requests ended: their slots free up
     pending()             the requests never sent (to report when a run stops early)
 
-A closed loop is what ``vllm bench serve --max-concurrency N`` and guidellm's ``concurrent``
-profile do: a request waits for its arrival time *and* a free slot. vLLM's client starts a
+A closed loop is what ``vllm bench serve --max-concurrency N`` does (guidellm's ``poisson``
+and ``constant`` profiles with ``--max-concurrency``): a request waits for its arrival time *and*
+a free slot. vLLM's client starts a
 request's clock when it takes a slot (after its semaphore), so a request the cap held back has
 ``arrival_time`` moved to when a slot opened for it; one that arrived while a slot was free keeps
 its arrival time, even if it is sent later (the engine takes requests in only between steps, as
 it does in an open loop): a cap that never binds changes nothing. With every arrival at 0
-(``workload.rate=inf``) that is N users each sending the next request as soon as the last one ends.
+(``workload.rate=inf``) that is N users each sending the next request as soon as the last one
+ends: guidellm's ``concurrent`` profile, which has no arrival times.
 """
 
 from __future__ import annotations

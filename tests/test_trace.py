@@ -64,6 +64,7 @@ def test_datetimes_with_zones_are_compared_in_utc(tmp_path):
     [
         ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type", "{t},ChatGPT,{p},{o},0,Conversation log"),
         ("arrival_time,prompt_tokens_count,output_tokens_count", "{t},{p},{o}"),  # guidellm's names
+        ("relative_timestamp,input_tokens_count,completion_tokens_count", "{t},{p},{o}"),  # guidellm's others
         ("time,input_tokens,completion_tokens", "{t},{p},{o}"),
     ],
 )

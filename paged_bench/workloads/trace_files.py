@@ -7,11 +7,13 @@ names (a null field is not mapped), and otherwise the names other tools write ar
 ``timestamp`` columns, or of ``time`` and ``arrival_time``, is meant, nothing says.
 
 - ``arrival_time``: arrival_time, timestamp (Azure ``TIMESTAMP``, BurstGPT ``Timestamp``,
-  Mooncake ``timestamp``), time, arrival
+  Mooncake ``timestamp``), time, arrival, relative_timestamp (guidellm)
 - ``prompt_len``: prompt_len, input_length (Mooncake), ContextTokens (Azure), Request tokens
-  (BurstGPT), prompt_tokens_count (guidellm), prompt_tokens, input_tokens, input_len
+  (BurstGPT), prompt_tokens_count and input_tokens_count (guidellm), prompt_tokens, input_tokens,
+  input_len
 - ``output_len``: output_len, output_length (Mooncake), GeneratedTokens (Azure), Response
-  tokens (BurstGPT), output_tokens_count (guidellm), output_tokens, completion_tokens, max_tokens
+  tokens (BurstGPT), output_tokens_count and completion_tokens_count (guidellm), output_tokens,
+  completion_tokens, max_tokens
 - ``prompt`` (text, tokenized by the engine's tokenizer; or, in JSONL, a list of token ids):
   prompt, text_input (aiperf), text, input
 
@@ -46,11 +48,11 @@ from paged_bench.errors import MAX_TOKENS, ConfigError, check
 
 FIELDS = ("arrival_time", "prompt_len", "output_len", "prompt")
 ALIASES: dict[str, tuple[str, ...]] = {
-    "arrival_time": ("arrival_time", "timestamp", "time", "arrival"),
+    "arrival_time": ("arrival_time", "timestamp", "time", "arrival", "relative_timestamp"),
     "prompt_len": ("prompt_len", "input_length", "contexttokens", "request_tokens", "prompt_tokens_count",
-                   "prompt_tokens", "input_tokens", "input_len"),  # fmt: skip
+                   "input_tokens_count", "prompt_tokens", "input_tokens", "input_len"),  # fmt: skip
     "output_len": ("output_len", "output_length", "generatedtokens", "response_tokens", "output_tokens_count",
-                   "output_tokens", "completion_tokens", "max_tokens"),  # fmt: skip
+                   "completion_tokens_count", "output_tokens", "completion_tokens", "max_tokens"),  # fmt: skip
     "prompt": ("prompt", "text_input", "text", "input"),
 }
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
