@@ -80,9 +80,29 @@ def test_prefix_affinity_follows_the_cache_within_the_imbalance_and_remembers_bu
     assert [router.route(b, fresh) for b in burst[1:]] == [first, first]
 
 
+def test_prefix_affinity_ignores_a_cached_prefix_below_the_threshold():
+    """SGLang's cache_threshold: a replica holding one shared block of a long prompt is no
+    reason to send it there; above the threshold the cache wins over load."""
+    router = registry.create("router", "prefix_affinity", cache_threshold=0.3)
+    long_prompt = req(2, list(range(2000, 2200)))  # 200 tokens
+    vs = views(1, 0)
+    vs[0].cached[2] = 48  # 24% of the prompt: not enough, the less loaded replica takes it
+    assert router.route(long_prompt, vs) == 1
+    vs[0].cached[2] = 64  # 32%: follows the cache (a new router: this one remembers sending it to 1)
+    assert registry.create("router", "prefix_affinity", cache_threshold=0.3).route(long_prompt, vs) == 0
+    # the threshold at 0 follows any cached prefix, as before it existed
+    assert registry.create("router", "prefix_affinity", cache_threshold=0).route(req(3), views(1, 0)) == 1
+    anything = views(1, 0)
+    anything[0].cached[3] = 16
+    assert registry.create("router", "prefix_affinity", cache_threshold=0).route(req(3), anything) == 0
+
+
 def test_router_options_are_checked():
     with pytest.raises(ConfigError, match="router.max_imbalance"):
         registry.create("router", "prefix_affinity", max_imbalance=-1)
+    for bad in (1, 1.5, -0.1, "x"):
+        with pytest.raises(ConfigError, match="router.cache_threshold"):
+            registry.create("router", "prefix_affinity", cache_threshold=bad)
     with pytest.raises(ConfigError, match="router.seed"):
         registry.create("router", "power_of_two", seed="x")
     with pytest.raises(ConfigError, match="round_robin' takes no options"):
