@@ -210,9 +210,10 @@ def build_engine(cfg: Mapping[str, Any], copies: int = 1) -> tuple[Engine, KVBud
 
 def with_model_len(cfg: Mapping[str, Any], backend: Backend) -> dict[str, Any]:
     """``cfg`` with ``max_model_len=auto`` made the model's context, as vLLM derives it when
-    none is given: its ``max_position_embeddings``, or its sliding window if shorter (past it
-    this engine would not attend as the model does); ``AUTO_MODEL_LEN`` for a backend with no
-    model (the linear simulator)."""
+    none is given: its ``max_position_embeddings``, or its sliding window if shorter, as vLLM
+    with ``--disable-sliding-window`` (this engine has no sliding-window attention: past the
+    window it would not attend as the model does); ``AUTO_MODEL_LEN``, vLLM's fallback, for a
+    backend with no model (the linear simulator)."""
     if cfg.get("max_model_len") != "auto":
         return dict(cfg)
     model = backend.model_config

@@ -8,6 +8,7 @@ import pytest
 from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.errors import ConfigError
 from paged_bench.metrics import summarize
+from paged_bench.model.logprobs import LogprobsRequest
 from paged_bench.request import Request
 from paged_bench.schedulers.continuous import ContinuousScheduler
 from paged_bench.schedulers.preemptive import PreemptiveScheduler
@@ -40,6 +41,18 @@ def test_identical_prompts_admitted_in_the_same_step_share_blocks():
     result = make_engine(block_size=16, num_blocks=32).run(rs)
     assert result.prefix_hit_tokens == 48 and result.prefix_query_tokens == 128
     assert rs[1].num_cached_tokens == 48 and result.leaks == []
+
+
+def test_a_request_that_skips_the_cache_lookup_is_no_prefix_query():
+    """vLLM's record_prefix_cache_stats: a request that skipped the lookup (it scores its
+    prompt) is not counted; nor is any with prefix caching off."""
+    prompt = list(range(64))
+    rs = [Request(0, 0.0, list(prompt), 4), LogprobsRequest(1, 0.001, list(prompt), 4, want_prompt_logprobs=True)]
+    result = make_engine(block_size=16, num_blocks=32).run(rs)
+    assert rs[1].num_cached_tokens == 0 and result.prefix_query_tokens == 64 and result.prefix_hit_tokens == 0
+    no_cache = PagedAllocator(num_blocks=32, block_size=16, prefix_caching=False)
+    off = make_engine(allocator=no_cache).run([Request(0, 0.0, list(prompt), 4)])
+    assert off.prefix_query_tokens == 0 and summarize(off)["prefix_cache_hit_rate"] == 0.0
 
 
 def test_a_victim_reviving_its_own_blocks_is_counted_apart():

@@ -156,6 +156,34 @@ def test_watermark_keeps_blocks_free_at_admission():
     assert len(sched.running) == 2 and alloc.num_free_blocks == 12
 
 
+def test_watermark_rounds_down_as_vllm():
+    alloc = PagedAllocator(num_blocks=20, block_size=4)
+    sched = PreemptiveScheduler(alloc, max_model_len=64, max_batch=8, max_num_batched_tokens=256, watermark=0.33)
+    assert sched.admission_reserve_blocks == 6  # int(0.33 * 20), vLLM v1's int(watermark * num_blocks)
+
+
+class SelfVictim(PreemptiveScheduler):
+    def choose_victim(self, req):
+        return req
+
+
+def test_a_request_that_preempts_itself_ends_the_running_pass_as_vllm():
+    """vLLM v1: ``if preempted_req == request: break``; the running requests after it wait."""
+    alloc = PagedAllocator(num_blocks=3, block_size=4, prefix_caching=False)
+    sched = SelfVictim(alloc, max_model_len=64, max_batch=4, max_num_batched_tokens=256)
+    a, b = reqs([(0.0, 8, 10), (0.0, 2, 10)])
+    for r in (a, b):
+        sched.add_request(r, 0.0)
+    plan = sched.schedule(0.0)  # a: 2 blocks, b: 1 block, the pool full
+    sched.update(plan, StepOutput([0] * plan.num_reqs), 0.0)
+    plan = sched.schedule(0.0)  # a needs a 3rd block and gives itself up
+    assert plan.preempted_req_ids == (a.request_id,)
+    assert plan.req_ids == ()  # b, after a, would fit in its block but is not scheduled this step
+    assert b.status is RequestStatus.RUNNING
+    plan = sched.schedule(0.0)
+    assert plan.req_ids == (b.request_id,)
+
+
 def test_contiguous_caps_concurrency_at_the_number_of_slabs():
     alloc = ContiguousAllocator(num_blocks=64, block_size=4, max_model_len=64)  # 4 slabs
     rs = reqs([(0.0, 8, 20)] * 8)

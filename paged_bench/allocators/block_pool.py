@@ -3,7 +3,8 @@
 Freed blocks that hold a cached (hashed) block stay findable until the pool needs them:
 the free queue is ordered least-recently-freed first and allocation evicts from its head
 (lazy LRU, as in vLLM). Blocks holding nothing worth keeping go to the head instead, so
-that they are reused before any cached block is evicted. The queue is an OrderedDict: a
+that they are reused before any cached block is evicted (as vLLM since early 2026; its
+earlier v1 appended every freed block to the tail). The queue is an OrderedDict: a
 C-implemented doubly linked list, so popping the head, appending, and removing a block
 from the middle (a cache hit on a free block) are all O(1).
 
@@ -99,7 +100,8 @@ class BlockPool:
 
     def cache(self, blocks: Iterable[int], hashes: Iterable[Hashable], root: Hashable) -> None:
         """Index full blocks of a chain rooted at ``root`` under their hashes (first writer
-        wins: a block whose content is already indexed elsewhere stays unindexed)."""
+        wins: a block whose content is already indexed elsewhere stays unindexed, where vLLM
+        indexes both copies under one hash; see docs/engine.md)."""
         cached, block_hash, block_root = self.cached, self.block_hash, self.block_root
         indexed = 0
         for block, h in zip(blocks, hashes):

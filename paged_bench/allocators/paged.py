@@ -246,7 +246,8 @@ class PagedAllocator(Allocator):
         cache_at = (num_hit + 1) * bs if self.prefix_caching else _NEVER
         hashes = self._hashes.setdefault(req, [])  # memoised by lookup_prefix, if it ran
         seq = self._seqs[req] = _Seq(list(hit.blocks), hit.num_tokens, num_hit * bs, num_hit, cache_at, hashes=hashes)
-        if not req.num_computed_tokens:  # a lookup, not a swap-in
+        # a lookup, not a swap-in; as vLLM, a request that skipped the lookup is no query
+        if not req.num_computed_tokens and self.prefix_caching and not getattr(req, "want_prompt_logprobs", False):
             self._count_lookup(req, hit.num_tokens)
         return seq
 

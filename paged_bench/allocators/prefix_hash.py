@@ -3,9 +3,11 @@
 ``builtin`` is Python's ``hash()`` of that tuple: fast, and the same in every process (ints
 and tuples of ints are not salted), so simulated runs stay reproducible; it is 64 bits and
 not collision-resistant. ``sha256`` hashes the pickled tuple, as vLLM v1's ``sha256`` block
-hash does (vLLM moved to it after advisory GHSA-rm76-4mrf-v9r8): use it wherever users share
+hash does (vLLM's default since v0.10.2; advisory GHSA-rm76-4mrf-v9r8 showed collisions made on
+purpose): use it wherever users share
 a cache (the server's default), where a crafted prompt must not collide with another user's
-blocks. The first block's parent is a fixed seed, so equal prompts hash equally across runs.
+blocks. The first block's parent is a fixed seed, so equal prompts hash equally across runs
+(vLLM's is random per process unless ``PYTHONHASHSEED`` is set).
 """
 
 from __future__ import annotations

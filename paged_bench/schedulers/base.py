@@ -147,7 +147,8 @@ class Scheduler:
                 continue
             tokens.append(token)
             req.token_times.append(now)
-            # EOS first, as vLLM v1's check_stop: an EOS that is also the last token allowed is a stop
+            # EOS first, as vLLM v1's check_stop since PR #27555 (Oct 2025; before it, length
+            # first): an EOS that is also the last token allowed is a stop
             if token in end_ids and not req.ignore_eos:
                 req.finish(FinishReason.STOP, now)
             elif computed >= req.max_num_tokens - 1:  # now holds max_num_tokens tokens
@@ -241,7 +242,8 @@ class Scheduler:
     def _schedule_running_from(self, draft: PlanDraft, i: int) -> None:
         """The careful pass, in place over the running list as vLLM v1's: chunks a prompt to
         the budget, and when a request cannot get its slots preempts victims (the list
-        shifts under the index) until it fits or is itself the victim."""
+        shifts under the index) until it fits; a request that is itself the victim ends the
+        pass, as in vLLM (the requests after it wait for the next step)."""
         running, allocate = self.running, self.allocator.allocate_slots
         while i < len(running) and draft.budget > 0:
             req = running[i]
@@ -255,9 +257,8 @@ class Scheduler:
                         i -= 1  # the victim sat at or before req: the rest shifts left
                     self._preempt(victim, draft)
                     if victim is req:
-                        break
-                else:
-                    draft.add(req, n)
+                        return
+                draft.add(req, n)
             i += 1
 
     def _admit_waiting(self, draft: PlanDraft, now: float) -> None:

@@ -7,13 +7,13 @@ takes the one that arrived last (among equal arrivals, the later admitted). ``mo
 frees the victim's blocks and keeps its generated tokens; it is re-prefilled later, and the
 prefix cache may revive its own blocks. ``mode=swap`` copies its blocks to bounded CPU swap
 space and back before it runs again (falling back to recompute when swap space is full).
-``watermark`` keeps that fraction of the pool free at admission and at swap-in, so that
-running requests can grow without preempting each other.
+``watermark`` keeps that fraction of the pool free (rounded down, as vLLM v1's admission
+watermark) at admission and at swap-in, so that running requests can grow without preempting
+each other; a request admitted into an empty engine ignores it. vLLM v1 recomputes only: swap
+is vLLM v0's.
 """
 
 from __future__ import annotations
-
-import math
 
 from paged_bench.allocators.base import Allocator
 from paged_bench.errors import check, check_number
@@ -42,7 +42,7 @@ class PreemptiveScheduler(Scheduler):
         check(victim in VICTIMS, "scheduler.victim", victim, " or ".join(VICTIMS))
         self.preemption_mode = mode
         self.victim = victim
-        self.admission_reserve_blocks = math.ceil(watermark * allocator.layout.num_blocks)
+        self.admission_reserve_blocks = int(watermark * allocator.layout.num_blocks)
 
     def choose_victim(self, req: Request) -> Request:
         if self.victim == "last_admitted":
