@@ -285,3 +285,23 @@ def test_contiguous_keeps_the_configured_memory_when_it_is_not_a_whole_number_of
     assert not alloc.allocate_slots(req(1, range(5)), 5)
     alloc.free(r)
     assert alloc.num_free_blocks == 40 and alloc.reserved_slots == 0
+
+
+@pytest.mark.parametrize("defer_unshared", [True, False])
+def test_a_recomputed_copy_of_a_cached_block_is_indexed_and_outlives_the_first(defer_unshared):
+    """vLLM's BlockHashToBlockMap keeps both copies of a block's content: when the first is
+    evicted, the copy still hits."""
+    alloc = PagedAllocator(num_blocks=16, block_size=4, defer_unshared=defer_unshared)
+    a = Request(0, 0.0, [*range(8), 100], 2)  # two full blocks and one token
+    assert alloc.allocate_slots(a, 9, alloc.lookup_prefix(a))
+    b = Request(1, 0.0, list(range(8)), 2)  # the same two blocks: hits the first, recomputes the second
+    hit = alloc.lookup_prefix(b)
+    assert hit.num_tokens == 4
+    assert alloc.allocate_slots(b, 4, hit)
+    b.num_computed_tokens = 8
+    first_copy = alloc.block_table(a)[1]
+    alloc.free(a)  # its second block waits at the free queue's tail, cached
+    evicted = alloc.pool.allocate(alloc.pool.num_free)  # the pool runs dry: every free block is taken
+    assert first_copy in evicted
+    c = Request(2, 0.0, [*range(8), 7], 2)
+    assert alloc.lookup_prefix(c).blocks == (alloc.block_table(b)[0], alloc.block_table(b)[1])

@@ -49,7 +49,8 @@ class BlockPool:
         # what a cached block is held under: its hash (indexed), its DeferredRun, or None
         self.block_hash: list[Hashable | DeferredRun | None] = [None] * num_blocks
         self.block_root: list[Hashable | None] = [None] * num_blocks  # an indexed block's chain root
-        self.cached: dict[Hashable, int] = {}  # block hash -> block id
+        self.cached: dict[Hashable, int] = {}  # block hash -> block id (the first indexed of its copies)
+        self.copies: dict[Hashable, list[int]] = {}  # block hash -> later copies, in the order indexed
         self.roots: dict[Hashable, int] = {}  # chain root -> indexed blocks of its chains
         self.deferred: dict[Hashable, DeferredRun] = {}  # chain root -> its (only) deferred run
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
@@ -98,25 +99,27 @@ class BlockPool:
                 if block_hash[block] is None:
                     free.move_to_end(block, last=False)
 
-    def cache(self, blocks: Iterable[int], hashes: Iterable[Hashable], root: Hashable) -> None:
-        """Index full blocks of a chain rooted at ``root`` under their hashes (first writer
-        wins: a block whose content is already indexed elsewhere stays unindexed, where vLLM
-        indexes both copies under one hash; see docs/engine.md)."""
+    def cache(self, blocks: list[int], hashes: list[Hashable], root: Hashable) -> None:
+        """Index full blocks of a chain rooted at ``root`` under their hashes. A block whose
+        content another block already holds is indexed too, as a copy, as vLLM's
+        ``BlockHashToBlockMap`` keeps both (block tables stay append-only): a hit takes the
+        first indexed, and a copy takes its place when it is evicted."""
         cached, block_hash, block_root = self.cached, self.block_hash, self.block_root
-        indexed = 0
         for block, h in zip(blocks, hashes):
-            if h not in cached:
+            if h in cached:
+                self.copies.setdefault(h, []).append(block)
+            else:
                 cached[h] = block
-                block_hash[block] = h
-                block_root[block] = root
-                indexed += 1
-        if indexed:
-            self.roots[root] = self.roots.get(root, 0) + indexed
+            block_hash[block] = h
+            block_root[block] = root
+        if blocks:
+            self.roots[root] = self.roots.get(root, 0) + len(blocks)
 
     @property
     def num_cached_blocks(self) -> int:
         """Blocks in the cache: indexed, or deferred after their table was released."""
-        return len(self.cached) + sum(run.num_live for run in self.deferred.values())
+        copies = sum(map(len, self.copies.values()))
+        return len(self.cached) + copies + sum(run.num_live for run in self.deferred.values())
 
     def root_known(self, root: Hashable) -> bool:
         """Whether a chain with this root may have blocks in the cache (indexed or deferred)."""
@@ -163,8 +166,16 @@ class BlockPool:
             if not h.num_live:
                 self.close_run(h)
             return
-        if self.cached.get(h) == block:
-            del self.cached[h]
+        copies = self.copies.get(h)
+        if self.cached[h] == block:
+            if copies:
+                self.cached[h] = copies.pop(0)
+            else:
+                del self.cached[h]
+        else:
+            copies.remove(block)
+        if copies == []:
+            del self.copies[h]
         root = self.block_root[block]
         self.block_root[block] = None
         left = self.roots[root] - 1
