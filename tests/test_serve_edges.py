@@ -65,11 +65,12 @@ def _context(max_token_bytes: int | None) -> tuple[ServingContext, list[str]]:
 
 def test_a_text_too_long_to_fit_is_refused_before_it_is_tokenized():
     ctx, seen = _context(max_token_bytes=4)  # 99 tokens of at most 4 bytes: 396 bytes at most
-    for body, parse in (({"prompt": "é" * 199}, parse_completion),  # 398 bytes
-                        ({"messages": [{"role": "user", "content": "x" * 397}]}, parse_chat)):  # fmt: skip
+    for body, parse, param in (({"prompt": "é" * 199}, parse_completion, "prompt"),  # 398 bytes
+                               ({"messages": [{"role": "user", "content": "x" * 393}]}, parse_chat, "messages"),  # 397 with its role
+                               ({"messages": [{"role": "u" * 397, "content": ""}]}, parse_chat, "messages")):  # fmt: skip
         with pytest.raises(RequestError) as refused:
             parse(body, ctx)
-        assert refused.value.param == "prompt" and "at least 100 tokens" in refused.value.message
+        assert refused.value.param == param and "at least 100 tokens" in refused.value.message
     assert seen == []  # never tokenized
     with pytest.raises(RequestError, match="the prompt has 396 tokens"):  # fits the bound: tokenized, then refused
         parse_completion({"prompt": "x" * 396}, ctx)

@@ -260,6 +260,11 @@ def test_explicit_nulls_mean_defaults(sim):
     ("continue_final_message", True),
     ("add_generation_prompt", False),
     ("chat_template_kwargs", {"enable_thinking": False}),
+    # vLLM acts on these or refuses them: a salt ignored would share the cache it asked to keep apart
+    ("cache_salt", "tenant-a"),
+    ("priority", 5),
+    ("logits_processors", ["x"]),
+    ("echo", True),  # chat's: vLLM opens the reply with the last message
 ])  # fmt: skip
 def test_unsupported_features_are_refused_by_name(sim, param, value):
     client = openai.OpenAI(base_url=sim.url + "/v1", api_key="x", max_retries=0)
@@ -316,3 +321,66 @@ def test_binding_beyond_loopback_without_a_key_warns(caplog):
 def test_logprobs_on_a_backend_without_logits_are_refused(sim):
     r = httpx.post(sim.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "logprobs": 1})
     assert r.status_code == 400 and "computes no logits" in r.json()["error"]["message"]
+
+
+def test_a_refused_value_is_shown_short_and_as_json(sim):
+    """A 1 MB logit_bias came back whole in the error, in Python's repr."""
+    bias = {str(i): 1.0 for i in range(20000)}
+    r = httpx.post(sim.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "logit_bias": bias})
+    assert r.status_code == 400 and len(r.content) < 500, r.text[:200]
+    assert r.json()["error"]["message"] == "logit_bias is not supported by this server (got an object)"
+    r = httpx.post(sim.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "model": "m" * 100_000})
+    assert r.status_code == 404 and len(r.content) < 500
+
+
+def test_an_empty_model_name_is_the_served_model_as_vllm(sim):
+    r = httpx.post(sim.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "model": ""})
+    assert r.status_code == 200, r.text
+
+
+def test_a_chat_too_long_names_messages_and_counts_its_roles(sim):
+    r = httpx.post(sim.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "a" * 5000}]})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "messages")
+    # a role is written into the prompt too: a megabyte of it is refused before tokenizing
+    r = httpx.post(sim.url + "/v1/chat/completions", json={"messages": [{"role": "u" * 600_000, "content": "hi"}]})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "messages")
+    assert "bytes, so at least" in r.json()["error"]["message"]
+
+
+def test_a_body_without_content_length_is_parsed_off_the_event_loop(sim, monkeypatch):
+    """A chunked body states no size, so it was tokenized on the event loop, whatever its size."""
+    import anyio.to_thread
+
+    from paged_bench.serve import api
+
+    calls = []
+    real = anyio.to_thread.run_sync
+
+    async def recording(fn, *args, **kw):
+        if fn is api.errors.parse_completion:
+            calls.append(fn)
+        return await real(fn, *args, **kw)
+
+    monkeypatch.setattr(api.anyio.to_thread, "run_sync", recording)
+    body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+    r = httpx.post(sim.url + "/v1/completions", content=iter([body[:5], body[5:]]),
+                   headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 200 and "Content-Length" not in r.request.headers
+    assert calls, "a chunked body was parsed on the event loop"
+    calls.clear()
+    assert httpx.post(sim.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+    assert not calls  # a small body with its size stays on the loop: no thread hop
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_of_vllms_server_budget():
+    """The server inherited the benchmark's 8192-token budget: a 4,000-token prompt was one
+    step, and every other stream waited for it whole (18 s on the numpy model). vLLM's OpenAI
+    server takes 2048 tokens a step (on all but the largest GPUs)."""
+    handle = serve_in_thread(*QUIET, *FAST, "server.tokenizer=byte", "max_model_len=4096")
+    try:
+        before = metric(handle.url, "paged_bench_step_batch_size_count")
+        r = httpx.post(handle.url + "/v1/completions", json={"prompt": [7] * 3000, "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        assert metric(handle.url, "paged_bench_step_batch_size_count") - before == 2  # 2048 + 952 tokens
+    finally:
+        handle.stop()

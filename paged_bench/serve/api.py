@@ -176,7 +176,8 @@ class OpenAIServer:
     async def generate(self, request: HTTPRequest, body: Any, kind: Kind) -> Response:
         parse = errors.parse_chat if kind == "chat" else errors.parse_completion
         size = request.headers.get("content-length", "")
-        if size.isdigit() and int(size) > PARSE_IN_THREAD_BYTES:
+        # a chunked body states no size: it may be as large as any, so it goes to the thread too
+        if not size.isdigit() or int(size) > PARSE_IN_THREAD_BYTES:
             params = await anyio.to_thread.run_sync(parse, body, self.ctx)
         else:
             params = parse(body, self.ctx)

@@ -152,6 +152,9 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "continue_final_message": _set,
     "chat_template": _set,
     "chat_template_kwargs": _set,
+    "cache_salt": _set,  # a salt for isolation, ignored, would share the cache it asked to keep apart
+    "priority": _set,  # vLLM refuses a priority but 0 unless its priority scheduling is on
+    "logits_processors": _set,
 }
 
 
@@ -159,7 +162,7 @@ def _refuse_unsupported(req: BaseModel) -> None:
     for name, is_asked in UNSUPPORTED.items():
         value = getattr(req, name, None)
         if is_asked(value):
-            raise RequestError(f"{name} is not supported by this server (got {value!r})", name)
+            raise RequestError(f"{name} is not supported by this server (got {_shown(value)})", name)
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -245,7 +248,7 @@ def _prompts(prompt: Any, ctx: ServingContext) -> list[list[int]]:
     return out
 
 
-def _check_text_fits(num_bytes: int, ctx: ServingContext) -> None:
+def _check_text_fits(num_bytes: int, ctx: ServingContext, param: str = "prompt") -> None:
     """Refuse, before tokenizing it, a text too long to fit whatever its tokens: tokenizing a
     megabyte takes the server a second, for a prompt that is refused anyway."""
     per_token = ctx.max_token_bytes
@@ -253,7 +256,7 @@ def _check_text_fits(num_bytes: int, ctx: ServingContext) -> None:
         raise RequestError(
             f"the prompt's text has {num_bytes} bytes, so at least {-(-num_bytes // per_token)} tokens (a token "
             f"covers at most {per_token} bytes); this model's maximum context length is {ctx.max_model_len} tokens, "
-            f"so prompts may have at most {ctx.max_model_len - 1}", "prompt",
+            f"so prompts may have at most {ctx.max_model_len - 1}", param,
         )  # fmt: skip
 
 
@@ -271,19 +274,22 @@ def _content_text(msg: ChatMessage, i: int) -> str:
 
 
 def _check_model(req: BaseModel, ctx: ServingContext) -> None:
-    if req.model is not None and req.model != ctx.model_name:
-        raise RequestError(f"The model `{req.model}` does not exist; this server serves {ctx.model_name!r}",
+    if req.model and req.model != ctx.model_name:  # an empty name is the served model, as vLLM's
+        name = req.model if len(req.model) <= 100 else req.model[:97] + "..."
+        raise RequestError(f"The model `{name}` does not exist; this server serves {ctx.model_name!r}",
                            "model", status=404)  # fmt: skip
 
 
-def _check_lengths(prompts: list[list[int]], key: str, max_tokens: int | None, ctx: ServingContext) -> None:
+def _check_lengths(
+    prompts: list[list[int]], key: str, max_tokens: int | None, ctx: ServingContext, param: str = "prompt"
+) -> None:
     longest = max(len(p) for p in prompts)
     if min(len(p) for p in prompts) == 0:
-        raise RequestError("the prompt is empty", "prompt")
+        raise RequestError("the prompt is empty", param)
     if longest >= ctx.max_model_len:
         raise RequestError(
             f"the prompt has {longest} tokens; this model's maximum context length is {ctx.max_model_len} tokens, "
-            f"so prompts may have at most {ctx.max_model_len - 1}", "prompt",
+            f"so prompts may have at most {ctx.max_model_len - 1}", param,
         )  # fmt: skip
     if max_tokens is not None and longest + max_tokens > ctx.max_model_len:
         raise RequestError(
@@ -319,7 +325,7 @@ def _params(req: Any, prompts: list[list[int]], ctx: ServingContext, key: str, m
         raise RequestError(f"{len(prompts)} prompts x n={n} choices; at most {ctx.limits.max_choices}", "n")
     if max_tokens is not None and max_tokens < (0 if echo else 1):
         raise RequestError(f"{key} must be at least {0 if echo else 1}, got {max_tokens}", key)
-    _check_lengths(prompts, key, max_tokens, ctx)
+    _check_lengths(prompts, key, max_tokens, ctx, "messages" if isinstance(req, ChatRequest) else "prompt")
     if logprobs is not None and not ctx.computes_logprobs:
         raise RequestError("this backend computes no logits, so no log-probabilities (serve a real model: "
                            "backend=numpy or torch)", "logprobs")  # fmt: skip
@@ -367,8 +373,11 @@ def parse_chat(body: Any, ctx: ServingContext) -> GenerationParams:
     if req.top_logprobs and not req.logprobs:
         raise RequestError("when using `top_logprobs`, `logprobs` must be set to true", "top_logprobs")
     messages = [{"role": m.role, "content": _content_text(m, i)} for i, m in enumerate(req.messages)]
-    # a template writes every message's content into the prompt, so they bound its length
-    _check_text_fits(sum(len(m["content"].encode("utf-8")) for m in messages), ctx)
+    if req.echo:
+        raise RequestError("echo is not supported by this server on chat completions (got true)", "echo")
+    # a template writes every message's role and content into the prompt, so they bound its length
+    _check_text_fits(sum(len(m["role"].encode("utf-8")) + len(m["content"].encode("utf-8")) for m in messages),
+                     ctx, "messages")  # fmt: skip
     key = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     try:

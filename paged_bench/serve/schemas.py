@@ -89,6 +89,9 @@ class _SamplingRequest(_Lenient):
     guided_choice: list[Text] | None = None
     guided_grammar: Text | None = None
     structured_outputs: dict[str, Any] | None = None
+    cache_salt: Text | None = None  # vLLM salts the prefix-cache hashes with it; refused, not ignored
+    priority: Int | None = None
+    logits_processors: list[Any] | None = None
 
 
 class CompletionRequest(_SamplingRequest):
@@ -119,6 +122,7 @@ class ChatRequest(_SamplingRequest):
     continue_final_message: Bool | None = None
     chat_template: Text | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    echo: Bool | None = None  # vLLM's: the reply opens with the last message when the roles match
 
 
 # -- responses (documented in /openapi.json; the routes build plain dicts) ----------------
