@@ -90,9 +90,27 @@ def unknown_override(e: Exception) -> ConfigError | None:
     at = _depth(cause.parent_node)  # the segment the config lacks (server.port=1: server)
     if at == 0:
         return unknown_key(key, _typed(value), list(cause.parent_node), "paged_bench's config", at=0)
-    # a plugin option its file leaves out still goes in with +
-    return unknown_key(key, _typed(value), list(cause.parent_node), f"the {'.'.join(key.split('.')[:at])} section",
-                       f"; a plugin option its file leaves out is added with +{key}={value}", at)  # fmt: skip
+    segments = key.split(".")
+    others = _options_taking(segments[0], segments[1]) if at == 1 else []
+    # an option of another built-in choice of the group is not this one's; a plugin option its
+    # file leaves out still goes in with +
+    more = (f"; {segments[1]} is an option of {', '.join(f'{segments[0]}={o}' for o in others)}" if others
+            else f"; a plugin option its file leaves out is added with +{key}={value}")  # fmt: skip
+    return unknown_key(key, _typed(value), list(cause.parent_node), f"the {'.'.join(segments[:at])} section", more, at)
+
+
+def _options_taking(group: str, option: str) -> list[str]:
+    """The built-in choices of config group ``group`` whose file sets ``option``
+    (``backend``, ``tensor_parallel_size``: sim, torch)."""
+    from importlib import resources
+
+    import yaml
+
+    folder = resources.files("paged_bench.conf").joinpath(group)
+    if not folder.is_dir():
+        return []
+    files = sorted(f for f in folder.iterdir() if f.name.endswith(".yaml"))
+    return [f.name[:-5] for f in files if option in (yaml.safe_load(f.read_text()) or {})]
 
 
 def _depth(node: Any) -> int:

@@ -191,8 +191,21 @@ def test_bad_tp_sizes_are_one_line_errors(checkpoint):  # noqa: F811
 def test_the_command_line_runs_tp2(tmp_path):
     proc = run_cli(tmp_path, "backend=torch", "workload.num_requests=8", "tracking.enabled=false", *TP2, timeout=180)
     assert proc.returncode == 0, proc.stderr
+    assert "ranks x" not in proc.stderr  # a rank a thread, on this job's cores: nothing to say
     (summary,) = tmp_path.glob("runs/*/*/summary.json")
     assert json.loads(summary.read_text())["completed"] == 8
+
+
+@pytest.mark.slow
+def test_tp2_runs_inside_a_joblib_sweep_job(tmp_path):
+    """A joblib job's process-wide start method is loky's, which the spawned worker was told to
+    set and could not find: every TP job of a joblib sweep failed ("cannot find context for
+    'loky'")."""
+    proc = run_cli(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "backend=torch",
+                   "workload.num_requests=4", "tracking.enabled=false", "seed=0,1", *TP2, timeout=240)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summaries = list(tmp_path.glob("**/summary.json"))
+    assert len(summaries) == 2 and all(json.loads(p.read_text())["completed"] == 4 for p in summaries)
 
 
 @pytest.mark.slow
@@ -218,3 +231,36 @@ def test_ctrl_c_on_the_command_line_leaves_no_worker(tmp_path):
             proc.wait()
     assert proc.returncode != 0
     assert _wait_gone(workers) == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_worker_starts_is_one_line(tmp_path):
+    """A worker still importing torch when Ctrl-C came printed a KeyboardInterrupt traceback
+    (it ignores the signal only once its own code runs): now it is born ignoring it."""
+    args = [sys.executable, "-m", "paged_bench", "backend=torch", "workload.num_requests=4", "tracking.enabled=false",
+            *TP2]  # fmt: skip
+    proc = subprocess.Popen(args, cwd=tmp_path, env=cli_env(), start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline, workers = time.monotonic() + 90, []
+        while not workers and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+            workers = children(proc.pid)
+        assert workers, "no worker started"
+        time.sleep(0.3)  # the worker is importing torch
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130 and "Traceback" not in err, err[-1500:]
+    assert _wait_gone(workers) == []
+
+
+def test_more_rank_threads_than_cores_is_noted(capsys, monkeypatch):
+    """TP=8 on 2 cores ran 8 ranks in turns, silently: ITL 100x TP=1's."""
+    monkeypatch.setattr("paged_bench.backends.torch.cpu_share", lambda: 1)
+    bench = build(compose_config("backend=torch", "backend.model=tiny", "workload.num_requests=2", *TP2))
+    bench.backend.close()
+    assert "note: backend.tensor_parallel_size=2 ranks x 1 threads on this job's 1 cores" in capsys.readouterr().err

@@ -31,6 +31,14 @@ def test_a_misspelled_option_of_a_plugin_names_the_nearest_and_how_to_add_one(tm
                     "seed, shared_prefix; a plugin option its file leaves out is added with +workload.rte=10")  # fmt: skip
 
 
+def test_an_option_of_another_choice_of_the_group_names_that_choice(tmp_path):
+    """backend=numpy backend.tensor_parallel_size=2 was told to add the key with +, which then
+    failed: the option is torch's (and the simulator's), not a plugin's."""
+    line = one_error_line(command(tmp_path, "paged_bench", "backend=numpy", "backend.tensor_parallel_size=2",
+                                  "tracking.enabled=false"))  # fmt: skip
+    assert line.endswith("; tensor_parallel_size is an option of backend=sim, backend=torch"), line
+
+
 def test_the_server_refuses_a_misspelled_setting_too(tmp_path):
     line = one_error_line(command(tmp_path, "paged_bench.serve", "max_bach=4"))
     assert line.startswith(f"error: {MAX_BACH}"), line

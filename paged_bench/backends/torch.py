@@ -17,6 +17,7 @@ the forward from the plan alone, and rank 0 gathers the logits and samples. Each
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,6 +58,11 @@ class TorchBackend(ModelBackend):
         self.threads = job_threads("backend.threads", threads)
         if threads is None:  # the job's share of the cores, split over its ranks
             self.threads = max(1, cpu_share() // self.num_devices)
+        if self.device.type == "cpu" and self.num_devices > 1 and self.num_devices * self.threads > cpu_share():
+            # legal, and a way to study TP's traffic, but the timings are then the cores' queue
+            print(f"note: {TP_KEY}={self.num_devices} ranks x {self.threads} threads on this job's {cpu_share()} "
+                  "cores: the ranks take turns on them and every step waits for the last; its timings say "
+                  "more about the queue for the cores than about tensor parallelism", file=sys.stderr)  # fmt: skip
         if self.num_devices > 1:
             check(
                 self.device.type == "cpu" or torch.cuda.device_count() >= self.num_devices,

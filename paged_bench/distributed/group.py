@@ -122,6 +122,26 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True, name="tp-parent-watch").start()
 
 
+@contextmanager
+def _spawning(ctx: Any) -> Iterator[None]:
+    """Start workers as fresh spawned interpreters whatever the process around us set up:
+    Ctrl-C ignored until ``worker_main`` ignores it itself (a worker still importing torch
+    printed a KeyboardInterrupt traceback; the ignore survives exec), and spawn as the start
+    method the child is told to set (it is told the process-wide one: inside a joblib sweep
+    job that is loky's, which a fresh interpreter cannot find, and every worker died)."""
+    default = mp.context._default_context  # what spawn's preparation data reads the method from
+    saved_method = default._actual_context
+    main = threading.current_thread() is threading.main_thread()
+    saved_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    default._actual_context = ctx
+    try:
+        yield
+    finally:
+        default._actual_context = saved_method
+        if main:
+            signal.signal(signal.SIGINT, saved_sigint)
+
+
 class TPGroup:
     """Rank 0's handle on the group: ``send`` broadcasts a message to the workers; rank 0's own
     share runs inside ``guard`` so that a failed collective fails the run, not hangs it."""
@@ -140,8 +160,9 @@ class TPGroup:
         self._joined = False
         self._broken = False  # True once a step failed midway
         try:
-            for w in self.workers:
-                w.start()
+            with _spawning(ctx):
+                for w in self.workers:
+                    w.start()
             self._wait_ready(ready)
             self._group = _init_group(spec, 0, world_size, port)
             self._joined = True
