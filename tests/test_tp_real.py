@@ -208,37 +208,11 @@ def test_tp2_runs_inside_a_joblib_sweep_job(tmp_path):
     assert len(summaries) == 2 and all(json.loads(p.read_text())["completed"] == 4 for p in summaries)
 
 
-@pytest.mark.slow
-def test_ctrl_c_on_the_command_line_leaves_no_worker(tmp_path):
-    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it: rank 0 stops the run
-    and its workers (which ignore the signal themselves)."""
-    args = [sys.executable, "-m", "paged_bench", "backend=torch", "backend.model=bench-200m", "workload.num_requests=64",
-            "tracking.enabled=false", *TP2]  # fmt: skip
-    proc = subprocess.Popen(args, cwd=tmp_path, env=cli_env(), start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        deadline, workers = time.monotonic() + 90, []
-        while not workers and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.5)
-            workers = children(proc.pid)
-        assert workers, "no worker started"
-        time.sleep(3)  # into the run
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode != 0
-    assert _wait_gone(workers) == []
-
-
-@pytest.mark.slow
-def test_ctrl_c_while_a_worker_starts_is_one_line(tmp_path):
-    """A worker still importing torch when Ctrl-C came printed a KeyboardInterrupt traceback
-    (it ignores the signal only once its own code runs): now it is born ignoring it."""
-    args = [sys.executable, "-m", "paged_bench", "backend=torch", "workload.num_requests=4", "tracking.enabled=false",
-            *TP2]  # fmt: skip
+def _ctrl_c_after_a_worker_starts(tmp_path: Path, delay: float, *overrides: str) -> tuple[int, str, list[int]]:
+    """Run the command with TP=2 in a session of its own, and ``delay`` seconds after its first
+    worker appears send SIGINT to the whole group, as a terminal's Ctrl-C does: (exit status,
+    stderr, the workers' pids)."""
+    args = [sys.executable, "-m", "paged_bench", "backend=torch", "tracking.enabled=false", *TP2, *overrides]
     proc = subprocess.Popen(args, cwd=tmp_path, env=cli_env(), start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
@@ -247,14 +221,31 @@ def test_ctrl_c_while_a_worker_starts_is_one_line(tmp_path):
             time.sleep(0.05)
             workers = children(proc.pid)
         assert workers, "no worker started"
-        time.sleep(0.3)  # the worker is importing torch
+        time.sleep(delay)
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 130 and "Traceback" not in err, err[-1500:]
+    return proc.returncode, err, workers
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_the_command_line_leaves_no_worker(tmp_path):
+    """Rank 0 stops the run and its workers (which ignore the signal themselves)."""
+    status, _, workers = _ctrl_c_after_a_worker_starts(tmp_path, 3.0, "backend.model=bench-200m",
+                                                       "workload.num_requests=64")  # fmt: skip
+    assert status != 0
+    assert _wait_gone(workers) == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_worker_starts_is_one_line(tmp_path):
+    """A worker still importing torch when Ctrl-C came printed a KeyboardInterrupt traceback
+    (it ignores the signal only once its own code runs): now it is born ignoring it."""
+    status, err, workers = _ctrl_c_after_a_worker_starts(tmp_path, 0.3, "workload.num_requests=4")
+    assert status == 130 and "Traceback" not in err, err[-1500:]
     assert _wait_gone(workers) == []
 
 
