@@ -197,6 +197,7 @@ BAD = [
     ("POST", "/v1/completions", b'{"prompt": "a\\ud800b"}', "application/json", 400, "not valid Unicode"),
     ("POST", "/v1/completions", b"[" * 100_000 + b"]" * 100_000, "application/json", 400, ""),
     ("POST", "/v1/completions", b'{"prompt": "hi"}', "text/plain", 400, "Content-Type must be application/json"),
+    ("POST", "/tokenize", b"hi", "text/plain", 404, "no such route"),  # was 400 for its Content-Type
     ("POST", "/v1/completions", b'{"prompt": "hi", "temperature": NaN}', "application/json", 400, "finite"),
     ("POST", "/v1/completions", b'{"prompt": "hi", "model": "gpt-4"}', "application/json", 404, "`gpt-4` does not exist"),
     ("POST", "/v1/completions", b'{"prompt": "hi", "max_tokens": 600}', "application/json", 400,

@@ -58,6 +58,9 @@ def _header(scope: dict, name: bytes) -> str | None:
     return None if value is None else value.decode("latin-1")
 
 
+JSON_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})  # the routes that read a JSON body
+
+
 def _is_json(content_type: str | None) -> bool:
     if content_type is None:
         return True
@@ -77,7 +80,7 @@ class Guard:
             if not hmac.compare_digest(given, f"Bearer {cfg.api_key}".encode()):
                 raise Refused(RequestError("missing or wrong API key: send 'Authorization: Bearer <key>'",
                                             status=401))  # fmt: skip
-        if scope["method"] == "POST":
+        if scope["method"] == "POST" and scope["path"] in JSON_ROUTES:  # elsewhere: the router's 404 or 405
             content_type = _header(scope, b"content-type")
             if not _is_json(content_type):
                 raise Refused(RequestError(f"Content-Type must be application/json, got {content_type!r}"))
