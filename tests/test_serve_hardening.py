@@ -385,3 +385,22 @@ def test_a_long_prompt_is_prefilled_in_chunks_of_vllms_server_budget():
         assert metric(handle.url, "paged_bench_step_batch_size_count") - before == 2  # 2048 + 952 tokens
     finally:
         handle.stop()
+
+
+def test_a_prompts_logprobs_are_formatted_off_the_event_loop(tiny, monkeypatch):
+    """echo + logprobs returns every prompt token's entries (a 260 KB request came back as
+    20 MB): formatting and rendering them on the event loop stalled every stream 1.8 s."""
+    from paged_bench.serve import api
+
+    offloaded = []
+    real = api.anyio.to_thread.run_sync
+
+    async def recording(fn, *args, **kw):
+        offloaded.append(getattr(fn, "__name__", repr(fn)))
+        return await real(fn, *args, **kw)
+
+    monkeypatch.setattr(api.anyio.to_thread, "run_sync", recording)
+    body = {"prompt": [[5, 6, 7, 8]] * 2, "max_tokens": 1, "echo": True, "logprobs": 2}
+    r = httpx.post(tiny.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200 and len(r.json()["choices"][0]["logprobs"]["tokens"]) == 5
+    assert offloaded.count("choice_logprobs") == 2 and "JSONResponse" in offloaded, offloaded

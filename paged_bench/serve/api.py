@@ -208,8 +208,11 @@ class OpenAIServer:
             reason = token.finish_reason or reason
         n = len(parts) if choice.generate else 0
         lp = None
-        if params.logprobs is not None:
-            lp = self.choice_logprobs(choice, entries, logprobs) if params.echo else logprobs.of(entries)
+        if params.logprobs is not None and params.echo:
+            # every prompt token's entries, up to 64 prompts x 4,095 tokens x 20: off the event loop
+            lp = await anyio.to_thread.run_sync(self.choice_logprobs, choice, entries, logprobs)
+        elif params.logprobs is not None:
+            lp = logprobs.of(entries)
         return ChoiceResult(choice.index, choice.echo_text + "".join(parts), reason, lp), n
 
     @staticmethod
@@ -240,7 +243,10 @@ class OpenAIServer:
                 t.cancel()
         prompt_tokens = sum(len(p) for p in params.prompts)
         usage_ = usage(prompt_tokens, sum(n for _, n in results))
-        return JSONResponse(fmt.response([r for r, _ in results], usage_))
+        content = fmt.response([r for r, _ in results], usage_)
+        if params.logprobs is not None and params.echo:  # tens of MB of JSON: rendered off the event loop
+            return await anyio.to_thread.run_sync(JSONResponse, content)
+        return JSONResponse(content)
 
     async def merged(self, choices: list[Choice], params: GenerationParams) -> AsyncIterator[Token]:
         """The tokens of every choice, as they come."""
