@@ -7,6 +7,7 @@ on loopback, the official ``openai`` client and raw sockets."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import http.client
 import json
 import logging
@@ -182,8 +183,8 @@ def test_slow_headers_and_slow_bodies_are_cut_off(sim):
 
 
 def _exchange(conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None = None,
-              content_type: str = "application/json") -> tuple[int, dict]:  # fmt: skip
-    headers = {"Content-Type": content_type} if body is not None else {}
+              content_type: str = "application/json", **more_headers: str) -> tuple[int, dict]:  # fmt: skip
+    headers = {"Content-Type": content_type, **more_headers} if body is not None else {}
     conn.request(method, path, body=body, headers=headers)
     resp = conn.getresponse()
     data = resp.read()
@@ -195,7 +196,8 @@ BAD = [
     ("GET", "/no/such/route", None, "application/json", 404, "no such route"),
     ("DELETE", "/v1/completions", None, "application/json", 405, "method not allowed"),
     ("POST", "/v1/completions", b'{"prompt": "a\\ud800b"}', "application/json", 400, "not valid Unicode"),
-    ("POST", "/v1/completions", b"[" * 100_000 + b"]" * 100_000, "application/json", 400, ""),
+    ("POST", "/v1/completions", b"[" * 100_000 + b"]" * 100_000, "application/json", 400, "nests arrays or objects too"),
+    ("POST", "/v1/completions", b'{"prompt": "hi\xff"}', "application/json", 400, "not valid UTF-8: byte 0xff at offset 14"),
     ("POST", "/v1/completions", b'{"prompt": "hi"}', "text/plain", 400, "Content-Type must be application/json"),
     ("POST", "/tokenize", b"hi", "text/plain", 404, "no such route"),  # was 400 for its Content-Type
     ("POST", "/v1/completions", b'{"prompt": "hi", "temperature": NaN}', "application/json", 400, "finite"),
@@ -232,6 +234,18 @@ def test_every_error_is_openai_shaped_and_the_connection_is_reused(sim, monkeypa
     assert "secret" not in json.dumps(payload)
     monkeypatch.undo()
     assert _exchange(conn, "POST", "/v1/completions", good)[0] == 200 and conn.sock is sock
+    conn.close()
+
+
+def test_a_compressed_body_is_415_naming_its_encoding_and_the_connection_is_reused(sim):
+    host, port = sim.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    good = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+    code, payload = _exchange(conn, "POST", "/v1/completions", gzip.compress(good), **{"Content-Encoding": "gzip"})
+    assert code == 415 and "Content-Encoding 'gzip' is not supported" in payload["error"]["message"]
+    sock = conn.sock
+    assert _exchange(conn, "POST", "/v1/completions", good, **{"Content-Encoding": "identity"})[0] == 200
+    assert conn.sock is sock
     conn.close()
 
 

@@ -2,7 +2,8 @@
 "code"}}`` (vLLM's ``ErrorResponse``), with the right status, and leaves the connection usable.
 
 - a ``RequestError`` from validation: its status (400, 404, 413, 429, ...);
-- FastAPI's own (unknown route 404, wrong method 405, a body it cannot parse 400) and body
+- FastAPI's own (unknown route 404, wrong method 405, a body it cannot parse 400, saying why:
+  not UTF-8, nested too deeply) and body
   validation errors (400, naming the parameter, as vLLM answers them: not 422);
 - anything unexpected: 500 with a generic message and an id to find the traceback in the log.
   Python exception text is never sent to the client. The handler answers instead of
@@ -79,6 +80,16 @@ def parse_chat(body: Any, ctx: ServingContext) -> GenerationParams | Response:
     return _parse(protocol.parse_chat, body, ctx)
 
 
+def unparsable_body(cause: BaseException) -> RequestError:
+    """Why FastAPI could not read a JSON body, said for the client (it says only that it could not)."""
+    if isinstance(cause, UnicodeDecodeError):
+        return RequestError(f"the request body is not valid UTF-8: byte 0x{cause.object[cause.start]:02x} "
+                            f"at offset {cause.start}; send JSON encoded as UTF-8")  # fmt: skip
+    if isinstance(cause, RecursionError):
+        return RequestError("the request body nests arrays or objects too deeply to parse")
+    return RequestError(f"the request body could not be parsed as JSON ({type(cause).__name__})")
+
+
 _HTTP_MESSAGES = {404: "no such route", 405: "method not allowed on this route"}
 
 
@@ -95,6 +106,8 @@ def install(app: FastAPI) -> None:
         if isinstance(exc, Refused):
             return response(exc.error, exc.headers)
         detail = exc.detail if isinstance(exc.detail, str) else None
+        if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI's "error parsing the body"
+            return response(unparsable_body(exc.__cause__))
         message = _HTTP_MESSAGES.get(exc.status_code, detail or "bad request")
         if exc.status_code in _HTTP_MESSAGES:
             message = f"{message}: {request.method} {request.url.path}"

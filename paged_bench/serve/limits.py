@@ -5,7 +5,8 @@
 - the API key (``server.api_key`` or ``$PAGED_BENCH_API_KEY``): ``/v1/*`` needs
   ``Authorization: Bearer <key>``, else 401 (as vLLM's ``AuthenticationMiddleware``: only
   ``/v1`` paths, ``OPTIONS`` exempt, constant-time comparison);
-- ``Content-Type`` of a POST must be JSON (or absent: then it is read as JSON), else 400;
+- ``Content-Type`` of a POST must be JSON (or absent: then it is read as JSON), else 400, and
+  its ``Content-Encoding`` none or ``identity``, else 415 (a compressed body is not inflated);
 - the body is at most ``server.max_body_bytes`` (413, from ``Content-Length`` before reading,
   or as soon as a chunked body passes the bound) and must arrive within
   ``server.body_timeout_s`` (408);
@@ -84,6 +85,11 @@ class Guard:
             content_type = _header(scope, b"content-type")
             if not _is_json(content_type):
                 raise Refused(RequestError(f"Content-Type must be application/json, got {content_type!r}"))
+            # nothing here inflates a body: a compressed one would fail as "not JSON", naming nothing
+            encoding = _header(scope, b"content-encoding")
+            if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+                raise Refused(RequestError(f"Content-Encoding {encoding!r} is not supported; send the body "
+                                            "uncompressed (identity)", status=415))  # fmt: skip
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
             raise Refused(self._too_large(int(length)))
