@@ -170,5 +170,7 @@ def _write_outcome(cfg: Mapping[str, Any], run_dir: Path, bench: Bench, result: 
     outcome = JobOutcome(run_dir, summary, result, bench.choices, [], records)
     target_info = target if remote is None else {"name": target, "base_url": remote.target.base_url}
     info = run_info(outcome, target_info, bench.kv_budget, options)
+    if remote is None:  # what computed it, as resolved (threads: null in the config is the job's share of the cores)
+        info["compute"] = {"devices": bench.backend.num_devices, "threads_per_device": bench.backend.threads}
     outcome.files = write_run(run_dir, result, summary, info, records)
     return outcome

@@ -69,3 +69,21 @@ def test_the_command_refuses_an_oversubscribed_sweep(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: hydra.launcher.n_jobs={n} is not allowed")
     assert not list(tmp_path.glob("runs/multirun/*/*/0"))  # no job ran
+
+
+def test_run_info_records_the_threads_a_run_resolved(monkeypatch, tmp_path):
+    pytest.importorskip("torch")
+    import json
+
+    from paged_bench.app import run_job
+    from paged_bench.config import compose_config
+
+    small = ("workload=uniform", "workload.num_requests=2", "workload.prompt_len=8", "workload.output_len=2",
+             "backend.model=tiny", "tracking.enabled=false")  # fmt: skip
+    monkeypatch.setenv(PARALLEL_JOBS_ENV, str(cpu_count()))  # threads: null is one core's share here
+    run_job(compose_config("backend=torch", *small), tmp_path / "torch")
+    info = json.loads((tmp_path / "torch" / "run_info.json").read_text())
+    assert info["compute"] == {"devices": 1, "threads_per_device": 1}
+    run_job(compose_config("backend=numpy", "backend.threads=2", *small), tmp_path / "numpy")
+    info = json.loads((tmp_path / "numpy" / "run_info.json").read_text())
+    assert info["compute"] == {"devices": 1, "threads_per_device": 2}

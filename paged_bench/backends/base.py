@@ -30,6 +30,7 @@ class Backend(ABC):
     reads_token_ids: ClassVar[bool] = True  # False: plans carry no token ids (a cost model needs none)
     computes_kv: ClassVar[bool] = True  # writes real K/V into its pool (a cost model writes none)
     num_devices: int = 1  # GPUs (tensor-parallel ranks) a step runs on: throughput per GPU
+    threads: int | None = None  # CPU threads each rank computes with (None: the library's own default)
     model_config: ModelConfig | None = None  # the model a backend computes (None: a cost model)
 
     def __init__(self) -> None:

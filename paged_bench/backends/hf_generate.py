@@ -69,7 +69,7 @@ class HFGenerateBackend(Backend):
     ) -> None:
         super().__init__()
         check_int("backend.seed", seed, 0)
-        threads = job_threads("backend.threads", threads)
+        self.threads = threads = job_threads("backend.threads", threads)
         check(max_batch == 1, "backend.max_batch", max_batch, "1: a generate loop has room for one request")
         dev = pick_device(device)
         dt = pick_dtype(dtype, dev)
