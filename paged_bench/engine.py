@@ -22,7 +22,7 @@ from paged_bench.allocators.base import Allocator, KVLayout
 from paged_bench.arrivals import feed
 from paged_bench.backends.base import Backend
 from paged_bench.clock import VirtualClock, WallClock
-from paged_bench.errors import EngineError, crash_message
+from paged_bench.errors import EngineError, counted, crash_message
 from paged_bench.request import FinishReason, Request
 from paged_bench.schedulers.base import Scheduler
 from paged_bench.step import StepOutput, StepPlan
@@ -226,17 +226,13 @@ def _is_token(token: object) -> bool:
 def _bad_output(backend: Backend, plan: StepPlan, output: StepOutput) -> str:
     if isinstance(output, StepOutput):
         kinds = "/".join(sorted({type(t).__name__ for t in output.token_ids}))
-        tokens = _count(len(output.token_ids), "token") + (f" ({kinds})" if kinds else "")
+        tokens = counted(len(output.token_ids), "token") + (f" ({kinds})" if kinds else "")
         shown = f"{tokens} and a duration of {output.duration!r} s"
     else:
         shown = f"{type(output).__name__}"
-    return (f"backend {backend.name!r} returned {shown} for a step of {_count(len(plan.req_ids), 'row')} (requests "
+    return (f"backend {backend.name!r} returned {shown} for a step of {counted(len(plan.req_ids), 'row')} (requests "
             "in plan.req_ids): execute() returns a paged_bench.step.StepOutput of one token id (an int) per row of "
             "the plan and a duration >= 0 s")  # fmt: skip
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _leaks(allocator: Allocator) -> list[str]:

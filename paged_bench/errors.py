@@ -108,6 +108,11 @@ def _importable_path(filename: str) -> str:
     return str(min(relative, key=lambda r: len(r.parts))) if relative else path.name
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless one: "1 row", "3 rows"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def check(ok: bool, key: str, value: Any, allowed: str) -> None:
     """Raise ConfigError(key, value, allowed) unless ``ok``."""
     if not ok:

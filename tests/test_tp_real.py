@@ -254,4 +254,4 @@ def test_more_rank_threads_than_cores_is_noted(capsys, monkeypatch):
     monkeypatch.setattr("paged_bench.backends.torch.cpu_share", lambda: 1)
     bench = build(compose_config("backend=torch", "backend.model=tiny", "workload.num_requests=2", *TP2))
     bench.backend.close()
-    assert "note: backend.tensor_parallel_size=2 ranks x 1 threads on this job's 1 cores" in capsys.readouterr().err
+    assert "note: backend.tensor_parallel_size=2 ranks x 1 thread on this job's one core" in capsys.readouterr().err

@@ -28,7 +28,7 @@ from paged_bench.backends.base import Backend
 from paged_bench.backends.request_state import RequestState
 from paged_bench.distributed.group import TPGroup
 from paged_bench.distributed.rank import Bind, ModelSpec, Step
-from paged_bench.errors import check, check_int
+from paged_bench.errors import check, check_int, counted
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.ops_torch import DTYPES, TorchOps, pick_device, pick_dtype
 from paged_bench.model.runner import ModelBackend
@@ -60,8 +60,9 @@ class TorchBackend(ModelBackend):
             self.threads = max(1, cpu_share() // self.num_devices)
         if self.device.type == "cpu" and self.num_devices > 1 and self.num_devices * self.threads > cpu_share():
             # legal, and a way to study TP's traffic, but the timings are then the cores' queue
-            print(f"note: {TP_KEY}={self.num_devices} ranks x {self.threads} threads on this job's {cpu_share()} "
-                  "cores: the ranks take turns on them and every step waits for the last; its timings say "
+            share = cpu_share()
+            print(f"note: {TP_KEY}={self.num_devices} ranks x {counted(self.threads, 'thread')} on this job's "
+                  f"{'one core' if share == 1 else f'{share} cores'}: the ranks take turns on them and every step waits for the last; its timings say "
                   "more about the queue for the cores than about tensor parallelism", file=sys.stderr)  # fmt: skip
         if self.num_devices > 1:
             check(
