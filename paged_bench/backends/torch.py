@@ -60,10 +60,10 @@ class TorchBackend(ModelBackend):
             self.threads = max(1, cpu_share() // self.num_devices)
         if self.device.type == "cpu" and self.num_devices > 1 and self.num_devices * self.threads > cpu_share():
             # legal, and a way to study TP's traffic, but the timings are then the cores' queue
-            share = cpu_share()
-            print(f"note: {TP_KEY}={self.num_devices} ranks x {counted(self.threads, 'thread')} on this job's "
-                  f"{'one core' if share == 1 else f'{share} cores'}: the ranks take turns on them and every step waits for the last; its timings say "
-                  "more about the queue for the cores than about tensor parallelism", file=sys.stderr)  # fmt: skip
+            cores = "one core" if cpu_share() == 1 else f"{cpu_share()} cores"
+            print(f"note: {TP_KEY}={self.num_devices} ranks x {counted(self.threads, 'thread')} on this job's {cores}: "
+                  "the ranks take turns on them and every step waits for the last; its timings say more about the "
+                  "queue for the cores than about tensor parallelism", file=sys.stderr)  # fmt: skip
         if self.num_devices > 1:
             check(
                 self.device.type == "cpu" or torch.cuda.device_count() >= self.num_devices,
