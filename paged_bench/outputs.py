@@ -134,15 +134,27 @@ _TABLE = (
     ("GPUs, output tok/s per GPU", ("num_gpus", "output_throughput_per_gpu"), "{}, {:.1f}"),
     # a cluster's (a row shows where its figures are in the summary)
     ("replicas, load imbalance (max / mean)", ("num_replicas", "replica_load_imbalance"), "{}, {:.2f}"),
+    ("decode replicas' load imbalance (max / mean)", ("decode_load_imbalance",), "{:.2f}"),
+    ("KV live / reserved peak, all replicas (slots)", ("cluster_kv_live_slots_peak", "cluster_kv_reserved_slots_peak"),
+     "{} / {}"),
     ("TTFT via a P/D proxy median / p99 (ms)", ("median_decode_ttft_ms", "p99_decode_ttft_ms"), "{:.1f} / {:.1f}"),
     ("K/V transfer mean (ms)", ("mean_kv_transfer_ms",), "{:.2f}"),
 )
+
+
+# what the engine's rows mean in a cluster's summary (docs/cluster.md)
+_CLUSTER_LABELS = {
+    "KV live / reserved peak (slots)": "KV live / reserved peak, largest replica (slots)",
+    "replicas, load imbalance (max / mean)": "replicas, load imbalance of those routed to (max / mean)",
+}
 
 
 def format_summary(summary: Mapping[str, Any], title: str = "") -> str:
     """A short two-column table of the headline figures."""
     lines = []
     for label, keys, fmt in _TABLE:
+        if "num_replicas" in summary:
+            label = _CLUSTER_LABELS.get(label, label)
         values = [summary.get(k) for k in keys]
         if any(k not in summary for k in keys):
             continue

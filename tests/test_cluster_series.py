@@ -4,10 +4,12 @@ MLflow step series and the report's KV plot, drawn row by row, jumped between re
 from __future__ import annotations
 
 import csv
+import json
 
 from paged_bench.app import run_job
 from paged_bench.cluster.build import build_cluster
 from paged_bench.cluster.spec import cluster_spec
+from paged_bench.outputs import format_summary
 from paged_bench.report.load import RunSet, load_run
 from paged_bench.report.plots import kv_over_time
 from paged_bench.step_records import cluster_wide
@@ -71,8 +73,28 @@ def test_a_report_of_clusters_shows_the_kv_peak_of_all_replicas(config, tmp_path
     from paged_bench.report.build import build_report
 
     runs = []
-    for n in (2, 3):
-        run_job(config(*WORKLOAD[:-1], f"cluster.replicas={n}"), tmp_path / str(n))
+    for n in (1, 2, 3):  # one replica is the plain engine: its peak is its own (the table fell back)
+        run_job(config(*WORKLOAD[:-1], f"cluster.replicas={n}", "slo.ttft_ms=100"), tmp_path / str(n))
         runs.append(load_run(tmp_path / str(n)))
-    table = build_report(runs, tmp_path / "report", plots=False).table
-    assert "KV reserved peak, all replicas (slots)" in table and "| KV reserved peak (slots)" not in table
+    report = build_report(runs, tmp_path / "report", plots=False)
+    assert "KV reserved peak, all replicas (slots)" in report.table and "| KV reserved peak (slots)" not in report.table
+    with (tmp_path / "report" / "table.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    single = json.loads((tmp_path / "1" / "summary.json").read_text())
+    assert float(rows[0]["cluster_kv_reserved_slots_peak"]) == single["kv_reserved_slots_peak"] > 0
+    assert all(row["cluster_kv_reserved_slots_peak"] for row in rows)
+    assert "goodput (req/s)" in report.table  # an SLO was given: the table shows what met it
+
+
+def test_a_clusters_capacity_is_all_its_replicas_and_a_decode_replica_has_no_hit_rate(config, tmp_path):
+    split = run_job(config(*WORKLOAD[:-1], "cluster.prefill_replicas=1", "cluster.decode_replicas=2"), tmp_path)
+    summary = split.summary
+    assert summary["cluster_kv_capacity_blocks"] == 3 * summary["kv_capacity_blocks"]
+    assert summary["cluster_kv_capacity_tokens"] == 3 * summary["kv_capacity_tokens"]
+    assert summary["replica0/prefix_cache_hit_rate"] is not None  # the prefill replica looks prompts up
+    assert summary["replica1/prefix_cache_hit_rate"] is None and summary["replica2/prefix_cache_hit_rate"] is None
+    console = format_summary(summary)
+    assert "KV live / reserved peak, largest replica (slots)" in console
+    peaks = f"{summary['cluster_kv_live_slots_peak']} / {summary['cluster_kv_reserved_slots_peak']}"
+    assert "KV live / reserved peak, all replicas (slots)" in console and peaks in console
+    assert "decode replicas' load imbalance" in console

@@ -3,7 +3,8 @@
 The cluster's summary is the engine summary over every request (latencies as the client
 sees them, throughput over the cluster's duration), with per-replica step records pooled:
 so its KV figures are per replica (the largest peak any replica reached, the time-weighted
-mean over all replicas' steps). The prefix-cache hit rate counts the replicas that prefill
+mean over all replicas' steps, one replica's capacity), and ``cluster_kv_*`` are all replicas'
+together (peaks summed at each moment, capacities summed). The prefix-cache hit rate counts the replicas that prefill
 (a decode replica takes prompts it never looks up). Added: the replica count, total
 replica-steps, load balance (``replica_load_imbalance`` = most requests on one replica /
 mean, over the replicas arrivals are routed to; ``decode_load_imbalance`` the same over a
@@ -108,7 +109,8 @@ def _split_share(run: ClusterRun, replica: Replica, res: EngineResult, s: dict[s
             "output_throughput": per_s(output_tokens), "total_token_throughput": per_s(output_tokens),
             **unmet, "max_output_tokens_per_s": peak_output_tokens_per_s(_without_first_tokens(records),
                                                                                 records.succeeded),
-            "max_concurrent_requests": None, **_latency_keys("ttft", "queue")}  # fmt: skip
+            "max_concurrent_requests": None, "prefix_cache_hit_rate": None,  # it looks no prompt up
+            **_latency_keys("ttft", "queue")}  # fmt: skip
 
 
 def _without_first_tokens(records: RequestRecords) -> RequestRecords:
@@ -136,6 +138,9 @@ def cluster_summary(
     served = [len(res.requests) for res, role in zip(run.results, roles) if role != "decode"]
     summary["replica_load_imbalance"] = _imbalance(served)
     summary.update(_cluster_kv_peaks(run))
+    # kv_capacity_* (capacity_figures) are one replica's pool, as kv_*_peak are one replica's
+    summary["cluster_kv_capacity_blocks"] = sum(res.layout.num_blocks for res in run.results)
+    summary["cluster_kv_capacity_tokens"] = sum(res.layout.num_slots for res in run.results)
     if summary["num_prefill_replicas"]:
         summary["decode_load_imbalance"] = _imbalance([len(res.requests) for res, role in zip(run.results, roles)
                                                        if role == "decode"])  # fmt: skip

@@ -89,11 +89,15 @@ def build_report(
 
 
 def default_metrics(runs: list[Run]) -> list[str]:
-    """``DEFAULT_METRICS``; for clusters, the KV peak of all replicas at once in place of the
-    largest one replica reached (which fell in a sweep over ``cluster.replicas``)."""
-    if runs and all("cluster_kv_reserved_slots_peak" in run.summary for run in runs):
-        return [m.replace("kv_reserved_slots_peak", "cluster_kv_reserved_slots_peak") for m in DEFAULT_METRICS]
-    return list(DEFAULT_METRICS)
+    """``DEFAULT_METRICS``; where any run is a cluster, the KV peak of all replicas at once in
+    place of the largest one replica reached (which fell in a sweep over ``cluster.replicas``;
+    a single engine's is its own, ``derived_figures``); goodput where any run was given an SLO."""
+    metrics = list(DEFAULT_METRICS)
+    if any("cluster_kv_reserved_slots_peak" in run.summary for run in runs):
+        metrics = [m.replace("kv_reserved_slots_peak", "cluster_kv_reserved_slots_peak") for m in metrics]
+    if any(run.summary.get("goodput") is not None for run in runs):
+        metrics.insert(metrics.index("output_throughput") + 1, "goodput")
+    return metrics
 
 
 def common_overrides(runs: list[Run]) -> list[str]:

@@ -277,10 +277,19 @@ class RunSet:
 
 
 def derived_figures(run: Run) -> dict[str, float]:
-    """Figures a report adds to the summary: the peak block-table size of a paged run."""
-    flat = run.flat_config
-    reserved = run.summary.get("kv_reserved_slots_peak")
+    """Figures a report adds to the summary: the peak block-table size of a paged run, and a
+    single engine's whole-cluster figures (its own: one replica), so that a sweep over
+    ``cluster.replicas`` from 1 compares like with like."""
+    flat, summary = run.flat_config, run.summary
+    reserved = summary.get("kv_reserved_slots_peak")
     block_size = flat.get("allocator.block_size", flat.get("block_size"))
+    figures = {}
     if flat.get("allocator.name") == "paged" and reserved is not None and block_size:
-        return {"block_table_entries_peak": reserved / block_size}
-    return {}
+        figures["block_table_entries_peak"] = reserved / block_size
+    if summary and "num_replicas" not in summary:
+        figures.update({f"cluster_{key}": summary[key] for key in SINGLE_ENGINE_CLUSTER_KEYS if key in summary})
+    return figures
+
+
+# a single engine's figures that a cluster's summary has for all its replicas together
+SINGLE_ENGINE_CLUSTER_KEYS = ("kv_live_slots_peak", "kv_reserved_slots_peak", "kv_capacity_blocks", "kv_capacity_tokens")

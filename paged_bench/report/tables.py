@@ -52,6 +52,7 @@ _METRICS = [
     Metric("replica_load_imbalance", "load imbalance (max / mean)", "lower", "{:.2f}"),
     Metric("cluster_kv_reserved_slots_peak", "KV reserved peak, all replicas (slots)", "lower"),
     Metric("cluster_kv_live_slots_peak", "KV live peak, all replicas (slots)", None),
+    Metric("cluster_kv_capacity_tokens", "KV capacity, all replicas (tokens)", "higher"),
     Metric("decode_load_imbalance", "decode load imbalance (max / mean)", "lower", "{:.2f}"),
     Metric("kv_transfer_bytes", "K/V transferred (bytes)", None),
     Metric("mean_kv_transfer_ms", "K/V transfer mean (ms)", "lower", "{:.2f}"),
