@@ -309,7 +309,8 @@ def test_a_cluster_that_fits_is_not_refused_and_one_that_does_not_is_refused_fir
     total[0] = 4 * one - 1
     with pytest.raises(ConfigError) as e:
         cluster_build.build_cluster(cfg, cluster_spec(cfg))
-    assert e.value.key == "cluster" and built == []  # refused before the first replica was made
+    assert e.value.key == "cluster.replicas" and e.value.value == 4 and built == []  # before the first replica was made
+    assert "or fewer num_blocks" in str(e.value)
 
 
 # 10. kv_bytes: errors named config keys, not its flags; flags for --hardware ignored without it

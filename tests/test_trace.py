@@ -302,3 +302,13 @@ def test_a_prompt_whose_stated_length_disagrees_is_sent_with_a_note(tmp_path, ca
     assert capsys.readouterr().err.strip() == (
         f"note: 1 of 4 rows of {tmp_path / 't.jsonl'} give a prompt whose length here is not the row's prompt "
         "length (line 2: 6 tokens, 2 stated): the prompt is sent, as long as it is here")
+
+
+def test_a_rate_on_an_experiment_that_scales_time_says_how_to_combine_them(config):
+    # +experiment=routing sets workload.time_scale; a rate added on the command line was refused
+    # on a value the user never set, with no way out named
+    with pytest.raises(ConfigError) as e:
+        build(config("+experiment=routing", "workload.rate=60", "workload.limit=10"))
+    assert e.value.key == "workload.time_scale" and "add workload.time_scale=1.0 beside workload.rate" in str(e.value)
+    assert len(build(config("+experiment=routing", "workload.rate=60", "workload.time_scale=1.0",
+                            "workload.limit=10")).requests) == 10  # fmt: skip

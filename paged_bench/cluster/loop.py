@@ -203,7 +203,10 @@ class Cluster:
         num_bytes = self.kv_bytes_per_token * req.num_prompt_tokens
         done = self.links[source.index].send(self.now, num_bytes)
         if not done < HORIZON_S:  # also inf: the transfer would never arrive
-            raise past_horizon(done, f"a K/V transfer of {num_bytes:,} bytes (the link's bandwidth or latency)")
+            link = self.links[source.index].link
+            raise past_horizon(done, f"a K/V transfer of {num_bytes:,} bytes over {link.name} at "
+                                     f"{link.bandwidth / 1e9:.3g} GB/s and {link.latency * 1e6:.3g} us: raise "
+                                     "cluster.link_bandwidth_gbs or lower cluster.link_latency_us")  # fmt: skip
         transfer = Transfer(req, source.index, target.index, num_bytes, self.now, done)
         self._out.transfers.append(transfer)
         self._out.placement[req] = target.index

@@ -91,7 +91,8 @@ class TraceWorkload(Workload):
         self.rate = None if rate is None else check_number("workload.rate", rate, 0, strict=True, finite=False)
         self.time_scale = check_number("workload.time_scale", time_scale, 0, strict=True)
         check(self.rate is None or self.time_scale == 1.0, "workload.time_scale", time_scale,
-              "1.0 when workload.rate is set (rate rescales the arrival times itself)")  # fmt: skip
+              "1.0 when workload.rate is set (rate rescales the arrival times itself; where an experiment "
+              "set this time_scale, add workload.time_scale=1.0 beside workload.rate)")  # fmt: skip
         self.max_concurrency = check_max_concurrency(max_concurrency)
         self.seed = check_int("workload.seed", seed, 0)
 
