@@ -138,6 +138,7 @@ _TABLE = (
     ("KV live / reserved peak, all replicas (slots)", ("cluster_kv_live_slots_peak", "cluster_kv_reserved_slots_peak"),
      "{} / {}"),
     ("TTFT via a P/D proxy median / p99 (ms)", ("median_decode_ttft_ms", "p99_decode_ttft_ms"), "{:.1f} / {:.1f}"),
+    ("goodput via a P/D proxy (req/s)", ("decode_goodput",), "{:.2f}"),
     ("K/V transfer mean (ms)", ("mean_kv_transfer_ms",), "{:.2f}"),
 )
 

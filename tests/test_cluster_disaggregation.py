@@ -74,6 +74,23 @@ def test_a_slower_link_delays_the_second_token_not_the_first(config, tmp_path):
     assert slow["kv_transfer_bytes"] == fast["kv_transfer_bytes"]
 
 
+def test_an_slo_is_judged_on_what_a_pd_proxys_client_sees_too(config, tmp_path):
+    # the headline TTFT is the prefill's token; a P/D proxy's client reads the decode replica's,
+    # which no SLO could be applied to and requests.csv did not have
+    slo = ("slo.ttft_ms=60", "slo.tpot_ms=20")
+    summary = run_job(config(*SPLIT, "cluster.link=ethernet", "cluster.link_bandwidth_gbs=1", *slo), tmp_path).summary
+    rows = _rows(tmp_path / "requests.csv")
+    decode_ttft = [float(r["decode_ttft_ms"]) for r in rows if r["decode_ttft_ms"]]
+    assert summary["median_decode_ttft_ms"] == pytest.approx(float(np.median(decode_ttft)))
+    seen_good = 0
+    for r in rows:  # the proxy's client sees the tokens after the prefill's: TPOT over them
+        ttft, e2el, n = float(r["decode_ttft_ms"]), float(r["e2el_ms"]), int(r["output_tokens"]) - 1
+        tpot = (e2el - ttft) / (n - 1) if n > 1 else 0.0
+        seen_good += ttft <= 60 and tpot <= 20
+    assert summary["decode_goodput"] == pytest.approx(seen_good / summary["duration"])
+    assert 0 < summary["decode_goodput"] < summary["goodput"]  # the link's wait fails some the headline passes
+
+
 def test_split_and_colocated_clusters_of_equal_size_serve_the_same_tokens(config, tmp_path):
     split = run_job(config(*SPLIT), tmp_path / "split").summary
     colocated = run_job(config("cluster.replicas=3", *SPLIT[2:]), tmp_path / "colocated").summary

@@ -2,15 +2,18 @@
 ``steps.csv``, ``run_info.json``) with a ``replica`` column in both tables, and
 ``replicas.csv``, one summary row per replica. In a disaggregated run ``replica`` is the
 decode replica (where a request's last token came from, or its prefill replica if it ended
-there), beside ``prefill_replica`` and ``kv_transfer_ms``."""
+there), beside ``prefill_replica``, ``kv_transfer_ms`` and ``decode_ttft_ms`` (the TTFT a
+P/D proxy's client reads: see ``summary.decode_ttft_ms``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from paged_bench.cluster.loop import ClusterRun
+from paged_bench.cluster.summary import decode_ttft_ms
 from paged_bench.engine import STEP_COLUMNS, EngineResult
 from paged_bench.outputs import REQUEST_COLUMNS, _write_csv, request_rows, step_rows, write_run
 from paged_bench.records import RequestRecords
@@ -26,9 +29,10 @@ def _request_table(run: ClusterRun, records: RequestRecords) -> tuple[tuple[str,
         return (*REQUEST_COLUMNS, "replica"), ((*row, _cell(placement.get(r))) for row, r in zip(rows, reqs))
     transfer_ms = {t.request: t.seconds * 1e3 for t in run.transfers}
     prefill = run.prefill_placement
-    columns = (*REQUEST_COLUMNS, "replica", "prefill_replica", "kv_transfer_ms")
-    return columns, ((*row, _cell(placement.get(r)), _cell(prefill.get(r)), _cell(transfer_ms.get(r)))
-                     for row, r in zip(rows, reqs))  # fmt: skip
+    decode_ttft = [None if math.isnan(v) else v for v in decode_ttft_ms(records).tolist()]
+    columns = (*REQUEST_COLUMNS, "replica", "prefill_replica", "kv_transfer_ms", "decode_ttft_ms")
+    return columns, ((*row, _cell(placement.get(r)), _cell(prefill.get(r)), _cell(transfer_ms.get(r)), _cell(d))
+                     for row, r, d in zip(rows, reqs, decode_ttft))  # fmt: skip
 
 
 def write_cluster_run(

@@ -30,7 +30,9 @@ import numpy as np
 from paged_bench.cluster.loop import ClusterRun
 from paged_bench.cluster.replica import Replica
 from paged_bench.engine import STEP_COLUMNS, EngineResult, StepRecords
-from paged_bench.metrics import LATENCIES, PERCENTILES, SPREADS, latency_stats, peak_output_tokens_per_s, summarize
+from paged_bench.metrics import (
+    LATENCIES, PERCENTILES, SPREADS, latency_stats, peak_output_tokens_per_s, request_figures, summarize,
+)  # fmt: skip
 from paged_bench.records import RequestRecords
 from paged_bench.step_records import SUMMED_COLUMNS, summed_over_replicas
 
@@ -150,6 +152,8 @@ def cluster_summary(
         summary["mean_kv_transfer_ms"] = float(np.mean(seconds)) if seconds else None
         summary["p99_kv_transfer_ms"] = float(np.percentile(seconds, 99)) if seconds else None
         summary.update(latency_stats("decode_ttft", _decode_ttfts_ms(records)))
+        if "goodput" in summary:
+            summary["decode_goodput"] = _proxy_goodput(records, merged.duration, slo or {})
     for s in replicas:
         for key in ("busy_fraction", *PER_REPLICA):
             summary[f"replica{s['replica']}/{key}"] = s.get(key)
@@ -168,15 +172,28 @@ def _cluster_kv_peaks(run: ClusterRun) -> dict[str, int | None]:
     return {f"cluster_{name}_peak": int(summed[name].max()) for name in ("kv_live_slots", "kv_reserved_slots")}
 
 
-def _decode_ttfts_ms(records: RequestRecords) -> np.ndarray:
+def decode_ttft_ms(records: RequestRecords) -> np.ndarray:
     """A split cluster's TTFT as a client of a P/D proxy reads it: vLLM's
     (``disagg_prefill_proxy_server.py``) discards the prefill instance's token and streams the
-    decode instance's, so the client waits for the hand-over and a decode slot too. Arrival to
-    the first token a decode replica sampled (each request's second), over the requests that
-    had one."""
-    has = records.succeeded & (records.num_chunks >= 2)
-    second = records.chunk_times[records.chunk_offsets[:-1][has] + 1]
-    return (second - records.arrival_time[has]) * 1e3
+    decode instance's, so the client waits for the hand-over and a decode slot too. Per request,
+    arrival to the first token a decode replica sampled (its second); nan where it had none."""
+    out = np.full(len(records), np.nan)
+    has = records.num_chunks >= 2
+    out[has] = (records.chunk_times[records.chunk_offsets[:-1][has] + 1] - records.arrival_time[has]) * 1e3
+    return out
+
+
+def _decode_ttfts_ms(records: RequestRecords) -> np.ndarray:
+    """``decode_ttft_ms`` of the requests that succeeded and had a decode token."""
+    values = decode_ttft_ms(records)[records.succeeded]
+    return values[~np.isnan(values)]
+
+
+def _proxy_goodput(records: RequestRecords, duration: float, slo: Mapping[str, float | None]) -> float | None:
+    """Goodput as a P/D proxy's client meets the SLO: it sees the decode replica's tokens alone
+    (its TTFT is ``decode_ttft_ms``, its TPOT and E2EL over the tokens after that)."""
+    seen = replace(_without_first_tokens(records), output_tokens=np.maximum(records.output_tokens - 1, 0))
+    return request_figures(seen, duration, slo).get("goodput")
 
 
 def _imbalance(counts: list[int]) -> float | None:

@@ -59,6 +59,7 @@ _METRICS = [
     Metric("p99_kv_transfer_ms", "K/V transfer p99 (ms)", "lower", "{:.2f}"),
     Metric("median_decode_ttft_ms", "TTFT via a P/D proxy p50 (ms)", "lower"),
     Metric("p99_decode_ttft_ms", "TTFT via a P/D proxy p99 (ms)", "lower"),
+    Metric("decode_goodput", "goodput via a P/D proxy (req/s)", "higher", "{:.2f}"),
 ]
 METRICS = {m.key: m for m in _METRICS}
 DEFAULT_METRICS = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "p99_e2el_ms", "kv_reserved_slots_peak"]
