@@ -115,14 +115,17 @@ def _split_share(run: ClusterRun, replica: Replica, res: EngineResult, s: dict[s
             **_latency_keys("ttft", "queue")}  # fmt: skip
 
 
-def _without_first_tokens(records: RequestRecords) -> RequestRecords:
-    """``records`` less each request's first chunk (a decode replica's requests: sampled elsewhere)."""
+def _without_first_tokens(records: RequestRecords, least: int = 1) -> RequestRecords:
+    """``records`` less the first chunk of each request that has at least ``least`` (a decode
+    replica's requests: sampled elsewhere), and its token."""
     counts = records.num_chunks
+    dropped = counts >= least
     keep = np.ones(len(records.chunk_times), bool)
-    keep[records.chunk_offsets[:-1][counts > 0]] = False
+    keep[records.chunk_offsets[:-1][dropped & (counts > 0)]] = False
     offsets = np.zeros_like(records.chunk_offsets)
-    np.cumsum(np.maximum(counts - 1, 0), out=offsets[1:])
-    return replace(records, chunk_times=records.chunk_times[keep], chunk_offsets=offsets)
+    np.cumsum(counts - (dropped & (counts > 0)), out=offsets[1:])
+    tokens = np.where(dropped, np.maximum(records.output_tokens - 1, 0), records.output_tokens)
+    return replace(records, chunk_times=records.chunk_times[keep], chunk_offsets=offsets, output_tokens=tokens)
 
 
 def cluster_summary(
@@ -192,8 +195,8 @@ def _decode_ttfts_ms(records: RequestRecords) -> np.ndarray:
 def _proxy_goodput(records: RequestRecords, duration: float, slo: Mapping[str, float | None]) -> float | None:
     """Goodput as a P/D proxy's client meets the SLO: it sees the decode replica's tokens alone
     (its TTFT is ``decode_ttft_ms``, its TPOT and E2EL over the tokens after that)."""
-    seen = replace(_without_first_tokens(records), output_tokens=np.maximum(records.output_tokens - 1, 0))
-    return request_figures(seen, duration, slo).get("goodput")
+    # a request that ended at its prefill (one token) is seen with it: there is no other
+    return request_figures(_without_first_tokens(records, least=2), duration, slo).get("goodput")
 
 
 def _imbalance(counts: list[int]) -> float | None:
