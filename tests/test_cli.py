@@ -102,7 +102,7 @@ def test_a_closed_pipe_is_not_an_error(tmp_path):
 
 @pytest.mark.parametrize("override, key", [("max_batch=1000000000", "max_batch"), ("num_blocks=1000000000", "num_blocks"),
                                            ("backend=numpy num_blocks=20000000", "num_blocks"),
-                                           ("cluster.replicas=1000000", "cluster"),
+                                           ("cluster.replicas=1000000", "cluster.replicas"),
                                            ("workload.num_requests=10000000000", "workload.num_requests"),
                                            ("workload.prompt_len=2000000000", "workload.prompt_len")])  # fmt: skip
 def test_a_run_bigger_than_memory_is_refused_before_it_is_allocated(tmp_path, override, key):
