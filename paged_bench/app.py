@@ -6,6 +6,7 @@ offline mode). Whatever happens during the run, what was measured is written out
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Any
 
 from paged_bench import registry
 from paged_bench.build import Bench, build
-from paged_bench.cluster.spec import cluster_spec
+from paged_bench.cluster.spec import cluster_spec, unused_router_note
 from paged_bench.engine import EngineResult
 from paged_bench.metrics import summarize
 from paged_bench.model.kv_capacity import KVBudget
@@ -132,6 +133,8 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
         from paged_bench.cluster.job import run_cluster_job
 
         return run_cluster_job(cfg, run_dir, spec, on_progress, options, shield)
+    if (note := unused_router_note(cfg)) is not None:
+        print(note, file=sys.stderr)
     bench = build(cfg)
     on_step = step_callback(on_progress, len(bench.requests))
     target = (cfg.get("target") or {}).get("name", "engine")

@@ -51,7 +51,7 @@ def test_a_router_with_one_replica_is_refused(config, overrides):
     with pytest.raises(ConfigError) as e:
         cluster_spec(config(*overrides))
     assert e.value.key == "router" and e.value.value == overrides[0].split("=")[1]
-    assert "round_robin (the default) with cluster.replicas=1: a router needs two or more replicas" in str(e.value)
+    assert "round_robin (the default) with one replica: a router needs two or more replicas" in str(e.value)
 
 
 def test_the_default_router_with_one_replica_still_runs_and_its_settings_are_checked(config):
@@ -89,15 +89,22 @@ def test_a_sweep_over_routers_on_one_replica_is_refused_before_its_first_job(tmp
                    "router=round_robin,least_kv", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
     assert proc.returncode == 2 and not (tmp_path / "sweep").exists()
     assert one_error_line(proc) == (
-        "error: router='round_robin,least_kv' is not allowed: round_robin (the default) with cluster.replicas=1: "
+        "error: router='round_robin,least_kv' is not allowed: round_robin (the default) with one replica: "
         "a router needs two or more replicas (set cluster.replicas=N, N >= 2, to compare routers)")
-    # a cluster of two in some jobs: those of one replica are the ones refused
-    proc = command(tmp_path, "paged_bench", "-m", "tracking.enabled=false", "workload.num_requests=10",
-                   "router=least_kv", "cluster.replicas=2,1", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
-    assert proc.returncode == 2 and "a router needs two or more replicas" in one_error_line(proc)
     proc = command(tmp_path, "paged_bench", "-m", "tracking.enabled=false", "workload.num_requests=10",
                    "router=round_robin,least_kv", "cluster.replicas=2", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_capacity_sweep_from_one_replica_up_keeps_its_router(tmp_path):
+    # -m cluster.replicas=1,2 router=least_kv was refused for its one-replica job: a capacity
+    # question (how many replicas?) could not start from one
+    proc = command(tmp_path, "paged_bench", "-m", "tracking.enabled=false", "workload.num_requests=10",
+                   "router=least_kv", "cluster.replicas=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "note: router=least_kv has one replica to route to (cluster.replicas=1): the engine runs alone" in proc.stderr
+    one, two = (json.loads((tmp_path / "sweep" / job / "summary.json").read_text()) for job in ("0", "1"))
+    assert "num_replicas" not in one and two["num_replicas"] == 2
 
 
 def test_a_router_with_one_replica_is_one_line_from_the_command(tmp_path):

@@ -55,11 +55,21 @@ def router_choice(cfg: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def _check_no_router(cfg: Mapping[str, Any]) -> None:
+    """A router on one engine: refused where ``cluster.replicas`` was left unset (a forgotten
+    cluster, most likely), taken (unused) where it was given as 1 (a sweep from one replica up)."""
     name, options = router_choice(cfg)
-    if name != DEFAULT_ROUTER:
-        raise ConfigError("router", name, f"{DEFAULT_ROUTER} (the default) with cluster.replicas=1: a router needs "
+    if name != DEFAULT_ROUTER and (cfg.get("cluster") or {}).get("replicas") is None:
+        raise ConfigError("router", name, f"{DEFAULT_ROUTER} (the default) with one replica: a router needs "
                                           "two or more replicas")  # fmt: skip
     registry.create("router", name, **options)  # its settings are checked all the same
+
+
+def unused_router_note(cfg: Mapping[str, Any]) -> str | None:
+    """What to say of a router chosen for one engine (``cluster.replicas=1``, given): it routes nothing."""
+    name, _ = router_choice(cfg)
+    if name == DEFAULT_ROUTER or cluster_spec(cfg) is not None:
+        return None
+    return f"note: router={name} has one replica to route to (cluster.replicas=1): the engine runs alone"
 
 
 def _spec(cfg: Mapping[str, Any]) -> ClusterSpec | None:
