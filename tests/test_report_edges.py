@@ -157,3 +157,14 @@ def test_a_report_says_what_every_run_was_given_beside_what_varies(tmp_path):
     proc = run_cli(tmp_path, "--experiment", "fixed", "--out", "from_mlflow", module="paged_bench.report")
     assert proc.returncode == 0, proc.stderr
     assert said in (tmp_path / "from_mlflow" / "report.md").read_text().splitlines()
+
+
+def test_a_sweeps_columns_are_set_on_the_command_line_and_a_typo_is_said(tmp_path):
+    # report.metrics was no key of the config: it took +report.metrics=..., and a typo in it
+    # was a column of n/a and no word
+    proc = run_cli(tmp_path, "-m", "tracking.enabled=false", "workload.num_requests=10", "max_batch=4,8",
+                   "report.metrics=[p99_ttft_ms,p99_ttft_msx]", "slo.ttft_ms=100")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("| max_batch"))
+    assert [c.strip() for c in header.strip("|").split("|")] == ["max_batch", "TTFT p99 (ms)", "p99_ttft_msx"]
+    assert "note: report.metrics names p99_ttft_msx, which none of these runs has" in proc.stderr

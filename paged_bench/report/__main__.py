@@ -51,11 +51,11 @@ def _metrics(option: str | None, runs) -> list[str] | None:
     error, not a column that silently never shows."""
     if not option:
         return None
-    from paged_bench.report.tables import METRICS, figures
+    from paged_bench.report.build import unknown_metrics
+    from paged_bench.report.tables import METRICS
 
     wanted = [m.strip() for m in option.split(",") if m.strip()]
-    known = set(METRICS).union(*(figures(r) for r in runs))
-    unknown = [m for m in wanted if m not in known]
+    unknown = unknown_metrics(wanted, runs)
     if unknown or not wanted:
         raise ConfigError("--metrics", option, f"summary keys such as {', '.join(list(METRICS)[:6])}, ... "
                                                f"({', '.join(unknown) or 'none given'}: not a figure of these runs)")  # fmt: skip

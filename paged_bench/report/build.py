@@ -4,6 +4,7 @@ the plots, and ``report.md`` that ties them together (the README's results come 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,8 +12,10 @@ from paged_bench.report.load import Run, RunSet
 from paged_bench.report.plots import make_plots
 from paged_bench.report.tables import (
     DEFAULT_METRICS,
+    METRICS,
     comparison_frame,
     comparison_markdown,
+    figures,
     head_to_head_markdown,
 )
 
@@ -56,7 +59,11 @@ def build_report(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rs = RunSet.of(runs)
-    metrics = metrics or rs.report_metrics() or default_metrics(runs)
+    if metrics is None and (metrics := rs.report_metrics()) and (unknown := unknown_metrics(metrics, runs)):
+        # the config's list (report.metrics): the runs are done, so a typo is said, not fatal
+        print(f"note: report.metrics names {', '.join(unknown)}, which none of these runs has (a column of n/a); "
+              f"summary keys such as {', '.join(list(METRICS)[:4])}, ...", file=sys.stderr)  # fmt: skip
+    metrics = metrics or default_metrics(runs)
     title = title or rs.experiment_name() or out_dir.parent.name
 
     files = [out_dir / "table.csv", out_dir / "table.md"]
@@ -86,6 +93,12 @@ def build_report(
     )
     files[-1].write_text(report.markdown)
     return report
+
+
+def unknown_metrics(metrics: list[str], runs: list[Run]) -> list[str]:
+    """The names in ``metrics`` that are neither a figure the report knows nor one of the runs'."""
+    known = set(METRICS).union(*(figures(r) for r in runs))
+    return [m for m in metrics if m not in known]
 
 
 def default_metrics(runs: list[Run]) -> list[str]:
