@@ -139,10 +139,10 @@ def test_a_measured_matmul_curve_prices_the_matmuls_instead_of_the_roofline():
     assert RooflineCost(model, hw, "float32", tp=2).matmul_seconds(two) != cost.matmul_seconds(two)
 
 
-def test_fit_with_a_curve_recovers_the_per_step_and_per_prefill_costs():
+def test_fit_with_a_curve_recovers_the_per_step_prefill_and_token_costs():
     model = PRESETS["small"]
-    truth = RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9, 4e-4, 3e-5, 1.0, 1.0, 0.25, 0.12,
-                                         per_prefill=3e-4, cold_step=5e-4, matmul_curve=CURVE), "float32")  # fmt: skip
+    truth = RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9, 4e-4, 3e-5, 1.0, 1.0, 0.25, 0.12, per_prefill=3e-4,
+                                         per_token=6e-6, cold_step=5e-4, matmul_curve=CURVE), "float32")  # fmt: skip
     shapes = cal.default_shapes()
     works = _works(model, shapes)
     # the short prompts timed again after an idle gap, as time_shapes does
@@ -151,7 +151,7 @@ def test_fit_with_a_curve_recovers_the_per_step_and_per_prefill_costs():
     samples = [(w, truth.seconds(w) * rng.uniform(0.99, 1.01)) for w in works]
     fitted = cal.fit(RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9, matmul_curve=CURVE), "float32"), samples)
     assert cal.fit_errors(fitted, samples)["median_abs_rel_err"] < 0.02
-    for name in ("overhead", "per_prefill", "cold_step"):
+    for name in ("overhead", "per_prefill", "per_token", "cold_step"):
         assert getattr(fitted.hardware, name) == pytest.approx(getattr(truth.hardware, name), rel=0.15), name
 
 

@@ -65,6 +65,16 @@ def test_each_attention_group_costs_its_own():
     assert cost.seconds(mixed) - _cost().seconds(mixed) == pytest.approx(2 * 2e-4)
 
 
+def test_each_new_token_costs_its_elementwise_work_beyond_the_matmuls():
+    # a prompt chunk's norms, rotary and activations scale with its tokens: per_seq priced them
+    # for a decode's one token alone, and the fit left low-context prefills ~9% short
+    decodes = step_work(_plan(cal.Shape(4, 0, 0, 64), continuing=True), MODEL, "float32", 16)
+    mixed = step_work(_plan(cal.Shape(4, 1, 64, 0), continuing=True), MODEL, "float32", 16)
+    cost = _cost(per_token=5e-6)
+    assert cost.seconds(decodes) - _cost().seconds(decodes) == pytest.approx(4 * 5e-6)
+    assert cost.seconds(mixed) - _cost().seconds(mixed) == pytest.approx((4 + 64) * 5e-6)
+
+
 def test_kv_past_the_last_level_cache_beside_the_weights_is_priced_apart():
     work = step_work(_plan(cal.Shape(16, 0, 0, 3072), continuing=True), MODEL, "float32", 16)
     llc = 16 * 2**20

@@ -7,7 +7,7 @@ non-negative (``_nnls``), alternating over which side of each roofline bounds ea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -40,9 +40,29 @@ def _nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) -> np.ndarray:
 _EFFS = ("compute_eff", "memory_eff", "attn_eff", "kv_eff")
 
 
-def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iterations: int = 30) -> RooflineCost:
+# the terms added on top of either bound, each by what it counts in a step
+ADDITIVE: dict[str, Callable[[RooflineCost, StepWork], float]] = {
+    "per_score_byte": lambda cost, w: w.score_bytes,
+    "per_prefill": lambda cost, w: w.num_prefills,
+    "per_spilled_kv_byte": lambda cost, w: cost.spilled_kv_bytes(w),
+    "per_llc_spilled_byte": lambda cost, w: cost.llc_spilled_kv_bytes(w),
+    "cold_step": lambda cost, w: w.cold,
+    "per_attention_group": lambda cost, w: w.num_attention_groups,
+    "per_token": lambda cost, w: w.num_tokens,
+}
+
+
+def check_terms(names: Collection[str]) -> None:
+    unknown = sorted(set(names) - set(ADDITIVE))
+    if unknown:
+        raise ValueError(f"no fitted term {', '.join(unknown)}; the additive terms are {', '.join(ADDITIVE)}")
+
+
+def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iterations: int = 30,
+        without: Collection[str] = ()) -> RooflineCost:  # fmt: skip
     """Fit overhead, per_seq, per_prefill, the four efficiencies, per_score_byte, the two
-    cache-spill rates, the cold step and the per-attention-group cost of ``cost`` to measured step times (with a measured ``matmul_curve``, the matmuls are known
+    cache-spill rates, the cold step, the per-attention-group cost and the per-token cost of
+    ``cost`` to measured step times (with a measured ``matmul_curve``, the matmuls are known
     and the rest is fitted to what they leave).
 
     Each roofline is a max, so this alternates: given which side bounds each kernel class of
@@ -50,7 +70,8 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
     bytes/bandwidth); solve that (non-negative, on relative error so short and long steps
     count alike); re-decide the sides with the new efficiencies; until nothing changes.
     Alternation can settle in a local optimum, so it starts from every way of bounding the
-    two kernel classes (and from the preset's own efficiencies) and keeps the best fit."""
+    two kernel classes (and from the preset's own efficiencies) and keeps the best fit.
+    ``without`` names additive terms to leave at 0 (what each one earns: ``benchmarks/fit_terms.py``)."""
     hw = cost.hardware
     t = np.array([s for _, s in samples])
     # with a measured matmul curve the matmuls are known: the rest is fitted to what is left
@@ -68,24 +89,21 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
             np.array([w.kv_bytes + w.padding_kv_bytes * hw.eager_attention for w, _ in samples]) / hw.mem_bandwidth,
         ),
     ]
-    scores = np.array([w.score_bytes for w, _ in samples])
-    prefills = np.array([w.num_prefills for w, _ in samples], float)
-    spilled = np.array([cost.spilled_kv_bytes(w) for w, _ in samples])
-    llc_spilled = np.array([cost.llc_spilled_kv_bytes(w) for w, _ in samples])
-    cold = np.array([w.cold for w, _ in samples], float)
-    groups = np.array([w.num_attention_groups for w, _ in samples], float)
+    check_terms(without)
+    columns = [np.array([0.0 if name in without else float(count(cost, w)) for w, _ in samples])
+               for name, count in ADDITIVE.items()]  # fmt: skip
     prior = [1 / getattr(hw, name) for name in _EFFS]
 
     def decide(inv: list[float]) -> list[np.ndarray]:
         return [c * inv[2 * k] >= m * inv[2 * k + 1] for k, (c, m) in enumerate(sides)]
 
     def alternate(bound: list[np.ndarray]) -> RooflineCost:
-        inv, x = list(prior), np.zeros(12)
+        inv, x = list(prior), np.zeros(6 + len(columns))
         for _ in range(iterations):
             cols = [np.ones_like(t), seqs]
             for (c, m), b in zip(sides, bound):
                 cols += [c * b, m * ~b]
-            cols += [scores, prefills, spilled, llc_spilled, cold, groups]  # additive: on top of either bound
+            cols += columns
             a = np.stack(cols, axis=1) / t[:, None]
             x = _nnls(a, 1 - known / t)
             # a side no step is bound by keeps the prior; one the fit finds free costs ~nothing
@@ -95,9 +113,7 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
                 break
             bound = new_bound
         effs = {name: float(1 / v) for name, v in zip(_EFFS, inv)}
-        fitted = {"overhead": x[0], "per_seq": x[1], "per_score_byte": x[6], "per_prefill": x[7],
-                  "per_spilled_kv_byte": x[8], "per_llc_spilled_byte": x[9], "cold_step": x[10],
-                  "per_attention_group": x[11]}  # fmt: skip
+        fitted = {"overhead": x[0], "per_seq": x[1], **dict(zip(ADDITIVE, x[6:]))}
         return cost.with_fit(**{k: float(v) for k, v in fitted.items()}, **effs)
 
     ones, zeros = np.ones_like(t, bool), np.zeros_like(t, bool)

@@ -6,7 +6,7 @@ A step runs two kinds of kernels one after the other, each bounded by its own ro
              + max(matmul FLOPs / (peak_flops * compute_eff), weight bytes / (mem_bandwidth * memory_eff))
              + max(attention FLOPs / (peak_flops * attn_eff), K/V bytes / (mem_bandwidth * kv_eff))
              + score bytes * per_score_byte (an eager attention's score matrices; 0 when fused)
-             + per_prefill * prompt chunks
+             + per_prefill * prompt chunks + per_token * new tokens
              + swap bytes / host_link
              + 2 x layers x all-reduce seconds (tensor parallel, over the ranks' link)
 
@@ -64,6 +64,10 @@ class Hardware:
     # seconds per prompt chunk in a step, on top of per_seq: the eager attention's per-chunk
     # work (its causal mask, padding) and a prefill's own bookkeeping; 0 in the GPU presets
     per_prefill: float = 0.0
+    # seconds per new token beyond its matmuls: the elementwise work of a forward on each token
+    # row (norms, rotary, activations, residual adds), which a measured matmul curve leaves out
+    # and per_seq covers only for decodes (one token a sequence); 0 in the GPU presets
+    per_token: float = 0.0
     # an eager attention (the numpy/torch backends, what calibrate fits) gathers each group's
     # K/V padded to its longest context: the padding is read at the K/V rate too
     eager_attention: bool = False
@@ -320,7 +324,7 @@ class RooflineCost:
         attention += self.llc_spilled_kv_bytes(w) * hw.per_llc_spilled_byte
         comm = w.num_allreduces * self.link.allreduce_seconds(w.allreduce_bytes, self.tp) if w.num_allreduces else 0.0
         scores = w.score_bytes * hw.per_score_byte
-        per_request = hw.per_seq * w.num_seqs + hw.per_prefill * w.num_prefills
+        per_request = hw.per_seq * w.num_seqs + hw.per_prefill * w.num_prefills + hw.per_token * w.num_tokens
         per_request += hw.per_attention_group * w.num_attention_groups
         overhead = hw.overhead + hw.cold_step if w.cold else hw.overhead
         return overhead + per_request + matmuls + attention + scores + w.swap_bytes / hw.host_link + comm
