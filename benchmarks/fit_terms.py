@@ -41,7 +41,8 @@ def timed_samples(repeats: int) -> tuple[RooflineCost, list[cal.Shape], list]:
         curve = cal.time_matmuls(backend, model, longest, max(repeats, 3))
     finally:
         backend.close()
-    return RooflineCost(model, replace(measure_cpu(), matmul_curve=curve, eager_attention=True), "float32"), shapes, samples
+    hardware = replace(measure_cpu(), matmul_curve=curve, eager_attention=True)
+    return RooflineCost(model, hardware, "float32"), shapes, samples
 
 
 def main() -> None:

@@ -64,8 +64,9 @@ def check_kv_pool_fits(cfg: Mapping[str, Any], options: Mapping[str, Any], backe
                           f"({_gib(one * copies, available)}): at most about "
                           f"{(available // copies - pool) // (per_block + block_size * kv):,}")  # fmt: skip
     if one <= available:
-        raise ConfigError("cluster.replicas", copies, f"replicas whose KV pools fit in memory ({blocks:,} blocks each: "
-                          f"{_gib(one * copies, available)}): at most about {available // one:,}, or fewer num_blocks")  # fmt: skip
+        raise ConfigError("cluster.replicas", copies, f"replicas whose KV pools fit in memory ({blocks:,} blocks "
+                          f"each: {_gib(one * copies, available)}): at most about {available // one:,}, or fewer "
+                          "num_blocks")  # fmt: skip
     most = available // (2 * per_block + (1 + on_host) * block_size * kv)
     if cfg.get("num_blocks") in (None, "auto"):
         raise ConfigError("max_batch", cfg["max_batch"], f"a KV pool of max_batch full sequences that fits in memory "

@@ -178,7 +178,8 @@ def test_transfers_too_slow_for_a_float_stop_the_run_with_every_request_accounte
     outcome = run_job(config("cluster.prefill_replicas=1", "cluster.decode_replicas=1",
                              "cluster.link_bandwidth_gbs=1e-320", "tracking.enabled=false"), tmp_path)  # fmt: skip
     assert outcome.status == "failed" and "would pass 1e+12 s" in outcome.error
-    assert "at 1e-320 GB/s and 1.5 us: raise cluster.link_bandwidth_gbs or lower cluster.link_latency_us" in outcome.error
+    assert "at 1e-320 GB/s and 1.5 us: raise cluster.link_bandwidth_gbs or lower cluster.link_latency_us" in (
+        outcome.error)
     assert not outcome.result.leaks
     with (tmp_path / "requests.csv").open() as f:
         rows = list(csv.DictReader(f))

@@ -197,7 +197,8 @@ BAD = [
     ("DELETE", "/v1/completions", None, "application/json", 405, "method not allowed"),
     ("POST", "/v1/completions", b'{"prompt": "a\\ud800b"}', "application/json", 400, "not valid Unicode"),
     ("POST", "/v1/completions", b"[" * 100_000 + b"]" * 100_000, "application/json", 400, "nests arrays or objects too"),
-    ("POST", "/v1/completions", b'{"prompt": "hi\xff"}', "application/json", 400, "not valid UTF-8: byte 0xff at offset 14"),
+    ("POST", "/v1/completions", b'{"prompt": "hi\xff"}', "application/json", 400,
+     "not valid UTF-8: byte 0xff at offset 14"),
     ("POST", "/v1/completions", b'{"prompt": "hi"}', "text/plain", 400, "Content-Type must be application/json"),
     ("POST", "/tokenize", b"hi", "text/plain", 404, "no such route"),  # was 400 for its Content-Type
     ("POST", "/v1/completions", b'{"prompt": "hi", "temperature": NaN}', "application/json", 400, "finite"),

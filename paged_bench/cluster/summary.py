@@ -4,8 +4,8 @@ The cluster's summary is the engine summary over every request (latencies as the
 sees them, throughput over the cluster's duration), with per-replica step records pooled:
 so its KV figures are per replica (the largest peak any replica reached, the time-weighted
 mean over all replicas' steps, one replica's capacity), and ``cluster_kv_*`` are all replicas'
-together (peaks summed at each moment, capacities summed). The prefix-cache hit rate counts the replicas that prefill
-(a decode replica takes prompts it never looks up). Added: the replica count, total
+together (peaks summed at each moment, capacities summed). The prefix-cache hit rate counts
+the replicas that prefill (a decode replica takes prompts it never looks up). Added: the replica count, total
 replica-steps, load balance (``replica_load_imbalance`` = most requests on one replica /
 mean, over the replicas arrivals are routed to; ``decode_load_imbalance`` the same over a
 split cluster's decode replicas), the K/V transfers of a disaggregated run, and per-replica
@@ -31,7 +31,13 @@ from paged_bench.cluster.loop import ClusterRun
 from paged_bench.cluster.replica import Replica
 from paged_bench.engine import STEP_COLUMNS, EngineResult, StepRecords
 from paged_bench.metrics import (
-    LATENCIES, PERCENTILES, SPREADS, latency_stats, peak_output_tokens_per_s, request_figures, summarize,
+    LATENCIES,
+    PERCENTILES,
+    SPREADS,
+    latency_stats,
+    peak_output_tokens_per_s,
+    request_figures,
+    summarize,
 )  # fmt: skip
 from paged_bench.records import RequestRecords
 from paged_bench.step_records import SUMMED_COLUMNS, summed_over_replicas
