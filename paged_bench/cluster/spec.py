@@ -65,9 +65,10 @@ def _check_no_router(cfg: Mapping[str, Any]) -> None:
 
 
 def unused_router_note(cfg: Mapping[str, Any]) -> str | None:
-    """What to say of a router chosen for one engine (``cluster.replicas=1``, given): it routes nothing."""
+    """What to say of a router chosen for a config that runs one engine (``cluster_spec`` is
+    None: ``cluster.replicas=1``, given): it routes nothing."""
     name, _ = router_choice(cfg)
-    if name == DEFAULT_ROUTER or cluster_spec(cfg) is not None:
+    if name == DEFAULT_ROUTER:
         return None
     return f"note: router={name} has one replica to route to (cluster.replicas=1): the engine runs alone"
 

@@ -276,6 +276,10 @@ class RunSet:
         return names.pop() if len(names) == 1 else None
 
 
+# a single engine's figures that a cluster's summary has for all its replicas together
+SINGLE_ENGINE_CLUSTER_KEYS = ("kv_live_slots_peak", "kv_reserved_slots_peak", "kv_capacity_blocks", "kv_capacity_tokens")
+
+
 def derived_figures(run: Run) -> dict[str, float]:
     """Figures a report adds to the summary: the peak block-table size of a paged run, and a
     single engine's whole-cluster figures (its own: one replica), so that a sweep over
@@ -290,6 +294,3 @@ def derived_figures(run: Run) -> dict[str, float]:
         figures.update({f"cluster_{key}": summary[key] for key in SINGLE_ENGINE_CLUSTER_KEYS if key in summary})
     return figures
 
-
-# a single engine's figures that a cluster's summary has for all its replicas together
-SINGLE_ENGINE_CLUSTER_KEYS = ("kv_live_slots_peak", "kv_reserved_slots_peak", "kv_capacity_blocks", "kv_capacity_tokens")

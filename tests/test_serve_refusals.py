@@ -1,0 +1,170 @@
+"""What the server refuses, and how it says so: every error is OpenAI-shaped (``{"error":
+{"message", "type", "param", "code"}}``), names the parameter and shows the value short, and
+leaves the keep-alive connection serving the next request; vLLM's defaults and explicit nulls
+are accepted, features it would act on that this server lacks are refused by name. Real
+uvicorn on loopback, the official ``openai`` client and raw ``http.client`` connections."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+
+import httpx
+import openai
+import pytest
+
+from paged_bench.serve import serve_in_thread
+from tests.test_serve_hardening import MODEL, SIM
+
+
+@pytest.fixture(scope="module")
+def sim():
+    handle = serve_in_thread(*SIM)
+    yield handle
+    handle.stop()
+
+
+def _exchange(conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None = None,
+              content_type: str = "application/json", **more_headers: str) -> tuple[int, dict]:  # fmt: skip
+    headers = {"Content-Type": content_type, **more_headers} if body is not None else {}
+    conn.request(method, path, body=body, headers=headers)
+    resp = conn.getresponse()
+    data = resp.read()
+    assert resp.getheader("content-type", "").startswith("application/json"), data
+    return resp.status, json.loads(data)
+
+
+BAD = [
+    ("GET", "/no/such/route", None, "application/json", 404, "no such route"),
+    ("DELETE", "/v1/completions", None, "application/json", 405, "method not allowed"),
+    ("POST", "/v1/completions", b'{"prompt": "a\\ud800b"}', "application/json", 400, "not valid Unicode"),
+    ("POST", "/v1/completions", b"[" * 100_000 + b"]" * 100_000, "application/json", 400, "nests arrays or objects too"),
+    ("POST", "/v1/completions", b'{"prompt": "hi\xff"}', "application/json", 400,
+     "not valid UTF-8: byte 0xff at offset 14"),
+    ("POST", "/v1/completions", b'{"prompt": "hi"}', "text/plain", 400, "Content-Type must be application/json"),
+    ("POST", "/tokenize", b"hi", "text/plain", 404, "no such route"),  # was 400 for its Content-Type
+    ("POST", "/v1/completions", b'{"prompt": "hi", "temperature": NaN}', "application/json", 400, "finite"),
+    ("POST", "/v1/completions", b'{"prompt": "hi", "model": "gpt-4"}', "application/json", 404, "`gpt-4` does not exist"),
+    ("POST", "/v1/completions", b'{"prompt": "hi", "max_tokens": 600}', "application/json", 400,
+     "'max_tokens' is too large: 600. This model's maximum context length is 512 tokens and your request has 2 input"),
+    ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 511}',
+     "application/json", 400, "'max_completion_tokens' is too large"),
+]  # fmt: skip
+
+
+def test_every_error_is_openai_shaped_and_the_connection_is_reused(sim, monkeypatch):
+    host, port = sim.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    good = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+    assert _exchange(conn, "POST", "/v1/completions", good)[0] == 200
+    sock = conn.sock
+    for method, path, body, ctype, status, expect in BAD:
+        code, payload = _exchange(conn, method, path, body, ctype)
+        error = payload["error"]
+        assert (code, error["code"]) == (status, status), (path, body and body[:40], payload)
+        assert expect in error["message"] and set(error) == {"message", "type", "param", "code"}
+        assert _exchange(conn, "POST", "/v1/completions", good)[0] == 200  # the next request works...
+        assert conn.sock is sock  # ...on the same connection
+    # an unexpected exception: a 500 with a reference, not Python's text, and the connection lives on
+    server = sim.app.state.server
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(server, "submit", broken)
+    code, payload = _exchange(conn, "POST", "/v1/completions", good)
+    assert code == 500 and "internal server error (ref " in payload["error"]["message"]
+    assert "secret" not in json.dumps(payload)
+    monkeypatch.undo()
+    assert _exchange(conn, "POST", "/v1/completions", good)[0] == 200 and conn.sock is sock
+    conn.close()
+
+
+def test_a_compressed_body_is_415_naming_its_encoding_and_the_connection_is_reused(sim):
+    host, port = sim.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    good = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+    code, payload = _exchange(conn, "POST", "/v1/completions", gzip.compress(good), **{"Content-Encoding": "gzip"})
+    assert code == 415 and "Content-Encoding 'gzip' is not supported" in payload["error"]["message"]
+    sock = conn.sock
+    assert _exchange(conn, "POST", "/v1/completions", good, **{"Content-Encoding": "identity"})[0] == 200
+    assert conn.sock is sock
+    conn.close()
+
+
+def test_explicit_nulls_mean_defaults(sim):
+    client = openai.OpenAI(base_url=sim.url + "/v1", api_key="x", max_retries=0)
+    body = {"temperature": None, "top_p": None, "n": None, "stream": None, "seed": None, "stop": None,
+            "max_tokens": 3, "logprobs": None, "echo": None}  # fmt: skip
+    r = httpx.post(sim.url + "/v1/completions", json={"prompt": "hi", **body})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                          temperature=None, top_p=None, n=None, stream=None)  # fmt: skip
+    assert chat.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize(("param", "value"), [
+    ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("response_format", {"type": "json_object"}),
+    ("logit_bias", {"5": 10}),
+    ("presence_penalty", 0.5),
+    ("frequency_penalty", 0.5),
+    ("tool_choice", "required"),
+    # vLLM's extras that change what is generated or returned (they were accepted, and ignored)
+    ("min_tokens", 4),
+    ("include_stop_str_in_output", True),
+    ("skip_special_tokens", False),
+    ("guided_json", {"type": "object"}),
+    ("continue_final_message", True),
+    ("add_generation_prompt", False),
+    ("chat_template_kwargs", {"enable_thinking": False}),
+    # vLLM acts on these or refuses them: a salt ignored would share the cache it asked to keep apart
+    ("cache_salt", "tenant-a"),
+    ("priority", 5),
+    ("logits_processors", ["x"]),
+    ("echo", True),  # chat's: vLLM opens the reply with the last message
+])  # fmt: skip
+def test_unsupported_features_are_refused_by_name(sim, param, value):
+    client = openai.OpenAI(base_url=sim.url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match=f"{param} is not supported") as raised:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                       extra_body={param: value})  # fmt: skip
+    assert raised.value.body["param"] == param
+
+
+def test_what_vllm_does_by_default_is_accepted(sim):
+    extras = {"skip_special_tokens": True, "add_generation_prompt": True, "min_tokens": 0, "stop_token_ids": [],
+              "include_stop_str_in_output": False}  # fmt: skip
+    r = httpx.post(sim.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                           "max_tokens": 2, **extras})  # fmt: skip
+    assert r.status_code == 200, r.text
+
+
+def test_logprobs_on_a_backend_without_logits_are_refused(sim):
+    r = httpx.post(sim.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "logprobs": 1})
+    assert r.status_code == 400 and "computes no logits" in r.json()["error"]["message"]
+
+
+def test_a_refused_value_is_shown_short_and_as_json(sim):
+    """A 1 MB logit_bias came back whole in the error, in Python's repr."""
+    bias = {str(i): 1.0 for i in range(20000)}
+    r = httpx.post(sim.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "logit_bias": bias})
+    assert r.status_code == 400 and len(r.content) < 500, r.text[:200]
+    assert r.json()["error"]["message"] == "logit_bias is not supported by this server (got an object)"
+    r = httpx.post(sim.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "model": "m" * 100_000})
+    assert r.status_code == 404 and len(r.content) < 500
+
+
+def test_an_empty_model_name_is_the_served_model_as_vllm(sim):
+    r = httpx.post(sim.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "model": ""})
+    assert r.status_code == 200, r.text
+
+
+def test_a_chat_too_long_names_messages_and_counts_its_roles(sim):
+    r = httpx.post(sim.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "a" * 5000}]})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "messages")
+    # a role is written into the prompt too: a megabyte of it is refused before tokenizing
+    r = httpx.post(sim.url + "/v1/chat/completions", json={"messages": [{"role": "u" * 600_000, "content": "hi"}]})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "messages")
+    assert "bytes, so at least" in r.json()["error"]["message"]
