@@ -17,6 +17,7 @@ import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from paged_bench.allocators.base import Allocator, KVLayout
 from paged_bench.arrivals import feed
@@ -95,7 +96,8 @@ class Engine:
             )
         # KV as the step holds it: after scheduling, before finished requests are freed
         live, free_blocks = allocator.live_slots, allocator.num_free_blocks
-        output = self.backend.execute(plan)
+        backend: Any = self.backend  # Any: compiled, the declared StepOutput would be checked before our check
+        output = backend.execute(plan)
         try:
             if self._timed and not output.duration:
                 output.duration = time.perf_counter() - began
@@ -215,7 +217,7 @@ def _duration(steps: StepRecords, reqs: list[Request]) -> float:
     return max([last.time if last is not None else 0.0, *ends])
 
 
-def _is_token(token: object) -> bool:
+def _is_token(token: Any) -> bool:
     try:
         operator.index(token)  # an int, numpy's included
     except TypeError:
@@ -223,11 +225,12 @@ def _is_token(token: object) -> bool:
     return True
 
 
-def _bad_output(backend: Backend, plan: StepPlan, output: StepOutput) -> str:
+def _bad_output(backend: Backend, plan: StepPlan, output: object) -> str:
+    answer: Any = output  # as the plugin filled it (compiled, StepOutput's field types would be checked on reading)
     if isinstance(output, StepOutput):
-        kinds = "/".join(sorted({type(t).__name__ for t in output.token_ids}))
-        tokens = counted(len(output.token_ids), "token") + (f" ({kinds})" if kinds else "")
-        shown = f"{tokens} and a duration of {output.duration!r} s"
+        kinds = "/".join(sorted({type(t).__name__ for t in answer.token_ids}))
+        tokens = counted(len(answer.token_ids), "token") + (f" ({kinds})" if kinds else "")
+        shown = f"{tokens} and a duration of {answer.duration!r} s"
     else:
         shown = f"{type(output).__name__}"
     return (f"backend {backend.name!r} returned {shown} for a step of {counted(len(plan.req_ids), 'row')} (requests "

@@ -115,7 +115,8 @@ def _hook_mismatch(cls: type, base: type) -> str | None:
     None. An override must take the base method's positional parameters; more need defaults."""
     for attr, hook in vars(base).items():
         mine = getattr(cls, attr, None)
-        if attr.startswith("_") or not inspect.isfunction(hook) or not inspect.isfunction(mine) or mine is hook:
+        # the base's hook is a routine (a compiled class's is no Python function), the override a function
+        if attr.startswith("_") or not inspect.isroutine(hook) or not inspect.isfunction(mine) or mine is hook:
             continue
         params = [p for p in inspect.signature(hook).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]  # fmt: skip
@@ -155,13 +156,21 @@ def accepted_options(cls: type, num_positional: int = 0) -> list[str]:
         init = vars(klass).get("__init__")
         if init is None:
             continue
-        params = list(inspect.signature(init).parameters.values())[1:]
+        params = _init_parameters(klass, init)
         by_position = [p for p in params if p.kind in _POSITIONAL][:num_positional]
         # keyword-only options as the docs ask, and positional-or-keyword ones too: Python passes them by name
         names += [p.name for p in params if p.kind in _BY_NAME and p not in by_position and p.name not in names]
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break
     return names
+
+
+def _init_parameters(klass: type, init: Any) -> list[inspect.Parameter]:
+    """``klass.__init__``'s parameters after self. A compiled class's ``__init__`` is a C slot
+    that takes ``*args, **kwargs``: its real signature is the class's own."""
+    if inspect.isfunction(init):
+        return list(inspect.signature(init).parameters.values())[1:]
+    return list(inspect.signature(klass).parameters.values())
 
 
 def create(kind: str, name: str, *args: Any, internal: tuple[str, ...] = (), **options: Any) -> Any:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 
 def token_array(token_ids: Iterable[int] | np.ndarray) -> array:
@@ -48,6 +49,7 @@ class FinishReason(str, enum.Enum):
         return self in (FinishReason.LENGTH, FinishReason.STOP)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the server's LogprobsRequest subclasses it
 @dataclass(eq=False, slots=True)
 class Request:
     """One request. Timestamps are seconds on the engine's clock (virtual or wall)."""

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from mypy_extensions import mypyc_attr
+
 if TYPE_CHECKING:
     from paged_bench.request import Request
 
@@ -132,6 +134,7 @@ class StepPlan(NamedTuple):
             yield ScheduledRow(rid, start, n, i not in partial)
 
 
+@mypyc_attr(native_class=False)  # a plugin's answer, checked by the engine (compiled, a wrong type fails in the plugin)
 @dataclass(slots=True)
 class StepOutput:
     """What a backend returns: one sampled token per scheduled row (ignored for a row in

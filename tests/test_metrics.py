@@ -23,7 +23,7 @@ def finished(rid, arrival, scheduled, times, prompt=4, reason=FinishReason.LENGT
     r.first_scheduled_time = scheduled
     r.token_ids.extend([0] * len(times))
     r.token_times = list(times)
-    r.finish(reason, times[-1] if times else scheduled)
+    r.finish(reason, times[-1] if times else scheduled if scheduled is not None else arrival)
     return r
 
 

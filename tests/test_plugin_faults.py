@@ -19,6 +19,7 @@ from paged_bench.build import build
 from paged_bench.cluster.build import build_cluster
 from paged_bench.cluster.spec import cluster_spec
 from paged_bench.config import compose_config
+from paged_bench.engine import Engine
 from paged_bench.errors import PluginError
 from paged_bench.request import FinishReason
 from paged_bench.routers.base import Router
@@ -50,11 +51,10 @@ RAISED_AT = FAULTY.splitlines().index('            raise RuntimeError("admission
 
 def _engine_with(cls, *overrides):
     bench = build(compose_config("backend=sim", "tracking.enabled=false", *overrides))
-    engine = bench.engine
-    sched = cls.__new__(cls)
-    sched.__dict__.update(engine.scheduler.__dict__)  # the same settings, another policy
-    engine.scheduler = sched
-    return engine, bench.requests
+    built = bench.engine.scheduler  # the same settings, another policy
+    sched = cls(built.allocator, max_model_len=built.max_model_len, max_batch=built.max_batch,
+                max_num_batched_tokens=built.max_num_batched_tokens, chunked_prefill=built.chunked_prefill)
+    return Engine(sched, bench.engine.backend, bench.engine.clock), bench.requests
 
 
 class VictimNotRunning(ContinuousScheduler):

@@ -25,6 +25,8 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 
 class DeferredRun:
     """Full blocks of one chain held in the cache without their hashes: ``blocks[i]`` holds
@@ -42,6 +44,7 @@ class DeferredRun:
         self.num_live = 0  # deferred blocks not evicted yet
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the tests tear its operations midway, as a signal would
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
@@ -167,13 +170,12 @@ class BlockPool:
                 self.close_run(h)
             return
         copies = self.copies.get(h)
-        if self.cached[h] == block:
-            if copies:
-                self.cached[h] = copies.pop(0)
-            else:
-                del self.cached[h]
+        if self.cached[h] != block:  # a recomputed copy: the index keeps the first
+            copies.remove(block)  # type: ignore[union-attr]  # a copy is always listed
+        elif copies:
+            self.cached[h] = copies.pop(0)
         else:
-            copies.remove(block)
+            del self.cached[h]
         if copies == []:
             del self.copies[h]
         root = self.block_root[block]

@@ -17,8 +17,11 @@ empty tail slots of the tables, which change only in ``allocate_slots`` (grow) a
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from mypy_extensions import mypyc_attr
 
 from paged_bench.allocators.base import NO_HIT, Allocator, AllocatorCounters, KVLayout, PrefixHit
 from paged_bench.allocators.block_pool import BlockPool, DeferredRun
@@ -47,18 +50,19 @@ class _Seq:
         self.plain_below = min(self.capacity + 1, self.cache_at)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # contiguous and allocator plugins subclass it
 class PagedAllocator(Allocator):
     name = "paged"
 
     def __init__(
         self,
-        *,
-        num_blocks: int,
-        block_size: int,
-        prefix_caching: bool = True,
-        swap_blocks: int | None = None,
-        prefix_hash: str = "builtin",
-        defer_unshared: bool = True,
+        *,  # Any: the config's values, checked below by name (compiled, a wrong type would be a bare TypeError)
+        num_blocks: Any,
+        block_size: Any,
+        prefix_caching: Any = True,
+        swap_blocks: Any = None,
+        prefix_hash: Any = "builtin",
+        defer_unshared: Any = True,
     ) -> None:
         check_int("num_blocks", num_blocks)
         check_int("block_size", block_size, 1, MAX_TOKENS)
@@ -67,12 +71,12 @@ class PagedAllocator(Allocator):
         check(isinstance(defer_unshared, bool), "allocator.defer_unshared", defer_unshared, "true or false")
         swap = num_blocks if swap_blocks is None else check_int("allocator.swap_blocks", swap_blocks, 0)
         self.layout = KVLayout(num_blocks, block_size, swap)
-        self.pool_block_slots = block_size  # slots per pool block: a slab for contiguous
-        self.prefix_caching = prefix_caching
-        self.prefix_hash = prefix_hash
+        self.pool_block_slots: int = block_size  # slots per pool block: a slab for contiguous
+        self.prefix_caching: bool = prefix_caching
+        self.prefix_hash: str = prefix_hash
         # hash a chain's blocks past its root only once another chain shows the same root
         # (block_pool); False hashes every full block as it is allocated: the reference
-        self.defer_unshared = defer_unshared
+        self.defer_unshared: bool = defer_unshared
         self._hash_block, self._root_hash = PREFIX_HASHES[prefix_hash]
         self.pool = BlockPool(num_blocks)
         self.cpu_pool = BlockPool(swap)
@@ -329,6 +333,7 @@ class PagedAllocator(Allocator):
     def _defer_run(self, req: Request, seq: _Seq) -> None:
         """A released table of a deferred chain: its computed full blocks stay cached, unhashed."""
         run, seq.run = seq.run, None
+        assert run is not None  # called for a deferred chain's table only
         end = req.num_computed_tokens // self.pool_block_slots
         if end > 1:
             run.owner = req.token_ids  # positions below end never change: hashable later
@@ -346,7 +351,7 @@ class PagedAllocator(Allocator):
             self._extend_hashes(req.token_ids, hashes, num_blocks)
         return hashes
 
-    def _extend_hashes(self, tokens: list[int], hashes: list[Hashable], num_blocks: int) -> None:
+    def _extend_hashes(self, tokens: Sequence[int], hashes: list[Hashable], num_blocks: int) -> None:
         """Extend a hash chain over ``tokens`` to its first ``num_blocks`` full blocks."""
         bs, hash_block = self.pool_block_slots, self._hash_block
         parent = hashes[-1] if hashes else self._root_hash

@@ -54,7 +54,7 @@ class LogprobSink:
                 self.prompt_logprobs.append(token_logprob(row, target, self.num_logprobs))
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False)  # no slots: they would shadow the compiled base's fields (paged_bench.native)
 class LogprobsRequest(Request):
     """A ``Request`` that wants log-probabilities: its sink, and whether to score its prompt
     (read by the paged allocator, which then skips the prefix cache)."""

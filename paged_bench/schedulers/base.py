@@ -18,7 +18,9 @@ The scheduler asks the allocator for room and never touches blocks itself.
 from __future__ import annotations
 
 from collections import deque
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
+
+from mypy_extensions import mypyc_attr
 
 from paged_bench.allocators.base import Allocator
 from paged_bench.errors import EngineError, PoolExhaustedError, check, check_int
@@ -39,6 +41,7 @@ def _hook_error(sched: Scheduler, hook: str, value: object, allowed: str) -> Eng
     return EngineError(f"scheduler {sched.name!r}: {hook}() returned {shown}, which is {allowed}")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # every policy subclasses it, plugins too
 class Scheduler:
     name: ClassVar[str] = ""
     preemption_mode: Literal["recompute", "swap"] = "recompute"
@@ -48,11 +51,11 @@ class Scheduler:
     def __init__(
         self,
         allocator: Allocator,
-        *,
-        max_model_len: int,
-        max_batch: int,
-        max_num_batched_tokens: int,
-        chunked_prefill: bool = True,
+        *,  # Any: the config's values, checked below by name (compiled, a wrong type would be a bare TypeError)
+        max_model_len: Any,
+        max_batch: Any,
+        max_num_batched_tokens: Any,
+        chunked_prefill: Any = True,
         eos_token_id: int | None = None,
         stop_token_ids: tuple[int, ...] = (),
     ) -> None:
@@ -74,7 +77,7 @@ class Scheduler:
             max_num_batched_tokens,
             f">= max_model_len={max_model_len} when chunked_prefill is off (a prompt must fit one step)",
         )
-        self.chunked_prefill = chunked_prefill
+        self.chunked_prefill: bool = chunked_prefill
         # every id that ends a sequence (a checkpoint may name several): a set, so one test a row
         self.end_token_ids = frozenset(t for t in (eos_token_id, *stop_token_ids) if t is not None)
         self.waiting: deque[Request] = deque()
@@ -89,15 +92,17 @@ class Scheduler:
         self._handed_over: list[NewRequestData] = []  # admitted by add_prefilled since the last plan
 
     # -- policy hooks ---------------------------------------------------------------------
+    # (they return Any: this class is compiled, and a declared type would refuse a policy's
+    # wrong answer with a bare TypeError before the checks below name the hook)
 
-    def may_admit(self, plan: PlanDraft) -> bool:
+    def may_admit(self, plan: PlanDraft) -> Any:  # a bool
         """No admissions in a step that preempted (the pool is short)."""
         return plan.num_preempted == 0
 
-    def pick_waiting(self) -> Request:
+    def pick_waiting(self) -> Any:  # a waiting Request
         return self.waiting[0]
 
-    def choose_victim(self, req: Request) -> Request:
+    def choose_victim(self, req: Request) -> Any:  # a running Request
         layout = self.allocator.layout
         raise PoolExhaustedError(
             f"KV pool exhausted: request {req.request_id} needs another block but all "
@@ -139,7 +144,8 @@ class Scheduler:
         """Advance the scheduled requests by the step's output; returns those that finished."""
         finished = []
         end_ids = self.end_token_ids
-        for req, n, token in zip(self._scheduled, plan.num_new_tokens, output.token_ids):
+        sampled: Any = output.token_ids  # numpy's ints too: compiled, list[int] would refuse them
+        for req, n, token in zip(self._scheduled, plan.num_new_tokens, sampled):
             computed = req.num_computed_tokens + n
             req.num_computed_tokens = computed
             tokens = req.token_ids
