@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -29,8 +29,8 @@ from paged_bench.allocators.prefix_hash import NO_EXTRA_KEYS, PREFIX_HASHES
 from paged_bench.errors import MAX_TOKENS, check, check_choice, check_int
 from paged_bench.request import Request
 
-_NEVER = 1 << 62
-_NO_NEW_BLOCKS: dict[int | str, tuple[int, ...]] = {}  # shared by every plan without new blocks: read-only
+_NEVER: Final = 1 << 62
+_NO_NEW_BLOCKS: Final[dict[int | str, tuple[int, ...]]] = {}  # shared by every plan without new blocks: read-only
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ The scheduler asks the allocator for room and never touches blocks itself.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from mypy_extensions import mypyc_attr
 
@@ -28,11 +28,12 @@ from paged_bench.request import FinishReason, Request, RequestStatus
 from paged_bench.schedulers.plan_draft import PlanDraft
 from paged_bench.step import NewRequestData, ReqId, StepOutput, StepPlan
 
-RUNNING = RequestStatus.RUNNING
-_WAITING_STATES = frozenset((RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED))
-LENGTH = FinishReason.LENGTH
-_NO_ROWS: frozenset[int] = frozenset()
-_new_tuple = tuple.__new__  # builds a named tuple from its fields in order, in C
+# Final: compiled code reads them as constants, not through the module's dict
+RUNNING: Final = RequestStatus.RUNNING
+_WAITING_STATES: Final = frozenset((RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED))
+LENGTH: Final = FinishReason.LENGTH
+_NO_ROWS: Final[frozenset[int]] = frozenset()
+_new_tuple: Final = tuple.__new__  # builds a named tuple from its fields in order, in C
 
 
 def _hook_error(sched: Scheduler, hook: str, value: object, allowed: str) -> EngineError:
@@ -145,6 +146,7 @@ class Scheduler:
         finished = []
         end_ids = self.end_token_ids
         sampled: Any = output.token_ids  # numpy's ints too: compiled, list[int] would refuse them
+        stamp: Any = now  # one float object for every row's time (compiled, each append would box its own)
         for req, n, token in zip(self._scheduled, plan.num_new_tokens, sampled):
             computed = req.num_computed_tokens + n
             req.num_computed_tokens = computed
@@ -152,7 +154,7 @@ class Scheduler:
             if computed < len(tokens):  # a prefill chunk short of the prompt's end: no sample
                 continue
             tokens.append(token)
-            req.token_times.append(now)
+            req.token_times.append(stamp)
             # EOS first, as vLLM v1's check_stop since PR #27555 (Oct 2025; before it, length
             # first): an EOS that is also the last token allowed is a stop
             if token in end_ids and not req.ignore_eos:
@@ -225,15 +227,15 @@ class Scheduler:
         and allocated in one call, up to the first row that needs care; the careful pass
         takes the rest of the list from there."""
         running, reqs, nums, budget = self.running, draft.reqs, draft.num_new_tokens, draft.budget
-        add_id, add_start, add_num = draft.req_ids.append, draft.starts.append, nums.append
+        ids, starts = draft.req_ids, draft.starts
         for req in running:
             computed = req.num_computed_tokens
             n = len(req.token_ids) - computed
             if n > budget or (n == 1 and computed < req.num_prompt_tokens):
                 break
-            add_id(req.request_id)
-            add_start(computed)
-            add_num(n)
+            ids.append(req.request_id)
+            starts.append(computed)
+            nums.append(n)
             budget -= n
         num_plain = len(nums)
         reqs += running[:num_plain]  # the plain rows are the running list's head
