@@ -34,6 +34,8 @@ MODULES = (
     "paged_bench.schedulers.base",
     "paged_bench.allocators.block_pool",
     "paged_bench.allocators.paged",
+    "paged_bench.arrivals",
+    "paged_bench.backends.linear_cost",
 )
 SHARED_LIB = "paged_bench._native__mypyc"  # the code itself; each module's extension is a shim into it
 INTERPRETED_ENV = "PAGED_BENCH_INTERPRETED"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from mypy_extensions import mypyc_attr
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from paged_bench.request import Request
 
 ReqId = int | str
+new_named_tuple: Final = tuple.__new__  # builds a named tuple from its fields in order, in C
 
 
 class SamplingParams(NamedTuple):
@@ -56,17 +57,19 @@ class NewRequestData(NamedTuple):
 
     @classmethod
     def from_request(cls, req: Request, block_ids: Iterable[int], with_tokens: bool = True) -> NewRequestData:
-        sampling = SamplingParams(
+        # positional, in field order, the cheap way (one per admission): a named tuple's own
+        # constructor is Python code
+        sampling = new_named_tuple(SamplingParams, (
             req.temperature, req.top_p, req.sampling_seed, req.max_num_tokens - req.num_prompt_tokens, req.ignore_eos
-        )
-        return cls(
+        ))  # fmt: skip
+        return new_named_tuple(cls, (
             req.request_id,
             tuple(req.token_ids) if with_tokens else (),
             req.num_prompt_tokens,
             tuple(block_ids),
             req.num_computed_tokens,
             sampling,
-        )
+        ))  # fmt: skip
 
 
 class ScheduledRow(NamedTuple):

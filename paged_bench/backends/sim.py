@@ -23,11 +23,12 @@ reproducible; ``clock=wall`` paces it in real time instead.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from paged_bench.allocators.base import Allocator
 from paged_bench.backends.base import Backend
+from paged_bench.backends.linear_cost import LinearCost
 from paged_bench.errors import check, check_choice, check_int, check_number
 from paged_bench.model.config import DTYPE_BYTES, resolve_model
 from paged_bench.model.kv_capacity import KVBudget, check_utilization
@@ -37,28 +38,6 @@ from paged_bench.model.tp_shard import KEY as TP_KEY
 from paged_bench.step import StepOutput, StepPlan
 
 DEFAULT_VOCAB = 32000  # the ids a linear-cost run's workloads draw (a roofline takes its model's)
-
-
-@dataclass(frozen=True)
-class LinearCost:
-    """Seconds per unit of work in a step."""
-
-    step_overhead: float
-    per_prefill_token: float
-    per_decode_seq: float
-    per_kv_token: float
-    per_swap_block: float
-
-    def duration(self, plan: StepPlan) -> float:
-        decodes, scheduled = plan.num_decode_tokens, sum(plan.num_new_tokens)
-        kv_read = scheduled + sum(plan.num_computed_tokens)
-        return (
-            self.step_overhead
-            + self.per_prefill_token * (scheduled - decodes)
-            + self.per_decode_seq * decodes
-            + self.per_kv_token * kv_read
-            + self.per_swap_block * (len(plan.swap_in) + len(plan.swap_out))
-        )
 
 
 _hardware = hardware  # the option below shadows the function's name

@@ -26,14 +26,13 @@ from paged_bench.allocators.base import Allocator
 from paged_bench.errors import EngineError, PoolExhaustedError, check, check_int
 from paged_bench.request import FinishReason, Request, RequestStatus
 from paged_bench.schedulers.plan_draft import PlanDraft
-from paged_bench.step import NewRequestData, ReqId, StepOutput, StepPlan
+from paged_bench.step import NewRequestData, ReqId, StepOutput, StepPlan, new_named_tuple
 
 # Final: compiled code reads them as constants, not through the module's dict
 RUNNING: Final = RequestStatus.RUNNING
 _WAITING_STATES: Final = frozenset((RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED))
 LENGTH: Final = FinishReason.LENGTH
 _NO_ROWS: Final[frozenset[int]] = frozenset()
-_new_tuple: Final = tuple.__new__  # builds a named tuple from its fields in order, in C
 
 
 def _hook_error(sched: Scheduler, hook: str, value: object, allowed: str) -> EngineError:
@@ -332,7 +331,7 @@ class Scheduler:
             self._preempted_ids += [r.request_id for r in draft.preempted]
         # positional, in StepPlan's field order: built every step, so built the cheap way
         swaps = draft.swap_out or draft.swap_in
-        plan = _new_tuple(StepPlan, (
+        plan = new_named_tuple(StepPlan, (
             tuple(draft.req_ids),
             tuple(draft.starts),
             tuple(nums),
