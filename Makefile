@@ -35,11 +35,12 @@ TEST_WORKERS ?= 2
 test: install
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
-# the micro-benchmarks, then the whole-run figure (issue 11: steps/s of a 20k-request sim run)
+# the micro-benchmarks, then the whole-run figure (issue 11: steps/s of a 20k-request sim run,
+# with the compiled core and interpreted)
 # and where its time goes, phase by phase and part by part of the step loop
 bench: install
 	$(PY) -m pytest tests/benchmarks --benchmark-enable --benchmark-only $(ARGS)
-	$(PY) benchmarks/sim_speed.py --cases seed,poisson20k
+	$(PY) benchmarks/sim_speed.py --cases seed,poisson20k --interpreted
 	$(PY) benchmarks/sim_breakdown.py
 
 # make ui: the MLflow UI on 127.0.0.1:$(UI_PORT) over the embedded store (runs/mlflow.db); telemetry

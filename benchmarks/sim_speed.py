@@ -8,10 +8,13 @@ counts the rows of its ``steps.csv``. Start-up is cancelled by running the same 
     steps/s = (steps - steps_50) / (wall - wall_50)       (medians over --repeats runs)
 
 The seed workload has only 48 requests, so it is reported as whole-process seconds (issue 11:
-under 1 s untracked) and steps over that time. Run from the repository root:
+under 1 s untracked) and steps over that time. Each case runs with the compiled engine core
+(``paged_bench.native``: what ``make install`` builds) and, with ``--interpreted``, also from
+its source (``PAGED_BENCH_INTERPRETED=1``), the two commands alternating, and prints their
+ratio. Run from the repository root:
 
     .venv/bin/python benchmarks/sim_speed.py                 # all cases
-    .venv/bin/python benchmarks/sim_speed.py --cases poisson20k --repeats 3
+    .venv/bin/python benchmarks/sim_speed.py --cases poisson20k --repeats 3 --interpreted
 
 Wall-clock figures on a shared machine are noisy: compare figures printed by the same run.
 """
@@ -19,12 +22,15 @@ Wall-clock figures on a shared machine are noisy: compare figures printed by the
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from paged_bench import native, native_build
 
 POISSON_20K = ("workload=poisson", "max_batch=32", "workload.rate=14", "workload.num_requests=20000")
 CASES: dict[str, tuple[tuple[str, ...], str | None]] = {
@@ -36,13 +42,14 @@ CASES: dict[str, tuple[tuple[str, ...], str | None]] = {
 TARGET_STEPS_PER_S = 40_000  # issue 11
 
 
-def run_once(overrides: tuple[str, ...]) -> tuple[float, int]:
+def run_once(overrides: tuple[str, ...], interpreted: bool) -> tuple[float, int]:
     """(wall seconds, rows of steps.csv) of one command."""
+    env = {**os.environ, native.INTERPRETED_ENV: "1" if interpreted else "0"}
     with tempfile.TemporaryDirectory() as d:
         cmd = [sys.executable, "-m", "paged_bench", "backend=sim", *overrides, "tracking.enabled=false",
                f"hydra.run.dir={d}/run"]  # fmt: skip
         start = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             sys.exit(f"{' '.join(cmd)} failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -50,31 +57,53 @@ def run_once(overrides: tuple[str, ...]) -> tuple[float, int]:
             return wall, sum(1 for _ in f) - 1  # less the header
 
 
-def measure(overrides: tuple[str, ...], repeats: int) -> tuple[float, int]:
-    runs = [run_once(overrides) for _ in range(repeats)]
-    return statistics.median(w for w, _ in runs), runs[0][1]
+def measure(overrides: tuple[str, ...], repeats: int, modes: tuple[bool, ...]) -> dict[bool, tuple[float, int]]:
+    """Per mode (interpreted or not): median wall seconds and steps; the modes alternate, so a
+    machine that slows down mid-way slows both."""
+    runs: dict[bool, list[tuple[float, int]]] = {mode: [] for mode in modes}
+    for _ in range(repeats):
+        for mode in modes:
+            runs[mode].append(run_once(overrides, mode))
+    return {mode: (statistics.median(w for w, _ in rs), rs[0][1]) for mode, rs in runs.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated: {', '.join(CASES)}")
     p.add_argument("--repeats", type=int, default=3, help="runs per command (median wall time)")
+    p.add_argument("--interpreted", action="store_true", help="also run each case with the core interpreted")
     args = p.parse_args(argv)
     names = args.cases.split(",")
     unknown = [n for n in names if n not in CASES]
     if unknown:
         p.error(f"--cases: unknown {unknown[0]!r}; one of {', '.join(CASES)}")
-    print("| case | steps | wall (s) | 50-request wall (s) | steps/s (start-up cancelled) |")
-    print("|---|---:|---:|---:|---:|")
+    if not native_build.up_to_date():
+        print(f"note: the compiled core is missing or stale ({native.stale() or 'not built'}): every run below is "
+              "interpreted; make install compiles it\n")  # fmt: skip
+    modes = (False, True) if args.interpreted else (False,)
+    print("| case | core | steps | wall (s) | 50-request wall (s) | steps/s (start-up cancelled) |")
+    print("|---|---|---:|---:|---:|---:|")
+    ratios = []
     for name in names:
         overrides, cut = CASES[name]
-        wall, steps = measure(overrides, args.repeats)
-        if cut is None:
-            print(f"| {name} | {steps:,} | {wall:.2f} | | n/a: {wall:.2f} s is the whole process |")
-            continue
-        base_wall, base_steps = measure((*overrides, cut), args.repeats)
-        rate = (steps - base_steps) / (wall - base_wall)
-        print(f"| {name} | {steps:,} | {wall:.2f} | {base_wall:.2f} | {rate:,.0f} |")
+        full = measure(overrides, args.repeats, modes)
+        base = measure((*overrides, cut), args.repeats, modes) if cut is not None else {}
+        rates = {}
+        for mode in modes:
+            core = "interpreted" if mode else "compiled"
+            wall, steps = full[mode]
+            if cut is None:
+                rates[mode] = wall
+                print(f"| {name} | {core} | {steps:,} | {wall:.2f} | | n/a: {wall:.2f} s is the whole process |")
+                continue
+            base_wall, base_steps = base[mode]
+            rates[mode] = (steps - base_steps) / (wall - base_wall)
+            print(f"| {name} | {core} | {steps:,} | {wall:.2f} | {base_wall:.2f} | {rates[mode]:,.0f} |")
+        if args.interpreted:
+            faster = rates[True] / rates[False] if cut is None else rates[False] / rates[True]
+            ratios.append(f"{name} {faster:.2f}x" + (" (whole process)" if cut is None else ""))
+    if ratios:
+        print(f"\ncompiled core against interpreted, same run: {', '.join(ratios)}")
     print(f"\nissue 11's goal: >= {TARGET_STEPS_PER_S:,} steps/s on poisson20k (python -m paged_bench backend=sim "
           f"{' '.join(POISSON_20K)} tracking.enabled=false); seed under 1 s whole. Medians of {args.repeats} runs "
           "on this machine, as loaded as it is now.")  # fmt: skip

@@ -86,11 +86,14 @@ class _SourceFinder:
         if self.changed:
             shown = ", ".join(str(source(m).relative_to(PACKAGE.parent)) for m in self.changed[:3])
             more = f" and {len(self.changed) - 3} more" if len(self.changed) > 3 else ""
-            self.changed = []
-            warnings.warn(
+            first, self.changed = source(self.changed[0]), []
+            # named at the edited file, not at whichever import got here first
+            warnings.warn_explicit(
                 f"{shown}{more} changed since it was compiled: the engine core runs interpreted (its step loop "
                 "about 2x slower); `make install` compiles it again",
-                stacklevel=2,
+                UserWarning,
+                str(first),
+                0,
             )
         return importlib.util.spec_from_file_location(name, source(name))
 

@@ -1,7 +1,11 @@
 """``make bench`` prints each benchmark's figures (``extra_info``: us per sequence-step and the
-ratio to nano-vllm's, steps per second) under pytest-benchmark's timing table."""
+ratio to nano-vllm's, steps per second) under pytest-benchmark's timing table, and which
+engine core they timed: compiled (``make install``) or interpreted (``PAGED_BENCH_INTERPRETED=1``,
+or a stale build)."""
 
 from __future__ import annotations
+
+from paged_bench import native
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -10,6 +14,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not benchmarks:
         return
     terminalreporter.section("figures (extra_info)")
+    core = "compiled" if native.is_compiled("paged_bench.schedulers.base") else "interpreted"
+    terminalreporter.write_line(f"engine core: {core}")
     for bench in benchmarks:
         figures = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in bench.extra_info.items())
         terminalreporter.write_line(f"{bench.name}: {figures}")
