@@ -3,7 +3,8 @@
 
 Part 1 runs the 20,000-request Poisson job in-process, phase by phase as ``app.run_job``
 does (build the workload and engine, the step loop, the request records, the summary, the
-run's files), and prints each phase's CPU time per engine step.
+run's files), and prints each phase's CPU time per engine step, and how much of it the cyclic
+garbage collector took (timed through ``gc.callbacks``).
 
 Part 2 prices the step loop's parts on small runs built to isolate each one, and checks
 that they add up to the measured loop:
@@ -29,11 +30,13 @@ from the repository root:
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from paged_bench.app import JobOutcome, capacity_figures, run_info
@@ -61,9 +64,41 @@ def cpu(fn: Callable[[], object]) -> tuple[float, object]:
     return time.process_time() - start, out
 
 
-def job_phases(overrides: list[str]) -> tuple[dict[str, float], dict[str, float]]:
-    """(the job's shape: steps, rows, full blocks, requests; CPU seconds per phase) of one
-    job, phase by phase as app.run_job runs it."""
+class GcClock:
+    """Time the cyclic garbage collector takes (a ``gc.callbacks`` entry), and its collections
+    by generation (2: full)."""
+
+    def __init__(self) -> None:
+        self.seconds, self.collections, self._started = 0.0, [0, 0, 0], 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.collections[info["generation"]] += 1
+
+
+
+@contextmanager
+def gc_clocked() -> Iterator[GcClock]:
+    clock = GcClock()
+    gc.callbacks.append(clock)
+    try:
+        yield clock
+    finally:
+        gc.callbacks.remove(clock)
+
+
+def job_phases(overrides: list[str]) -> tuple[dict[str, float], dict[str, float], GcClock]:
+    """(the job's shape: steps, rows, full blocks, requests; CPU seconds per phase; the garbage
+    collector's share) of one job, phase by phase as app.run_job runs it."""
+    with gc_clocked() as collector:
+        shape, phases = _job_phases(overrides)
+    return shape, phases, collector
+
+
+def _job_phases(overrides: list[str]) -> tuple[dict[str, float], dict[str, float]]:
     cfg = config(overrides)
     t_build, bench = cpu(lambda: build(cfg))
     t_run, result = cpu(lambda: bench.engine.run(bench.requests))
@@ -113,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, seconds in phases.items():
         print(f"| {name} | {seconds / steps * 1e6:.1f} | {seconds / total:.0%} |")
     print(f"| **all but start-up** | **{total / steps * 1e6:.1f}** | {steps / total:,.0f} steps/s |")
+    collector = min((r[2] for r in runs), key=lambda c: c.seconds)
+    young, middle, full = collector.collections
+    print(f"\nof which in the cyclic garbage collector: {collector.seconds / steps * 1e6:.2f} us per step "
+          f"({young} young, {middle} middle and {full} full collections; the least of the runs)")  # fmt: skip
     print(f"\nissue 11's goal, 40,000 steps/s, is {TARGET_US_PER_STEP:.0f} us per step for all of these together.\n")
 
     one, one_steps, _ = median_of(n, lambda: loop_cost([*DECODE, "max_batch=1", "block_size=256"]))

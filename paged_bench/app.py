@@ -17,7 +17,6 @@ from paged_bench import registry
 from paged_bench.build import Bench, build
 from paged_bench.cluster.spec import cluster_spec, unused_router_note
 from paged_bench.engine import EngineResult
-from paged_bench.memory import frozen_heap
 from paged_bench.metrics import summarize
 from paged_bench.model.kv_capacity import KVBudget
 from paged_bench.outputs import write_run, write_steps
@@ -137,29 +136,25 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
     if (note := unused_router_note(cfg)) is not None:
         print(note, file=sys.stderr)
     bench = build(cfg)
-    with frozen_heap():
-        target = (cfg.get("target") or {}).get("name", "engine")
-        result, remote = _run(cfg, bench, run_dir, target, step_callback(on_progress, len(bench.requests)))
-        with shield():
-            return _write_outcome(cfg, run_dir, bench, result, remote, target, options)
-
-
-def _run(cfg: Mapping[str, Any], bench: Bench, run_dir: Path, target: str,
-         on_step: Callable[[float, list[Request]], None] | None) -> tuple[EngineResult, Any]:  # fmt: skip
-    """The built job's requests through its engine, or sent to a server (then also its client's records)."""
+    on_step = step_callback(on_progress, len(bench.requests))
+    target = (cfg.get("target") or {}).get("name", "engine")
+    remote = None
     try:
         if target == "engine":
-            return bench.engine.run(bench.requests, on_step, bench.max_concurrency), None
-        from paged_bench.loadgen import run_target  # HTTP client code only for remote runs
+            result = bench.engine.run(bench.requests, on_step, bench.max_concurrency)
+        else:  # the same requests, sent to an OpenAI-compatible server
+            from paged_bench.loadgen import run_target  # HTTP client code only for remote runs
 
-        bench.choices["target"] = target
-        if target == "openai":  # the server's own scheduler, pool and model served it, not this config's
-            for kind in ("scheduler", "allocator", "backend"):
-                del bench.choices[kind]
-        remote = run_target(cfg, bench, run_dir, on_step)
-        return remote.result, remote
+            bench.choices["target"] = target
+            if target == "openai":  # the server's own scheduler, pool and model served it, not this config's
+                for kind in ("scheduler", "allocator", "backend"):
+                    del bench.choices[kind]
+            remote = run_target(cfg, bench, run_dir, on_step)
+            result = remote.result
     finally:
         bench.backend.close()
+    with shield():
+        return _write_outcome(cfg, run_dir, bench, result, remote, target, options)
 
 
 def _write_outcome(cfg: Mapping[str, Any], run_dir: Path, bench: Bench, result: EngineResult, remote: Any,

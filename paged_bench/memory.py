@@ -4,9 +4,7 @@ instead of a MemoryError traceback or the OOM killer minutes later."""
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -91,18 +89,3 @@ def check_requests_fit(num_requests: int, prompt_tokens: float, *, count_key: st
         raise ConfigError(lengths_key, lengths, f"prompts that fit in memory (one request: {_gib(one, available)})")
     raise ConfigError(count_key, count, f"requests that fit in memory ({num_requests:,} of {prompt_tokens:,.0f} prompt "
                       f"tokens: {_gib(one * num_requests, available)}): at most about {int(available // one):,}")  # fmt: skip
-
-
-@contextmanager
-def frozen_heap() -> Iterator[None]:
-    """Everything alive when a run starts (its workload's requests, the config, the modules)
-    hidden from Python's cyclic garbage collector until it ends, as vLLM's ``freeze_gc_heap``
-    does after start-up: a full collection then walks only what the run itself made, not the
-    20,000 requests it read (about a tenth of a 20,000-request simulation's time). What the run
-    frees is still freed: reference counting is untouched, and the heap thaws afterwards so
-    that a sweep's jobs in one process do not pile up."""
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()

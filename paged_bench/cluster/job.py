@@ -18,7 +18,6 @@ from paged_bench.cluster.outputs import write_cluster_run
 from paged_bench.cluster.spec import ClusterSpec
 from paged_bench.cluster.summary import cluster_summary, merged_result
 from paged_bench.errors import check
-from paged_bench.memory import frozen_heap
 from paged_bench.records import RequestRecords
 
 if TYPE_CHECKING:
@@ -41,14 +40,13 @@ def run_cluster_job(
     check(target == "engine", "target", target,
           "target=engine for a cluster (cluster.replicas > 1 simulates the replicas in-process)")  # fmt: skip
     bench = build_cluster(cfg, spec)
-    with frozen_heap():
-        try:
-            run = bench.cluster.run(bench.requests, step_callback(on_progress, len(bench.requests)))
-        finally:
-            for replica in bench.cluster.replicas:
-                replica.engine.backend.close()
-        with shield():
-            return _write_outcome(cfg, run_dir, spec, bench, run, options)
+    try:
+        run = bench.cluster.run(bench.requests, step_callback(on_progress, len(bench.requests)))
+    finally:
+        for replica in bench.cluster.replicas:
+            replica.engine.backend.close()
+    with shield():
+        return _write_outcome(cfg, run_dir, spec, bench, run, options)
 
 
 def _write_outcome(
