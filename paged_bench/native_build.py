@@ -6,9 +6,10 @@ hand from the repository root:
 
     PAGED_BENCH_INTERPRETED=1 .venv/bin/python -m paged_bench.native_build [--force]
 
-Without mypyc or a C compiler it says so and leaves the package interpreted (exit 0: the same
-code runs, slower); a module that does not type-check is an error (exit 1), since compiled
-code enforces its annotations at run time.
+Without mypyc or a C compiler, or when a module does not type-check (compiled code enforces
+its annotations at run time, so mypyc refuses it), it says why and leaves the package
+interpreted: the same code runs, slower, and every import warns that the core is stale until a
+build succeeds (``tests/test_native.py`` fails meanwhile, so CI does not pass a broken build).
 """
 
 from __future__ import annotations
@@ -84,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
             build()
     except SystemExit as e:  # mypy's type errors (printed on stdout), or the C compiler's
         print(log.getvalue(), end="")
-        print(f"paged_bench: compiling the engine core failed ({e}); fix the errors above, or run it interpreted "
-              "with PAGED_BENCH_INTERPRETED=1", file=sys.stderr)  # fmt: skip
-        return 1
+        why = e.code if isinstance(e.code, str) else "the errors above"  # setuptools' message, or mypy's exit status
+        print(f"paged_bench: compiling the engine core failed ({why}); it runs interpreted until they are fixed and "
+              "make install compiles it", file=sys.stderr)  # fmt: skip
+        return 0
     print(f"paged_bench: compiled in {time.perf_counter() - started:.0f} s")
     return 0
 
