@@ -9,7 +9,7 @@ runs the very same code interpreted.
 
 An extension older than its source would silently run yesterday's code, so at import the
 whole set is checked: if any compiled module is older than its ``.py`` (an edit, a ``git
-pull``), or ``PAGED_BENCH_INTERPRETED=1`` is set (for a debugger, or to compare), every
+pull``) or missing from a build, or ``PAGED_BENCH_INTERPRETED=1`` is set (for a debugger, or to compare), every
 module of the set is loaded from source. All or none: compiled modules call each other
 directly, past Python's import system, so a mix would run old and new code side by side.
 """
@@ -47,7 +47,7 @@ def source(module: str) -> Path:
 
 def extension(module: str) -> Path | None:
     """The compiled extension of ``module`` that this Python would import, if there is one."""
-    base = PACKAGE.joinpath(*module.split(".")[1:])
+    base = source(module).with_suffix("")
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = base.with_name(base.name + suffix)
         if path.exists():
@@ -56,13 +56,16 @@ def extension(module: str) -> Path | None:
 
 
 def stale() -> list[str]:
-    """The compiled modules whose source changed since they were compiled (or whose code, the
-    shared library, is gone)."""
+    """The modules of a build that cannot be trusted: its source changed since it was compiled,
+    or it has no extension in a build that has others (a module added to ``MODULES`` since),
+    or the build's code, the shared library, is gone. [] where nothing was ever compiled."""
     shared = extension(SHARED_LIB)
     found = []
     for module in MODULES:
         ext = extension(module)
-        if ext is not None and (shared is None or ext.stat().st_mtime < source(module).stat().st_mtime):
+        if ext is None and shared is None:  # not compiled, as a checkout without a build
+            continue
+        if ext is None or shared is None or ext.stat().st_mtime < source(module).stat().st_mtime:
             found.append(module)
     return found
 
@@ -89,8 +92,8 @@ class _SourceFinder:
             first, self.changed = source(self.changed[0]), []
             # named at the edited file, not at whichever import got here first
             warnings.warn_explicit(
-                f"{shown}{more} changed since it was compiled: the engine core runs interpreted (its step loop "
-                "about 2x slower); `make install` compiles it again",
+                f"{shown}{more}: the compiled engine core is older than this source (or lacks it), so it runs "
+                "interpreted (its step loop about 2x slower); `make install` compiles it again",
                 UserWarning,
                 str(first),
                 0,

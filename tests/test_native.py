@@ -64,13 +64,18 @@ def test_compiled_and_interpreted_write_the_same_files(name, tmp_path):
 
 
 def test_a_stale_extension_is_found(tmp_path, monkeypatch):
-    (tmp_path / "engine.py").write_text("")
+    for name in ("engine", "arrivals"):
+        (tmp_path / f"{name}.py").write_text("")
+    monkeypatch.setattr(native, "PACKAGE", tmp_path)
+    monkeypatch.setattr(native, "MODULES", ("paged_bench.engine",))
+    assert native.stale() == []  # never compiled
     suffix = native.importlib.machinery.EXTENSION_SUFFIXES[0]
     for name in ("engine", "_native__mypyc"):
         (tmp_path / f"{name}{suffix}").write_bytes(b"")
-    monkeypatch.setattr(native, "PACKAGE", tmp_path)
-    monkeypatch.setattr(native, "MODULES", ("paged_bench.engine",))
     assert native.stale() == []
+    monkeypatch.setattr(native, "MODULES", ("paged_bench.engine", "paged_bench.arrivals"))
+    assert native.stale() == ["paged_bench.arrivals"]  # added to the set since the build
+    monkeypatch.setattr(native, "MODULES", ("paged_bench.engine",))
     later = time.time() + 10
     os.utime(tmp_path / "engine.py", (later, later))  # edited after it was compiled
     assert native.stale() == ["paged_bench.engine"]
@@ -81,7 +86,7 @@ def test_a_stale_extension_is_found(tmp_path, monkeypatch):
 
 def test_a_stale_core_runs_from_source_and_says_so():
     finder = native._SourceFinder(["paged_bench.engine"])
-    with pytest.warns(UserWarning, match=r"paged_bench/engine.py changed since it was compiled.*make install"):
+    with pytest.warns(UserWarning, match=r"paged_bench/engine.py: the compiled engine core is older than this source.*make install"):
         spec = finder.find_spec("paged_bench.engine")
     assert spec is not None and spec.origin == str(native.source("paged_bench.engine"))
     assert finder.find_spec("paged_bench.metrics") is None  # not compiled: the usual finders find it
