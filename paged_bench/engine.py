@@ -26,7 +26,7 @@ from paged_bench.clock import VirtualClock, WallClock
 from paged_bench.errors import EngineError, counted, crash_message
 from paged_bench.request import FinishReason, Request
 from paged_bench.schedulers.base import Scheduler
-from paged_bench.step import StepOutput, StepPlan
+from paged_bench.step import StepOutput, StepPlan, total
 from paged_bench.step_records import STEP_COLUMNS, StepRecords
 
 __all__ = ["STEP_COLUMNS", "Engine", "EngineResult", "StepRecords"]
@@ -119,7 +119,7 @@ class Engine:
             end,
             end - start,
             len(plan.req_ids),
-            sum(plan.num_new_tokens) - decodes,
+            total(plan.num_new_tokens) - decodes,
             decodes,
             len(sched.running),
             len(sched.waiting),

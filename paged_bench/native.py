@@ -32,9 +32,13 @@ MODULES = (
     "paged_bench.engine",
     "paged_bench.schedulers.plan_draft",
     "paged_bench.schedulers.base",
+    "paged_bench.schedulers.continuous",
+    "paged_bench.schedulers.static",
+    "paged_bench.schedulers.preemptive",
     "paged_bench.allocators.block_pool",
     "paged_bench.allocators.paged",
     "paged_bench.arrivals",
+    "paged_bench.clock",
     "paged_bench.backends.linear_cost",
 )
 SHARED_LIB = "paged_bench._native__mypyc"  # the code itself; each module's extension is a shim into it

@@ -46,13 +46,22 @@ def _quoted(text: str) -> str:
     return '"' + text.replace('"', '""') + '"' if _QUOTE.search(text) else text
 
 
-def _cells(values: np.ndarray | list) -> list:
+def _cells(values: np.ndarray | list, texts: Mapping[float, str] | None = None) -> list:
     """A column as csv.writer (QUOTE_MINIMAL) writes its cells: unknown (nan, None) empty, text
-    quoted where it holds a comma, quote or line break."""
+    quoted where it holds a comma, quote or line break; a float found in ``texts`` as its text."""
     if isinstance(values, np.ndarray):
         cells = values.tolist()
+        if texts:
+            cells = [texts.get(v, v) for v in cells]
         return ["" if v != v else v for v in cells] if values.dtype.kind == "f" and np.isnan(values).any() else cells
     return ["" if v is None else _quoted(v) if isinstance(v, str) else v for v in values]
+
+
+def clock_texts(times: list[float]) -> dict[float, str]:
+    """The step clock's times as CSV text (``repr``, as ``%s`` writes a float). Formatting floats
+    is most of writing a run's files, and requests.csv's times taken at a step's end (first
+    scheduled, first token, finish) repeat steps.csv's: each is formatted once, here."""
+    return dict(zip(times, map(repr, times)))
 
 
 def request_columns(records: RequestRecords) -> tuple[np.ndarray | list, ...]:
@@ -66,13 +75,23 @@ def request_columns(records: RequestRecords) -> tuple[np.ndarray | list, ...]:
     )  # fmt: skip
 
 
-def request_rows(records: RequestRecords) -> Iterable[tuple]:
-    return zip(*map(_cells, request_columns(records)))
+_CLOCK_COLUMNS = frozenset(("first_scheduled_time", "first_token_time", "finish_time"))  # a step's end, or an arrival
 
 
-def step_rows(steps: StepRecords) -> Iterable[tuple]:
-    """``steps.csv``'s rows, in ``STEP_COLUMNS`` order (numbers only)."""
-    return zip(*(steps.column(name).tolist() for name in STEP_COLUMNS))
+def request_rows(records: RequestRecords, clock: Mapping[float, str] | None = None) -> Iterable[tuple]:
+    """``requests.csv``'s rows; ``clock``: ``clock_texts`` of the run's step times."""
+    columns = request_columns(records)
+    return zip(*(_cells(v, clock if name in _CLOCK_COLUMNS else None) for name, v in zip(REQUEST_COLUMNS, columns)))
+
+
+def step_rows(steps: StepRecords, clock: Mapping[float, str] | None = None) -> Iterable[tuple]:
+    """``steps.csv``'s rows, in ``STEP_COLUMNS`` order (numbers; ``time`` as text when given
+    its ``clock_texts``)."""
+    columns = [steps.column(name).tolist() for name in STEP_COLUMNS]
+    if clock:
+        at = STEP_COLUMNS.index("time")
+        columns[at] = [clock.get(t, t) for t in columns[at]]
+    return zip(*columns)
 
 
 def _write_csv(path: Path, columns: tuple[str, ...], rows: Iterable[tuple]) -> None:
@@ -112,8 +131,9 @@ def write_run(
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = [run_dir / n for n in ("summary.json", "requests.csv", "steps.csv", "run_info.json")]
     write_whole(paths[0], json.dumps(dict(summary), indent=2) + "\n")
-    _write_csv(paths[1], *(request_table or (REQUEST_COLUMNS, request_rows(records))))
-    _write_csv(paths[2], *(step_table or (STEP_COLUMNS, step_rows(result.steps))))
+    clock = clock_texts(result.steps.column("time").tolist()) if step_table is None else None
+    _write_csv(paths[1], *(request_table or (REQUEST_COLUMNS, request_rows(records, clock))))
+    _write_csv(paths[2], *(step_table or (STEP_COLUMNS, step_rows(result.steps, clock))))
     write_whole(paths[3], json.dumps(dict(info), indent=2, default=str) + "\n")
     return paths
 

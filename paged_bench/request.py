@@ -50,7 +50,7 @@ class FinishReason(str, enum.Enum):
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the server's LogprobsRequest subclasses it
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, init=False, slots=True)  # __init__ written out: compiled, dataclass's runs interpreted (2x slower)
 class Request:
     """One request. Timestamps are seconds on the engine's clock (virtual or wall)."""
 
@@ -64,6 +64,7 @@ class Request:
     temperature: float = 0.0
     top_p: float = 1.0
     sampling_seed: int | None = None
+    want_prompt_logprobs: bool = False  # score the prompt: every position is computed, no prefix cache hit
 
     num_prompt_tokens: int = field(init=False)
     max_num_tokens: int = field(init=False)  # stops for length here; the scheduler caps it at max_model_len
@@ -77,11 +78,42 @@ class Request:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
 
-    def __post_init__(self) -> None:
-        if self.token_ids.__class__ is not array or self.token_ids.typecode != "q":
-            self.token_ids = token_array(self.token_ids)
-        self.num_prompt_tokens = len(self.token_ids)
-        self.max_num_tokens = self.num_prompt_tokens + self.max_tokens
+    def __init__(
+        self,
+        request_id: int | str,
+        arrival_time: float,
+        token_ids: array | Iterable[int] | np.ndarray,
+        max_tokens: int,
+        ignore_eos: bool = True,
+        prefix_group: int | None = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        sampling_seed: int | None = None,
+        want_prompt_logprobs: bool = False,
+    ) -> None:
+        self.request_id = request_id
+        self.arrival_time = arrival_time
+        self.token_ids = token_ids  # type: ignore[assignment]  # made an array by __post_init__
+        self.max_tokens = max_tokens
+        self.ignore_eos = ignore_eos
+        self.prefix_group = prefix_group
+        self.temperature = temperature
+        self.top_p = top_p
+        self.sampling_seed = sampling_seed
+        self.want_prompt_logprobs = want_prompt_logprobs
+        self.num_computed_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.first_scheduled_time = None
+        self.token_times = []
+        self.finish_time = None
+        self.finish_reason = None
+        self.error = None
+        self.num_preemptions = 0
+        self.num_cached_tokens = 0
+        _take_prompt(self)
+
+    def __post_init__(self) -> None:  # a dataclass subclass's generated __init__ calls it
+        _take_prompt(self)
 
     @property
     def num_tokens(self) -> int:
@@ -112,3 +144,12 @@ class Request:
         self.finish_reason = reason
         self.finish_time = now
         self.error = error
+
+
+def _take_prompt(req: Request) -> None:
+    """Hold the token ids given as the prompt in an ``array('q')``, and count them. (A function:
+    compiled, a method called on ``self`` is looked up by name, subclasses being allowed.)"""
+    if req.token_ids.__class__ is not array or req.token_ids.typecode != "q":
+        req.token_ids = token_array(req.token_ids)
+    req.num_prompt_tokens = len(req.token_ids)
+    req.max_num_tokens = req.num_prompt_tokens + req.max_tokens

@@ -88,8 +88,8 @@ def _full_disk_after_some_rows(monkeypatch):
 
     rows = outputs.request_rows
 
-    def filling(records):
-        for n, row in enumerate(rows(records)):
+    def filling(*args):
+        for n, row in enumerate(rows(*args)):
             if n == 5:
                 raise OSError(errno.ENOSPC, "No space left on device")
             yield row

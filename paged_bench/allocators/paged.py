@@ -18,7 +18,6 @@ empty tail slots of the tables, which change only in ``allocate_slots`` (grow) a
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
@@ -33,17 +32,24 @@ _NEVER: Final = 1 << 62
 _NO_NEW_BLOCKS: Final[dict[int | str, tuple[int, ...]]] = {}  # shared by every plan without new blocks: read-only
 
 
-@dataclass(slots=True)
 class _Seq:
-    blocks: list[int]  # the block table (CPU block ids while swapped out)
-    num_slots: int  # tokens these blocks hold, computed or being computed this step
-    capacity: int  # len(blocks) * block size
-    num_cached: int = 0  # leading blocks already indexed in the prefix cache
-    cache_at: int = _NEVER  # slots at which the next block is full and can be cached
-    plain_below: int = 0  # totals below this need neither a new block nor caching: the hot path
-    on_cpu: bool = False
-    hashes: list[Hashable] = field(default_factory=list)  # the request's hash chain (the allocator's list)
-    run: DeferredRun | None = None  # while its chain's root is known to no other chain: blocks past it unhashed
+    """One request's block table and where it stands. (A plain class, not a dataclass:
+    compiled, a dataclass's generated __init__ runs interpreted, and one is made per admission.)"""
+
+    __slots__ = ("blocks", "cache_at", "capacity", "hashes", "num_cached", "num_slots", "on_cpu", "plain_below", "run")
+
+    def __init__(self, blocks: list[int], num_slots: int, num_cached: int, cache_at: int, hashes: list[Hashable],
+                 block_slots: int) -> None:  # fmt: skip
+        self.blocks = blocks  # the block table (CPU block ids while swapped out)
+        self.num_slots = num_slots  # tokens these blocks hold, computed or being computed this step
+        self.capacity = len(blocks) * block_slots
+        self.num_cached = num_cached  # leading blocks already indexed in the prefix cache
+        self.cache_at = cache_at  # slots at which the next block is full and can be cached
+        self.plain_below = 0  # totals below this need neither a new block nor caching: the hot path
+        self.on_cpu = False
+        self.hashes = hashes  # the request's hash chain (the allocator's list)
+        # while its chain's root is known to no other chain: its blocks past the root, unhashed
+        self.run: DeferredRun | None = None
 
     def replan(self) -> None:
         """After its capacity or ``cache_at`` moved: the total from which a row needs care."""
@@ -95,7 +101,7 @@ class PagedAllocator(Allocator):
     def lookup_prefix(self, req: Request) -> PrefixHit:
         num_full = (req.num_tokens - 1) // self.pool_block_slots
         # a request scoring its prompt (server echo + logprobs) must compute every position
-        if not self.prefix_caching or num_full == 0 or getattr(req, "want_prompt_logprobs", False):
+        if not self.prefix_caching or num_full == 0 or req.want_prompt_logprobs:
             return NO_HIT
         if not self._shown(self._block_hashes(req, 1)[0]):  # no chain starts so: one hash, no hit
             return NO_HIT
@@ -249,9 +255,9 @@ class PagedAllocator(Allocator):
         num_hit = len(hit.blocks)
         cache_at = (num_hit + 1) * bs if self.prefix_caching else _NEVER
         hashes = self._hashes.setdefault(req, [])  # memoised by lookup_prefix, if it ran
-        seq = self._seqs[req] = _Seq(list(hit.blocks), hit.num_tokens, num_hit * bs, num_hit, cache_at, hashes=hashes)
+        seq = self._seqs[req] = _Seq(list(hit.blocks), hit.num_tokens, num_hit, cache_at, hashes, bs)
         # a lookup, not a swap-in; as vLLM, a request that skipped the lookup is no query
-        if not req.num_computed_tokens and self.prefix_caching and not getattr(req, "want_prompt_logprobs", False):
+        if not req.num_computed_tokens and self.prefix_caching and not req.want_prompt_logprobs:
             self._count_lookup(req, hit.num_tokens)
         return seq
 

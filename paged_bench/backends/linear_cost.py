@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paged_bench.step import StepPlan
+from paged_bench.step import StepPlan, total
 
 
 @dataclass(frozen=True)
@@ -20,8 +20,8 @@ class LinearCost:
     per_swap_block: float
 
     def duration(self, plan: StepPlan) -> float:
-        decodes, scheduled = plan.num_decode_tokens, sum(plan.num_new_tokens)
-        kv_read = scheduled + sum(plan.num_computed_tokens)
+        decodes, scheduled = plan.num_decode_tokens, total(plan.num_new_tokens)
+        kv_read = scheduled + total(plan.num_computed_tokens)
         return (
             self.step_overhead
             + self.per_prefill_token * (scheduled - decodes)

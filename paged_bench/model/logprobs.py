@@ -56,11 +56,10 @@ class LogprobSink:
 
 @dataclass(eq=False)  # no slots: they would shadow the compiled base's fields (paged_bench.native)
 class LogprobsRequest(Request):
-    """A ``Request`` that wants log-probabilities: its sink, and whether to score its prompt
-    (read by the paged allocator, which then skips the prefix cache)."""
+    """A ``Request`` that wants log-probabilities: its sink (whether to score its prompt is
+    ``Request.want_prompt_logprobs``, read by the paged allocator)."""
 
     sink: LogprobSink = field(default_factory=LogprobSink)
-    want_prompt_logprobs: bool = False
 
     @property
     def logprobs(self) -> list[TokenLogprob]:

@@ -9,8 +9,11 @@ sequence cannot get its next KV block the run stops with a clear error (see
 
 from __future__ import annotations
 
+from mypy_extensions import mypyc_attr
+
 from paged_bench.schedulers.base import Scheduler
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled with the core (native calls); plugins subclass it
 class ContinuousScheduler(Scheduler):
     name = "continuous"

@@ -15,6 +15,10 @@ is vLLM v0's.
 
 from __future__ import annotations
 
+from typing import Any
+
+from mypy_extensions import mypyc_attr
+
 from paged_bench.allocators.base import Allocator
 from paged_bench.errors import check, check_number
 from paged_bench.request import Request
@@ -23,19 +27,20 @@ from paged_bench.schedulers.base import Scheduler
 VICTIMS = ("last_admitted", "latest_arrival")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled with the core (native calls); plugins subclass it
 class PreemptiveScheduler(Scheduler):
     name = "preemptive"
 
     def __init__(
         self,
         allocator: Allocator,
-        *,
-        mode: str = "recompute",
-        watermark: float = 0.0,
-        victim: str = "last_admitted",
+        *,  # Any: the config's values, checked below by name (compiled, a wrong type would be a bare TypeError)
+        mode: Any = "recompute",
+        watermark: Any = 0.0,
+        victim: Any = "last_admitted",
         **kwargs,
     ) -> None:
-        super().__init__(allocator, **kwargs)
+        Scheduler.__init__(self, allocator, **kwargs)  # not super(): compiled, mypyc passes **kwargs to it wrongly
         check(mode in ("recompute", "swap"), "scheduler.mode", mode, "recompute or swap")
         check_number("scheduler.watermark", watermark)
         check(watermark < 1, "scheduler.watermark", watermark, "a fraction of the pool in [0, 1)")

@@ -7,9 +7,12 @@ one and newcomers wait for all of them. Like ``continuous`` it never preempts.
 
 from __future__ import annotations
 
+from mypy_extensions import mypyc_attr
+
 from paged_bench.schedulers.base import PlanDraft, Scheduler
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled with the core (native calls); plugins subclass it
 class StaticScheduler(Scheduler):
     name = "static"
 
