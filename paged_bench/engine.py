@@ -109,7 +109,8 @@ class Engine:
         end = self.clock.advance(start, output.duration)
         try:
             finished = sched.update(plan, output, end)
-        except TypeError:  # a token id that is no integer fails in the scheduler: name the backend instead
+        except (TypeError, OverflowError):
+            # a token id that is no integer >= 0 fails in the scheduler: name the backend instead
             if all(map(_is_token, output.token_ids)):
                 raise
             raise EngineError(_bad_output(self.backend, plan, output)) from None
@@ -219,10 +220,9 @@ def _duration(steps: StepRecords, reqs: list[Request]) -> float:
 
 def _is_token(token: Any) -> bool:
     try:
-        operator.index(token)  # an int, numpy's included
+        return operator.index(token) >= 0  # an int, numpy's included; a vocabulary index
     except TypeError:
         return False
-    return True
 
 
 def _bad_output(backend: Backend, plan: StepPlan, output: object) -> str:
@@ -234,7 +234,7 @@ def _bad_output(backend: Backend, plan: StepPlan, output: object) -> str:
     else:
         shown = f"{type(output).__name__}"
     return (f"backend {backend.name!r} returned {shown} for a step of {counted(len(plan.req_ids), 'row')} (requests "
-            "in plan.req_ids): execute() returns a paged_bench.step.StepOutput of one token id (an int) per row of "
+            "in plan.req_ids): execute() returns a paged_bench.step.StepOutput of one token id (an int >= 0) per row of "
             "the plan and a duration >= 0 s")  # fmt: skip
 
 

@@ -37,9 +37,10 @@ _SWAP = sys.byteorder != "little"  # digests hash little-endian ids on every mac
 
 def token_digest(token_ids: Sequence[int]) -> str:
     """The stable digest of a sequence of token ids."""
-    ids = token_ids if token_ids.__class__ is array and token_ids.typecode == "q" else array("q", token_ids)
+    # a request's array('Q') as it is: ids are never negative, so its bytes are array('q')'s
+    ids = token_ids if token_ids.__class__ is array and token_ids.typecode in "qQ" else array("q", token_ids)
     if _SWAP:
-        ids = array("q", ids)  # a copy to swap: the caller's ids stay as they are
+        ids = array(ids.typecode, ids)  # a copy to swap: the caller's ids stay as they are
         ids.byteswap()
     return hashlib.blake2b(ids, digest_size=_DIGEST_BYTES).hexdigest()
 

@@ -192,7 +192,7 @@ def test_the_peak_over_a_run_of_a_trillion_seconds_needs_no_bucket_per_second():
 
 def test_output_digest_is_blake2b_of_little_endian_int64_ids():
     a = finished(0, 0.0, 0.0, [0.1, 0.2])
-    a.token_ids[-2:] = array("q", [7, 300])
+    a.token_ids[-2:] = array("Q", [7, 300])
     expected = hashlib.blake2b(struct.pack("<2q", 7, 300), digest_size=8).hexdigest()
     records = RequestRecords.from_requests([a])
     assert records.output_digest == [expected] == [token_digest([7, 300])]

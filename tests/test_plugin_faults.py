@@ -142,7 +142,7 @@ def test_a_backend_that_returns_too_few_tokens_stops_the_run_naming_it():
     engine.backend = OneTokenBackend()
     result = engine.run(requests)
     assert result.error.startswith("backend 'sim' returned 1 token (int) and a duration of 0.01 s for a step of ")
-    assert "execute() returns a paged_bench.step.StepOutput of one token id (an int) per row" in result.error
+    assert "execute() returns a paged_bench.step.StepOutput of one token id (an int >= 0) per row" in result.error
 
 
 class ReturnsAList(SimBackend):
@@ -160,10 +160,16 @@ class FloatTokens(SimBackend):
         return StepOutput([0.5] * len(plan.req_ids), 0.01)
 
 
+class NegativeTokens(SimBackend):
+    def execute(self, plan):
+        return StepOutput([-1] * len(plan.req_ids), 0.01)  # no vocabulary index: a request cannot hold it
+
+
 @pytest.mark.parametrize("cls, shown", [
     (ReturnsAList, "returned list for a step"),
     (NoDuration, " (int) and a duration of None s"),
     (FloatTokens, " (float) and a duration of 0.01 s"),
+    (NegativeTokens, " (int) and a duration of 0.01 s"),
 ])  # fmt: skip
 def test_a_backend_output_of_the_wrong_type_names_the_backend(cls, shown):
     # these failed inside the engine or the scheduler (AttributeError at engine.py, TypeError at

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from paged_bench.errors import ConfigError
+from paged_bench.request import Request
 from paged_bench.tokenizer import ByteTokenizer
 from paged_bench.workloads.base import WorkloadContext
 from paged_bench.workloads.bursty import BurstyWorkload
@@ -164,10 +165,19 @@ def test_seed_preset_is_the_seeds_workload(config):
     assert 4 <= long <= 16  # ~20% of 48
 
 
-def test_prompts_are_the_per_request_draws_as_int64_arrays():
+def test_prompts_are_the_per_request_draws_as_unsigned_64_bit_arrays():
     rs = synthetic(num_requests=30, prompt_len={"dist": "uniform", "low": 1, "high": 40}).requests(CTX)
     token_rng = np.random.default_rng(np.random.SeedSequence(1).spawn(4)[3])
     for r in rs:
         expected = token_rng.integers(0, CTX.vocab_size, r.num_prompt_tokens).tolist()
-        assert r.token_ids.tolist() == expected and r.token_ids.typecode == "q" and type(r.token_ids[0]) is int
+        assert r.token_ids.tolist() == expected and r.token_ids.typecode == "Q" and type(r.token_ids[0]) is int
         assert r.num_tokens == r.num_prompt_tokens
+
+
+@pytest.mark.parametrize("tokens", [[5, -1, 7], np.array([5, -1, 7]), np.array([5, -1, 7], np.int32)])
+def test_a_negative_token_id_is_refused_with_one_clear_line(tokens):
+    # held unsigned: a negative id would be an OverflowError from a list, and from a signed
+    # numpy array silently an id near 2**64
+    with pytest.raises(ValueError, match=r"^token id -1 is not a vocabulary index: token ids are integers from 0$"):
+        Request(0, 0.0, tokens, 4)
+    assert Request(0, 0.0, np.array([5, 0, 7], np.int32), 4).token_ids.tolist() == [5, 0, 7]

@@ -156,7 +156,7 @@ class Scheduler:
             req.token_times.append(stamp)
             # EOS first, as vLLM v1's check_stop since PR #27555 (Oct 2025; before it, length
             # first): an EOS that is also the last token allowed is a stop
-            if token in end_ids and not req.ignore_eos:
+            if not req.ignore_eos and token in end_ids:  # a benchmark's requests mostly ignore EOS: no set lookup
                 req.finish(FinishReason.STOP, now)
             elif computed >= req.max_num_tokens - 1:  # now holds max_num_tokens tokens
                 req.finish(LENGTH, now)

@@ -67,9 +67,10 @@ def check_shared_prefix(spec: Mapping[str, Any] | None, num_requests: int) -> tu
 def random_prompts(rng: np.random.Generator, lengths: np.ndarray, vocab_size: int) -> list[np.ndarray]:
     """One prompt of random token ids per length: the same ids as one ``rng.integers`` call per
     prompt (numpy's stream does not depend on how draws are split), drawn at once and kept as
-    views of one array: each ``Request`` copies its view into its own ``array('q')``."""
+    views of one array: each ``Request`` copies its view into its own ``array('Q')``. (Unsigned
+    views of the draws: the ids are never negative, and a request takes them as they are.)"""
     ends = np.cumsum(lengths)
-    flat = rng.integers(0, vocab_size, int(ends[-1]) if len(ends) else 0)
+    flat = rng.integers(0, vocab_size, int(ends[-1]) if len(ends) else 0).view(np.uint64)
     return [flat[end - n : end] for n, end in zip(lengths.tolist(), ends.tolist())]
 
 
@@ -123,7 +124,9 @@ class SyntheticWorkload(Workload):
         arrivals = np.concatenate(([0.0], np.cumsum(self.gaps(arrival_rng, n - 1)))) if n > 1 else np.zeros(1)
         prompt_lens = self.prompt_len.sample(prompt_rng, n)
         output_lens = self.output_len.sample(output_rng, n)
-        prefixes = [token_rng.integers(0, ctx.vocab_size, self.prefix_len) for _ in range(self.num_prefixes)]
+        prefixes = [
+            token_rng.integers(0, ctx.vocab_size, self.prefix_len).view(np.uint64) for _ in range(self.num_prefixes)
+        ]
         groups = token_rng.integers(0, self.num_prefixes, n) if self.num_prefixes and self.prefix_len else None
         prompts = random_prompts(token_rng, prompt_lens, ctx.vocab_size)
         if groups is not None:
