@@ -33,6 +33,13 @@ from paged_bench.request import Request
 
 _DIGEST_BYTES = 8
 _SWAP = sys.byteorder != "little"  # digests hash little-endian ids on every machine
+_BLAKE2B = hashlib.blake2b(digest_size=_DIGEST_BYTES)  # copied for each digest: a third cheaper than a new one
+
+
+def _blake2b(data: bytes | array) -> str:
+    h = _BLAKE2B.copy()
+    h.update(data)
+    return h.hexdigest()
 
 
 def token_digest(token_ids: Sequence[int]) -> str:
@@ -42,12 +49,12 @@ def token_digest(token_ids: Sequence[int]) -> str:
     if _SWAP:
         ids = array(ids.typecode, ids)  # a copy to swap: the caller's ids stay as they are
         ids.byteswap()
-    return hashlib.blake2b(ids, digest_size=_DIGEST_BYTES).hexdigest()
+    return _blake2b(ids)
 
 
 def text_digest(text: str) -> str:
     """The stable digest of a text."""
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=_DIGEST_BYTES).hexdigest()
+    return _blake2b(text.encode("utf-8"))
 
 
 @dataclass(slots=True)
