@@ -8,8 +8,8 @@ are therefore one mechanism: schedule ``num_tokens - num_computed_tokens`` more 
 ``token_ids`` is an ``array('Q')``: indexed, sliced, appended to and measured as a list is,
 8 bytes a token instead of a list's pointer plus an int object (36 bytes: the Azure trace's
 20M prompt tokens held 720 MB as lists), and made from a workload's numpy prompt with one
-copy. Unsigned, as token ids (vocabulary indices) are: appending to it is twice as fast as to
-a signed ``array('q')``, whose setter parses each value with ``PyArg_Parse``, and the engine
+copy. Unsigned, as token ids (vocabulary indices) are: appending to it is cheaper than to a
+signed ``array('q')``, whose setter parses each value with ``PyArg_Parse``, and the engine
 appends a token to every running request every step. It compares equal only to another
 array: compare ``list(req.token_ids)`` with a list.
 """
