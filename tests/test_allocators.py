@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from paged_bench.allocators.block_pool import BlockPool
+from paged_bench.allocators.free_queue import FreeQueue
 from paged_bench.allocators.contiguous import ContiguousAllocator
 from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.errors import ConfigError
@@ -71,6 +76,36 @@ def test_pool_touch_revives_a_free_cached_block_in_o1():
     assert pool.is_free(b)
     assert pool.touch(b) is True and pool.num_free == 1
     assert pool.touch(b) is False and pool.ref_cnt[b] == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["popleft", "append", "appendleft", "remove"]), st.integers(0, 7))))
+def test_free_queue_keeps_the_order_an_ordered_dict_does(ops):
+    # the OrderedDict the pool's queue replaced is the model: same head, same order, same size
+    queue, model = FreeQueue(8), OrderedDict.fromkeys(range(8))
+    for op, block in ops:
+        if op == "popleft":
+            if model:
+                assert queue.popleft() == model.popitem(last=False)[0]
+        elif op == "remove":
+            if block in model:
+                queue.remove(block)
+                del model[block]
+        elif block not in model:
+            getattr(queue, op)(block)
+            model[block] = None
+            if op == "appendleft":
+                model.move_to_end(block, last=False)
+        assert queue.blocks() == list(model) and len(queue) == len(model)
+
+
+def test_reclaim_makes_a_torn_queue_whole_in_its_order():
+    pool = BlockPool(6)
+    held = pool.allocate(3)  # blocks 0-2 held, 3-5 free
+    pool.release([held[0]])
+    pool._free._nodes[4].next = pool._free._nodes[4]  # torn mid-operation: the walk from 3 loops at 4
+    pool.reclaim()
+    assert pool._free.blocks() == [0, 3, 4, 1, 2, 5] and pool.num_free == 6 and pool.held_blocks() == []
 
 
 # -- paged allocator ----------------------------------------------------------------------

@@ -101,7 +101,9 @@ def check_pool(engine: Engine) -> None:
     cap = alloc.capacity_slots
     assert 0 <= alloc.live_slots <= alloc.reserved_slots <= cap
     pool = alloc.pool
-    free = set(pool._free)
+    queued = pool._free.blocks()
+    free = set(queued)
+    assert len(queued) == len(free) == pool.num_free  # each free block queued once, and counted
     assert all((pool.ref_cnt[b] == 0) == (b in free) for b in range(pool.num_blocks))
     assert all(pool.block_hash[b] == h for h, b in pool.cached.items())
     per_pool_block = getattr(alloc, "blocks_per_slab", 1)  # a contiguous slab is one pool block

@@ -4,9 +4,9 @@ Freed blocks that hold a cached (hashed) block stay findable until the pool need
 the free queue is ordered least-recently-freed first and allocation evicts from its head
 (lazy LRU, as in vLLM). Blocks holding nothing worth keeping go to the head instead, so
 that they are reused before any cached block is evicted (as vLLM since early 2026; its
-earlier v1 appended every freed block to the tail). The queue is an OrderedDict: a
-C-implemented doubly linked list, so popping the head, appending, and removing a block
-from the middle (a cache hit on a free block) are all O(1).
+earlier v1 appended every freed block to the tail). The queue is a doubly linked list
+(``free_queue``), so popping the head, appending at either end, and removing a block from
+the middle (a cache hit on a free block) are all O(1).
 
 Indexing a block costs a hash of its tokens, and most blocks are never shared: a chain whose
 first block (its *root*) no other chain has shown can be hit by nobody, since a hit walks a
@@ -21,11 +21,12 @@ what is evicted and when, is what eager indexing gives; only the hashing is save
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Hashable, Iterable
 from typing import Any
 
 from mypy_extensions import mypyc_attr
+
+from paged_bench.allocators.free_queue import FreeQueue
 
 
 class DeferredRun:
@@ -56,7 +57,7 @@ class BlockPool:
         self.copies: dict[Hashable, list[int]] = {}  # block hash -> later copies, in the order indexed
         self.roots: dict[Hashable, int] = {}  # chain root -> indexed blocks of its chains
         self.deferred: dict[Hashable, DeferredRun] = {}  # chain root -> its (only) deferred run
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._free = FreeQueue(num_blocks)
         self.num_evictions = 0
 
     @property
@@ -69,7 +70,7 @@ class BlockPool:
         free, ref_cnt, block_hash = self._free, self.ref_cnt, self.block_hash
         evicted = 0
         for _ in range(n):
-            block = free.popitem(last=False)[0]
+            block = free.popleft()
             ref_cnt[block] = 1
             h = block_hash[block]
             if h is not None:  # evict: this block's cached content is overwritten
@@ -87,7 +88,7 @@ class BlockPool:
         """Take one more reference to a cached block; True if it was free (revived)."""
         self.ref_cnt[block] += 1
         if self.ref_cnt[block] == 1:
-            del self._free[block]
+            self._free.remove(block)
             return True
         return False
 
@@ -98,9 +99,10 @@ class BlockPool:
         for block in blocks:
             ref_cnt[block] -= 1
             if not ref_cnt[block]:
-                free[block] = None
                 if block_hash[block] is None:
-                    free.move_to_end(block, last=False)
+                    free.appendleft(block)
+                else:
+                    free.append(block)
 
     def cache(self, blocks: list[int], hashes: list[Hashable], root: Hashable) -> None:
         """Index full blocks of a chain rooted at ``root`` under their hashes. A block whose
@@ -189,12 +191,13 @@ class BlockPool:
     def reclaim(self) -> None:
         """Take every block back into the free queue. For a run cut off mid-operation (Ctrl-C,
         SIGTERM) once every table is freed: an allocation or a release the signal interrupted
-        may hold references that no table records."""
-        ref_cnt, free = self.ref_cnt, self._free
-        for block, n in enumerate(ref_cnt):
-            if n:
-                ref_cnt[block] = 0
-                free[block] = None
+        may hold references that no table records, and one inside the free queue's pointer moves
+        (interpreted) may leave it torn: it is made again, its blocks in their order, then every
+        other block."""
+        self.ref_cnt[:] = [0] * self.num_blocks
+        queued = dict.fromkeys(self._free.blocks())  # each once, in order, should the queue be torn
+        rest = [block for block in range(self.num_blocks) if block not in queued]
+        self._free = FreeQueue(self.num_blocks, [*queued, *rest])
 
     def is_free(self, block: int) -> bool:
         return self.ref_cnt[block] == 0
