@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paged_bench.allocators.block_pool import BlockPool
-from paged_bench.allocators.free_queue import FreeQueue
 from paged_bench.allocators.contiguous import ContiguousAllocator
+from paged_bench.allocators.free_queue import FreeQueue
 from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.errors import ConfigError
 from paged_bench.request import Request
