@@ -29,7 +29,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from paged_bench.request import Request
+from paged_bench.request import FinishReason, Request
 
 _DIGEST_BYTES = 8
 _SWAP = sys.byteorder != "little"  # digests hash little-endian ids on every machine
@@ -40,6 +40,11 @@ def _blake2b(data: bytes | array) -> str:
     h = _BLAKE2B.copy()
     h.update(data)
     return h.hexdigest()
+
+
+# per request, looked up: an Enum's ``value`` and a property are Python code, 20,000 calls a big run
+_REASON_TEXT: dict[FinishReason | None, str] = {None: "", **{reason: reason.value for reason in FinishReason}}
+_SUCCEEDED = tuple(reason for reason in FinishReason if reason.succeeded)
 
 
 def token_digest(token_ids: Sequence[int]) -> str:
@@ -131,9 +136,9 @@ class RequestRecords:
             max_tokens=np.array(column("max_tokens"), np.int64),
             cached_tokens=column("num_cached_tokens"),
             num_preemptions=column("num_preemptions"),
-            finish_reason=[x.value if x is not None else "" for x in reasons],
+            finish_reason=list(map(_REASON_TEXT.__getitem__, reasons)),
             error=[e or "" for e in column("error")],
-            succeeded=np.array([x is not None and x.succeeded for x in reasons], bool),
+            succeeded=np.array(list(map(_SUCCEEDED.__contains__, reasons)), bool),
             # one output at a time: 20,000 live copies would wake the garbage collector
             output_digest=[token_digest(r.token_ids[r.num_prompt_tokens :]) for r in requests],
             text_digest=[""] * n,

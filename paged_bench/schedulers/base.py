@@ -30,7 +30,8 @@ from paged_bench.step import NewRequestData, ReqId, StepOutput, StepPlan, new_na
 
 # Final: compiled code reads them as constants, not through the module's dict
 RUNNING: Final = RequestStatus.RUNNING
-_WAITING_STATES: Final = frozenset((RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED))
+# a tuple, not a set: membership by identity, where a set hashes the member with Enum's __hash__ (Python code)
+_WAITING_STATES: Final = (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED)
 LENGTH: Final = FinishReason.LENGTH
 _NO_ROWS: Final[frozenset[int]] = frozenset()
 
