@@ -165,7 +165,9 @@ def test_seed_preset_is_the_seeds_workload(config):
     assert 4 <= long <= 16  # ~20% of 48
 
 
-def test_prompts_are_the_per_request_draws_as_unsigned_64_bit_arrays():
+@pytest.mark.parametrize("draw_tokens", [1 << 18, 50, 1])  # one draw; batches of a few prompts; one at a time
+def test_prompts_are_the_per_request_draws_as_unsigned_64_bit_arrays(monkeypatch, draw_tokens):
+    monkeypatch.setattr("paged_bench.workloads.base._DRAW_TOKENS", draw_tokens)
     rs = synthetic(num_requests=30, prompt_len={"dist": "uniform", "low": 1, "high": 40}).requests(CTX)
     token_rng = np.random.default_rng(np.random.SeedSequence(1).spawn(4)[3])
     for r in rs:
