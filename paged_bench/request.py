@@ -7,8 +7,8 @@ are therefore one mechanism: schedule ``num_tokens - num_computed_tokens`` more 
 
 ``token_ids`` is an ``array('Q')``: indexed, sliced, appended to and measured as a list is,
 8 bytes a token instead of a list's pointer plus an int object (36 bytes: the Azure trace's
-20M prompt tokens held 720 MB as lists), and made from a workload's numpy prompt with one
-copy. Unsigned, as token ids (vocabulary indices) are: appending to it is cheaper than to a
+20M prompt tokens held 720 MB as lists), and cut from a workload's draw in one copy
+(``workloads.base.random_prompts``). Unsigned, as token ids (vocabulary indices) are: appending to it is cheaper than to a
 signed ``array('q')``, whose setter parses each value with ``PyArg_Parse``, and the engine
 appends a token to every running request every step. It compares equal only to another
 array: compare ``list(req.token_ids)`` with a list.
@@ -24,17 +24,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from mypy_extensions import mypyc_attr
 
-_UINT64 = np.dtype(np.uint64)  # a workload's random prompts are drawn so (numpy's dtypes are singletons)
-
 
 def token_array(token_ids: Iterable[int] | np.ndarray) -> array:
     """Token ids as the ``array('Q')`` a request holds (a numpy prompt in one copy)."""
     if isinstance(token_ids, np.ndarray):
-        if token_ids.dtype is not _UINT64:
-            if token_ids.size and token_ids.min() < 0:
-                raise ValueError(_negative(token_ids.min()))
-            token_ids = token_ids.astype(np.uint64)
-        return array("Q", token_ids.tobytes())
+        if token_ids.size and token_ids.min() < 0:  # a signed array's would wrap round silently
+            raise ValueError(_negative(token_ids.min()))
+        return array("Q", token_ids.astype(np.uint64, copy=False).tobytes())
     try:
         return array("Q", token_ids)
     except OverflowError:  # a negative id (or one past 2**64)

@@ -121,6 +121,13 @@ def test_shared_prefixes_give_requests_identical_first_tokens():
         assert r.num_prompt_tokens == 28
         groups.setdefault(r.prefix_group, set()).add(tuple(r.token_ids[:20]))
     assert len(groups) == 3 and all(len(prefixes) == 1 for prefixes in groups.values())
+    # the ids are one draw per prefix, then the groups, then one draw per request's own tokens
+    token_rng = np.random.default_rng(np.random.SeedSequence(1).spawn(4)[3])
+    prefixes = [token_rng.integers(0, CTX.vocab_size, 20).tolist() for _ in range(3)]
+    drawn = token_rng.integers(0, 3, 40).tolist()
+    assert [r.prefix_group for r in rs] == drawn
+    assert [r.token_ids.tolist() for r in rs] == [prefixes[g] + token_rng.integers(0, CTX.vocab_size, 8).tolist()
+                                                  for g in drawn]  # fmt: skip
 
 
 def test_tokens_stay_inside_the_vocabulary():

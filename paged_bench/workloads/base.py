@@ -141,8 +141,7 @@ class SyntheticWorkload(Workload):
         arrivals = np.concatenate(([0.0], np.cumsum(self.gaps(arrival_rng, n - 1)))) if n > 1 else np.zeros(1)
         prompt_lens = self.prompt_len.sample(prompt_rng, n)
         output_lens = self.output_len.sample(output_rng, n)
-        prefixes = [array("Q", token_rng.integers(0, ctx.vocab_size, self.prefix_len).tobytes())
-                    for _ in range(self.num_prefixes)]  # fmt: skip
+        prefixes = random_prompts(token_rng, np.full(self.num_prefixes, self.prefix_len), ctx.vocab_size)
         groups = token_rng.integers(0, self.num_prefixes, n) if self.num_prefixes and self.prefix_len else None
         prompts = random_prompts(token_rng, prompt_lens, ctx.vocab_size)
         if groups is not None:
