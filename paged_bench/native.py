@@ -35,6 +35,7 @@ MODULES = (
     "paged_bench.schedulers.continuous",
     "paged_bench.schedulers.static",
     "paged_bench.schedulers.preemptive",
+    "paged_bench.allocators.base",
     "paged_bench.allocators.free_queue",
     "paged_bench.allocators.block_pool",
     "paged_bench.allocators.paged",

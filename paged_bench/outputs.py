@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -78,28 +79,39 @@ def request_columns(records: RequestRecords) -> tuple[np.ndarray | list, ...]:
 _CLOCK_COLUMNS = frozenset(("first_scheduled_time", "first_token_time", "finish_time"))  # a step's end, or an arrival
 
 
-def request_rows(records: RequestRecords, clock: Mapping[float, str] | None = None) -> Iterable[tuple]:
+# rows made and written a slice at a time: a big run's cells and text are never all held at
+# once (memory the kernel would first have to fault in: 2 us a step of the 20,000-request run)
+_SLICE_ROWS = 4096
+
+
+def request_rows(records: RequestRecords, clock: Mapping[float, str] | None = None) -> Iterator[tuple]:
     """``requests.csv``'s rows; ``clock``: ``clock_texts`` of the run's step times."""
     columns = request_columns(records)
-    return zip(*(_cells(v, clock if name in _CLOCK_COLUMNS else None) for name, v in zip(REQUEST_COLUMNS, columns)))
+    texts = [clock if name in _CLOCK_COLUMNS else None for name in REQUEST_COLUMNS]
+    for at in range(0, len(records), _SLICE_ROWS):
+        yield from zip(*(_cells(v[at : at + _SLICE_ROWS], t) for v, t in zip(columns, texts)))
 
 
-def step_rows(steps: StepRecords, clock: Mapping[float, str] | None = None) -> Iterable[tuple]:
+def step_rows(steps: StepRecords, clock: Mapping[float, str] | None = None) -> Iterator[tuple]:
     """``steps.csv``'s rows, in ``STEP_COLUMNS`` order (numbers; ``time`` as text when given
     its ``clock_texts``)."""
-    columns = [steps.column(name).tolist() for name in STEP_COLUMNS]
-    if clock:
-        at = STEP_COLUMNS.index("time")
-        columns[at] = [clock.get(t, t) for t in columns[at]]
-    return zip(*columns)
+    columns = [steps.column(name) for name in STEP_COLUMNS]
+    at_time = STEP_COLUMNS.index("time")
+    for at in range(0, len(steps), _SLICE_ROWS):
+        cells = [column[at : at + _SLICE_ROWS].tolist() for column in columns]
+        if clock:
+            cells[at_time] = [clock.get(t, t) for t in cells[at_time]]
+        yield from zip(*cells)
 
 
 def _write_csv(path: Path, columns: tuple[str, ...], rows: Iterable[tuple]) -> None:
     """What csv.writer writes, formatted a row at a time by one %-format (rows hold ready cells)."""
     row = ",".join(["%s"] * len(columns)) + "\r\n"
+    rows = iter(rows)
     with opened_whole(path, newline="") as f:
         f.write(",".join(columns) + "\r\n")
-        f.write("".join(map(row.__mod__, rows)))
+        while text := "".join(map(row.__mod__, islice(rows, _SLICE_ROWS))):
+            f.write(text)
 
 
 def write_steps(run_dir: Path, steps: StepRecords) -> Path:

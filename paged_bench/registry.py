@@ -187,6 +187,9 @@ def create(kind: str, name: str, *args: Any, internal: tuple[str, ...] = (), **o
             shown = [o for o in allowed if o not in internal]
             takes = ", ".join(shown) or "no options (a plugin's options are its __init__'s keyword arguments)"
             raise ConfigError(f"{kind}.{key}", options[key], f"{kind} {name!r} takes {takes}")
+    if left := _abstract_left(cls, _base(kind)):  # Python's own words, where the base is interpreted
+        raise PluginError(f"{_plugin(kind, name, _entry(kind, name))} failed to build: TypeError: Can't instantiate "
+                          f"abstract class {cls.__name__} with abstract methods {', '.join(left)}")  # fmt: skip
     try:
         obj = cls(*args, **options)
     except PagedBenchError:
@@ -200,6 +203,12 @@ def create(kind: str, name: str, *args: Any, internal: tuple[str, ...] = (), **o
         with contextlib.suppress(AttributeError):
             obj.name = name
     return obj
+
+
+def _abstract_left(cls: type, base: type) -> list[str]:
+    """The methods a compiled ``base`` names abstract (its ``abstract_methods``) that ``cls``
+    does not define."""
+    return sorted(m for m in getattr(base, "abstract_methods", ()) if getattr(cls, m, None) is getattr(base, m))
 
 
 def _entry(kind: str, name: str) -> EntryPoint | None:

@@ -148,25 +148,28 @@ def test_a_model_backend_is_refused_for_a_split_cluster_before_it_loads(config, 
         run_job(config(*SPLIT, "backend=numpy", "clock=virtual"), tmp_path)
 
 
-def test_an_interrupt_mid_step_leaves_every_replica_whole(config):
+def test_an_interrupt_mid_step_leaves_every_replica_whole(config, monkeypatch):
     """Ctrl-C inside a step, after a finished request left the running list and before its
-    blocks were freed (here: the 5th free raises it): the cluster frees what is held, as the
+    blocks were freed (here: the 5th free of either replica raises it): the cluster frees what is held, as the
     plain engine does, instead of reporting a leak."""
+    from paged_bench import registry
+    from paged_bench.allocators.paged import PagedAllocator
     from paged_bench.cluster.build import build_cluster
     from paged_bench.cluster.spec import cluster_spec
 
+    calls = []
+
+    class InterruptedFree(PagedAllocator):  # an override: the compiled core calls its own methods
+        def free(self, req):
+            calls.append(req)
+            if len(calls) == 5:
+                raise KeyboardInterrupt
+            super().free(req)
+
+    load = registry.load
+    monkeypatch.setattr(registry, "load", lambda kind, name: InterruptedFree if kind == "allocator" else load(kind, name))  # fmt: skip
     cfg = config("cluster.replicas=2", "tracking.enabled=false")
     bench = build_cluster(cfg, cluster_spec(cfg))
-    allocator = bench.cluster.replicas[0].engine.allocator
-    real_free, calls = allocator.free, []
-
-    def free(req):
-        calls.append(req)
-        if len(calls) == 5:
-            raise KeyboardInterrupt
-        return real_free(req)
-
-    allocator.free = free
     run = bench.cluster.run(bench.requests)
     assert run.interrupted and len(calls) >= 5
     assert [r.leaks for r in run.results] == [[], []]

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from paged_bench.request import Request
 
 
@@ -55,10 +57,15 @@ class AllocatorCounters:
     preempted_prefix_hit_tokens: int = 0
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # every allocator, plugins too
 class Allocator(ABC):
     """Owns the KV slots of one engine."""
 
     name: ClassVar[str] = ""
+    # the methods marked @abstractmethod below, by name: compiled (paged_bench.native), a method
+    # loses the mark, and Python builds a subclass that lacks one; the registry refuses it instead
+    abstract_methods: ClassVar[tuple[str, ...]] = ("live_slots", "lookup_prefix", "allocate_slots", "free",
+                                                   "take_new_blocks", "block_table", "num_free_blocks", "leaks")  # fmt: skip
     layout: KVLayout
     counters: AllocatorCounters
 
