@@ -3,9 +3,13 @@
 Each case runs ``python -m paged_bench ... backend=sim tracking.enabled=false`` as a subprocess
 (imports, Hydra, workload build, the step loop, metrics and every output file included) and
 counts the rows of its ``steps.csv``. Start-up is cancelled by running the same command cut to
-50 requests and taking the difference:
+50 requests right after it and taking the difference, per pair of runs:
 
-    steps/s = (steps - steps_50) / (wall - wall_50)       (medians over --repeats runs)
+    steps/s = (steps - steps_50) / (wall - wall_50)       (the median over --repeats pairs)
+
+Pairing each run with its cut-down twin, rather than timing all of one and then all of the
+other, keeps a machine that slows down for a minute from landing in one half only; the range
+of the pairs' figures is printed beside the median, as what this machine's noise was.
 
 The seed workload has only 48 requests, so it is reported as whole-process seconds (issue 11:
 under 1 s untracked) and steps over that time. Each case runs with the compiled engine core
@@ -57,14 +61,23 @@ def run_once(overrides: tuple[str, ...], interpreted: bool) -> tuple[float, int]
             return wall, sum(1 for _ in f) - 1  # less the header
 
 
-def measure(overrides: tuple[str, ...], repeats: int, modes: tuple[bool, ...]) -> dict[bool, tuple[float, int]]:
-    """Per mode (interpreted or not): median wall seconds and steps; the modes alternate, so a
-    machine that slows down mid-way slows both."""
-    runs: dict[bool, list[tuple[float, int]]] = {mode: [] for mode in modes}
+Runs = dict[tuple[bool, str], list[tuple[float, int]]]  # (interpreted, which command): (wall, steps) per repeat
+
+
+def measure(commands: dict[str, tuple[str, ...]], repeats: int, modes: tuple[bool, ...]) -> Runs:
+    """Every command in every mode (interpreted or not), ``repeats`` times, all of them in turn
+    each time: a machine that slows down mid-way slows them all."""
+    runs: Runs = {(mode, which): [] for mode in modes for which in commands}
     for _ in range(repeats):
         for mode in modes:
-            runs[mode].append(run_once(overrides, mode))
-    return {mode: (statistics.median(w for w, _ in rs), rs[0][1]) for mode, rs in runs.items()}
+            for which, overrides in commands.items():
+                runs[mode, which].append(run_once(overrides, mode))
+    return runs
+
+
+def pair_rates(full: list[tuple[float, int]], cut: list[tuple[float, int]]) -> list[float]:
+    """Steps per second of each (full, cut) pair of runs: start-up cancelled."""
+    return [(steps - cut_steps) / (wall - cut_wall) for (wall, steps), (cut_wall, cut_steps) in zip(full, cut)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,24 +94,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: the compiled core is missing or stale ({native.stale() or 'not built'}): every run below is "
               "interpreted; make install compiles it\n")  # fmt: skip
     modes = (False, True) if args.interpreted else (False,)
-    print("| case | core | steps | wall (s) | 50-request wall (s) | steps/s (start-up cancelled) |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| case | core | steps | wall (s) | 50-request wall (s) | steps/s (start-up cancelled) | pairs' range |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     ratios = []
     for name in names:
         overrides, cut = CASES[name]
-        full = measure(overrides, args.repeats, modes)
-        base = measure((*overrides, cut), args.repeats, modes) if cut is not None else {}
+        commands = {"full": overrides} if cut is None else {"full": overrides, "cut": (*overrides, cut)}
+        runs = measure(commands, args.repeats, modes)
         rates = {}
         for mode in modes:
             core = "interpreted" if mode else "compiled"
-            wall, steps = full[mode]
+            wall, steps = statistics.median(w for w, _ in runs[mode, "full"]), runs[mode, "full"][0][1]
             if cut is None:
                 rates[mode] = wall
-                print(f"| {name} | {core} | {steps:,} | {wall:.2f} | | n/a: {wall:.2f} s is the whole process |")
+                print(f"| {name} | {core} | {steps:,} | {wall:.2f} | | n/a: {wall:.2f} s is the whole process | |")
                 continue
-            base_wall, base_steps = base[mode]
-            rates[mode] = (steps - base_steps) / (wall - base_wall)
-            print(f"| {name} | {core} | {steps:,} | {wall:.2f} | {base_wall:.2f} | {rates[mode]:,.0f} |")
+            pairs = pair_rates(runs[mode, "full"], runs[mode, "cut"])
+            rates[mode] = statistics.median(pairs)
+            cut_wall = statistics.median(w for w, _ in runs[mode, "cut"])
+            print(f"| {name} | {core} | {steps:,} | {wall:.2f} | {cut_wall:.2f} | {rates[mode]:,.0f} | "
+                  f"{min(pairs):,.0f}-{max(pairs):,.0f} |")  # fmt: skip
         if args.interpreted:
             faster = rates[True] / rates[False] if cut is None else rates[False] / rates[True]
             ratios.append(f"{name} {faster:.2f}x" + (" (whole process)" if cut is None else ""))
@@ -106,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ncompiled core against interpreted, same run: {', '.join(ratios)}")
     print(f"\nissue 11's goal: >= {TARGET_STEPS_PER_S:,} steps/s on poisson20k (python -m paged_bench backend=sim "
           f"{' '.join(POISSON_20K)} tracking.enabled=false); seed under 1 s whole. Medians of {args.repeats} runs "
-          "on this machine, as loaded as it is now.")  # fmt: skip
+          "(of pairs, where start-up is cancelled) on this machine, as loaded as it is now.")  # fmt: skip
     return 0
 
 

@@ -199,8 +199,12 @@ def test_output_digest_is_blake2b_of_little_endian_int64_ids():
     assert token_digest([7, 301]) != expected and text_digest("ab") != text_digest("ba")
 
 
-def test_csv_cells_are_what_csv_writer_writes(tmp_path):
-    tricky = ['plain', 'a, comma', 'a "quote"', 'two\nlines', 'cr\r', '', None, 'ünï']
+TRICKY = ['plain', 'a, comma', 'a "quote"', 'two\nlines', 'cr\r', '', None, 'ünï']
+
+
+# a column of text only is checked whole, at once: with a cell to quote among them, and without
+@pytest.mark.parametrize("tricky", [TRICKY, [t for t in TRICKY if t is not None], ["plain", "ünï", ""]])
+def test_csv_cells_are_what_csv_writer_writes(tmp_path, tricky):
     outs = [RequestOutput(f"id,{i}" if i % 2 else i, float(i), 4, 2, 0, finish_time=None if i % 3 else i + 0.5,
                           finish_reason="error", error=text) for i, text in enumerate(tricky)]  # fmt: skip
     records = RequestRecords.from_outputs(outs)
