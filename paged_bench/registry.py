@@ -187,7 +187,7 @@ def create(kind: str, name: str, *args: Any, internal: tuple[str, ...] = (), **o
             shown = [o for o in allowed if o not in internal]
             takes = ", ".join(shown) or "no options (a plugin's options are its __init__'s keyword arguments)"
             raise ConfigError(f"{kind}.{key}", options[key], f"{kind} {name!r} takes {takes}")
-    if left := _abstract_left(cls, _base(kind)):  # Python's own words, where the base is interpreted
+    if left := _abstract_left(cls, _base(kind)):  # in the words Python uses for an interpreted base
         raise PluginError(f"{_plugin(kind, name, _entry(kind, name))} failed to build: TypeError: Can't instantiate "
                           f"abstract class {cls.__name__} with abstract methods {', '.join(left)}")  # fmt: skip
     try:
