@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from paged_bench.allocators.base import NO_HIT
 from paged_bench.allocators.block_pool import BlockPool
 from paged_bench.allocators.contiguous import ContiguousAllocator
 from paged_bench.allocators.free_queue import FreeQueue
@@ -340,3 +341,56 @@ def test_a_recomputed_copy_of_a_cached_block_is_indexed_and_outlives_the_first(d
     assert first_copy in evicted
     c = Request(2, 0.0, [*range(8), 7], 2)
     assert alloc.lookup_prefix(c).blocks == (alloc.block_table(b)[0], alloc.block_table(b)[1])
+
+
+def test_an_interpreted_allocator_on_the_compiled_base_runs_as_the_paged_one_does():
+    """A plugin allocator derived from ``Allocator`` itself (interpreted, on a compiled base):
+    the compiled scheduler calls its methods and properties, and the base's own methods
+    (``allocate_rows``, ``reserved_slots``) call its overrides. Here it hands every call to a
+    ``PagedAllocator``, so the run must be the paged run, step for step."""
+    from paged_bench.allocators.base import Allocator
+    from tests.test_schedulers import make_engine, reqs
+
+    class Delegating(Allocator):
+        name = "delegating"
+
+        def __init__(self, inner: PagedAllocator) -> None:
+            self.inner, self.layout, self.counters = inner, inner.layout, inner.counters
+            self.calls = 0
+
+        @property
+        def live_slots(self):
+            return self.inner.live_slots
+
+        def lookup_prefix(self, req):
+            return self.inner.lookup_prefix(req)
+
+        def allocate_slots(self, req, num_new_tokens, hit=NO_HIT, min_free_blocks=0):
+            self.calls += 1
+            return self.inner.allocate_slots(req, num_new_tokens, hit, min_free_blocks)
+
+        def free(self, req):
+            self.inner.free(req)
+
+        def take_new_blocks(self):
+            return self.inner.take_new_blocks()
+
+        def block_table(self, req):
+            return self.inner.block_table(req)
+
+        @property
+        def num_free_blocks(self):
+            return self.inner.num_free_blocks
+
+        def leaks(self):
+            return self.inner.leaks()
+
+    def run(allocator):
+        rs = reqs([(0.002 * i, 6 + i % 5, 3 + i % 7) for i in range(24)])
+        return make_engine(num_blocks=24, allocator=allocator).run(rs)
+
+    mine = Delegating(PagedAllocator(num_blocks=24, block_size=4))
+    ours, theirs = run(mine), run(PagedAllocator(num_blocks=24, block_size=4))
+    assert mine.calls > 24  # every row, through the base's allocate_rows, reached the override
+    assert list(ours.steps.rows()) == list(theirs.steps.rows())
+    assert ours.leaks == theirs.leaks == [] and mine.reserved_slots == 0
