@@ -27,7 +27,13 @@ row gives the runs' minimum and maximum, and the verdict counts the cells within
 apart, the cells outside it whose simulated figure still lies inside the numpy runs' own
 range (their spread is then larger than the model's error: a p99 over 48 requests is the
 slowest request or two, and which requests a preemption hits moves it by 2x run to run), and
-the cells where a numpy run itself lies more than 10% from the numpy median. A probe of the
+the cells where a numpy run itself lies more than 10% from the numpy median. A ``sim, cost
++-3%`` row gives the simulator's figures with every step 3% dearer and 3% cheaper, and the
+verdict counts the cells that move by more than 10% for it: there the figure is queueing that
+a few percent of cost tips one way or the other, and no cost model can be held to 10%. (Each
+is the same simulated run on a clock scaled by the factor: arrivals at ``workload.rate`` times
+it, every time read back times it; event for event the run a cost model that much dearer gives.)
+A probe of the
 machine's speed before each round of numpy runs is printed beside what the calibration
 measured for the same shapes (``PROBES``).
 
@@ -75,6 +81,7 @@ SCHEDULERS = {
 }
 PREEMPTIVE_POOL = {"seed": "num_blocks=32", "azure": "num_blocks=256"}
 GOAL = 0.10
+COST_SPREAD = 0.03  # the simulator rerun with every step this much dearer and cheaper
 # the machine's own speed, timed as calibration times it, before each round of numpy runs: a
 # one-sequence decode at a long prompt's context (memory-bound: what the Azure ITL is made
 # of) and a seed-sized prompt alone (compute-bound); the VM's speed for the first moved by
@@ -90,6 +97,14 @@ def overrides(workload: str, scheduler: str) -> tuple[str, ...]:
 def run(overrides: tuple[str, ...]) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as d:
         return run_job(compose_config(*overrides, "tracking.enabled=false"), Path(d)).summary
+
+
+def sim_at_cost(preset: Path, case_overrides: tuple[str, ...], factor: float) -> dict[str, float]:
+    """The simulator's ``KEYS`` with every step's cost times ``factor``: the same run on a clock
+    ``factor`` slower (arrivals ``factor`` times as frequent, then every time scaled back)."""
+    rate = compose_config(*case_overrides)["workload"]["rate"]
+    sim = run(("backend=sim", f"backend.preset={preset}", *case_overrides, f"workload.rate={rate * factor!r}"))
+    return {k: sim[k] / factor if k == "output_throughput" else sim[k] * factor for k in KEYS}
 
 
 def probe_ms(repeats: int = 3) -> list[float]:
@@ -147,13 +162,15 @@ def main() -> None:
         "| workload | scheduler | backend | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | output tok/s | preemptions |"
     )
     print("|---|---|---|---:|---:|---:|---:|---:|")
-    worst, within, in_spread, noisy = 0.0, 0, 0, 0
+    worst, within, in_spread, noisy, tipping = 0.0, 0, 0, 0, 0
     for case in cases:
         runs = real_runs[case]
         real = {k: statistics.median(r[k] for r in runs) for k in KEYS}
         low, high = ({k: f(r[k] for r in runs) for k in KEYS} for f in (min, max))
         sim = run(("backend=sim", f"backend.preset={preset}", *overrides(*case)))
         err = {k: sim[k] / real[k] - 1 for k in KEYS}
+        shifted = [sim_at_cost(preset, overrides(*case), 1 + d) for d in (-COST_SPREAD, COST_SPREAD)]
+        tipping += sum(max(abs(figures[k] / sim[k] - 1) for figures in shifted) > GOAL for k in KEYS)
         worst = max(worst, *(abs(e) for e in err.values()))
         within += sum(abs(e) <= GOAL for e in err.values())
         in_spread += sum(abs(err[k]) > GOAL and low[k] <= sim[k] <= high[k] for k in KEYS)
@@ -169,10 +186,14 @@ def main() -> None:
                   + f" | {min(r['num_preemptions'] for r in runs)}-{max(r['num_preemptions'] for r in runs)} |")  # fmt: skip
         print(f"| {case[0]} | {case[1]} | sim | " + " | ".join(f"{sim[k]:.1f} ({err[k]:+.1%})" for k in KEYS)
               + f" | {sim['num_preemptions']} |")  # fmt: skip
+        print(f"| {case[0]} | {case[1]} | sim, cost +-{COST_SPREAD:.0%} | "
+              + " | ".join(f"{min(f[k] for f in shifted):.1f}-{max(f[k] for f in shifted):.1f}" for k in KEYS) + " | |")  # fmt: skip
     cells = len(cases) * len(KEYS)
     verdict = "within" if worst <= GOAL else "NOT within"
     print(f"\n{within} of {cells} cells within {GOAL:.0%}; {in_spread} more inside the numpy runs' own range")
     print(f"{noisy} of {cells} cells have a numpy run more than {GOAL:.0%} from the numpy median")
+    print(f"{tipping} of {cells} cells move by more than {GOAL:.0%} in the simulator when its cost moves by "
+          f"{COST_SPREAD:.0%}")  # fmt: skip
     print(f"largest |error| {worst:.1%}: {verdict} the {GOAL:.0%} goal")
     largest_drift = 0.0
     for shape, at_calibration, now in zip(PROBES, calibrated_ms(preset), zip(*probes)):

@@ -278,3 +278,23 @@ def test_duration_lasts_until_every_request_has_returned_as_vllm_times_it():
     rs = reqs([(0.0, 4, 2), (5.0, 600, 2)])
     result = engine_with(ScriptedBackend(duration=0.01), max_model_len=64).run(rs)
     assert rs[1].finish_reason is FinishReason.REJECTED and result.duration == pytest.approx(5.0)
+
+
+def test_a_cost_model_dearer_by_a_factor_is_the_same_run_on_a_clock_slower_by_it(config, tmp_path):
+    """What ``benchmarks/sim_vs_numpy.py``'s cost +-3% row rests on: the engine is the same at
+    every time scale, so every step 3% dearer gives, event for event, the run whose arrivals
+    come 3% more often, every time read 3% longer (a preemptive pool, so scheduling is exercised)."""
+    factor, prices = 1.03, ("step_overhead_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_us",
+                            "per_swap_block_ms")  # fmt: skip
+    setting = ("backend=sim", "workload=seed", "scheduler=preemptive", "num_blocks=32", "tracking.enabled=false")
+    cfg = config(*setting)
+
+    def summary(*overrides):
+        return app.run_job(config(*setting, *overrides), tmp_path / str(len(list(tmp_path.iterdir())))).summary
+
+    dearer = summary(*(f"backend.{key}={cfg['backend'][key] * factor!r}" for key in prices))
+    slower = summary(f"workload.rate={cfg['workload']['rate'] * factor!r}")
+    assert dearer["num_preemptions"] == slower["num_preemptions"] > 0
+    for key in ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "median_e2el_ms", "duration"):
+        assert dearer[key] == pytest.approx(slower[key] * factor, rel=1e-12)
+    assert dearer["output_throughput"] == pytest.approx(slower["output_throughput"] / factor, rel=1e-12)
