@@ -9,7 +9,10 @@ counts the rows of its ``steps.csv``. Start-up is cancelled by running the same 
 
 Pairing each run with its cut-down twin, rather than timing all of one and then all of the
 other, keeps a machine that slows down for a minute from landing in one half only; the range
-of the pairs' figures is printed beside the median, as what this machine's noise was.
+of the pairs' figures is printed beside the median, as what this machine's noise was. The
+kernel's share of the difference is printed too: the minor page faults and system seconds the
+full run takes beyond its twin (``getrusage`` of the child), memory the run's data is first
+written to.
 
 The seed workload has only 48 requests, so it is reported as whole-process seconds (issue 11:
 under 1 s untracked) and steps over that time. Each case runs with the compiled engine core
@@ -27,12 +30,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from paged_bench import native, native_build
 
@@ -46,22 +51,32 @@ CASES: dict[str, tuple[tuple[str, ...], str | None]] = {
 TARGET_STEPS_PER_S = 40_000  # issue 11
 
 
-def run_once(overrides: tuple[str, ...], interpreted: bool) -> tuple[float, int]:
-    """(wall seconds, rows of steps.csv) of one command."""
+class Run(NamedTuple):
+    wall: float  # seconds
+    steps: int  # rows of steps.csv
+    system: float  # seconds the kernel worked for it
+    faults: int  # minor page faults
+
+
+def run_once(overrides: tuple[str, ...], interpreted: bool) -> Run:
+    """One command, as a user runs it."""
     env = {**os.environ, native.INTERPRETED_ENV: "1" if interpreted else "0"}
     with tempfile.TemporaryDirectory() as d:
         cmd = [sys.executable, "-m", "paged_bench", "backend=sim", *overrides, "tracking.enabled=false",
                f"hydra.run.dir={d}/run"]  # fmt: skip
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if proc.returncode != 0:
             sys.exit(f"{' '.join(cmd)} failed: {proc.stderr.strip().splitlines()[-1:]}")
         with open(Path(d) / "run" / "steps.csv") as f:
-            return wall, sum(1 for _ in f) - 1  # less the header
+            steps = sum(1 for _ in f) - 1  # less the header
+    return Run(wall, steps, after.ru_stime - before.ru_stime, after.ru_minflt - before.ru_minflt)
 
 
-Runs = dict[tuple[bool, str], list[tuple[float, int]]]  # (interpreted, which command): (wall, steps) per repeat
+Runs = dict[tuple[bool, str], list[Run]]  # (interpreted, which command): one per repeat
 
 
 def measure(commands: dict[str, tuple[str, ...]], repeats: int, modes: tuple[bool, ...]) -> Runs:
@@ -75,9 +90,14 @@ def measure(commands: dict[str, tuple[str, ...]], repeats: int, modes: tuple[boo
     return runs
 
 
-def pair_rates(full: list[tuple[float, int]], cut: list[tuple[float, int]]) -> list[float]:
+def pair_rates(full: list[Run], cut: list[Run]) -> list[float]:
     """Steps per second of each (full, cut) pair of runs: start-up cancelled."""
-    return [(steps - cut_steps) / (wall - cut_wall) for (wall, steps), (cut_wall, cut_steps) in zip(full, cut)]
+    return [(f.steps - c.steps) / (f.wall - c.wall) for f, c in zip(full, cut)]
+
+
+def median_beyond(full: list[Run], cut: list[Run], field: str) -> float:
+    """The median over pairs of what the full run took beyond its twin, of ``field``."""
+    return statistics.median(getattr(f, field) - getattr(c, field) for f, c in zip(full, cut))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: the compiled core is missing or stale ({native.stale() or 'not built'}): every run below is "
               "interpreted; make install compiles it\n")  # fmt: skip
     modes = (False, True) if args.interpreted else (False,)
-    print("| case | core | steps | wall (s) | 50-request wall (s) | steps/s (start-up cancelled) | pairs' range |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("| case | core | steps | wall (s) | 50-request wall (s) | steps/s (start-up cancelled) | pairs' range | "
+          "page faults beyond the 50 | system s beyond the 50 |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     ratios = []
     for name in names:
         overrides, cut = CASES[name]
@@ -104,16 +125,19 @@ def main(argv: list[str] | None = None) -> int:
         rates = {}
         for mode in modes:
             core = "interpreted" if mode else "compiled"
-            wall, steps = statistics.median(w for w, _ in runs[mode, "full"]), runs[mode, "full"][0][1]
+            full = runs[mode, "full"]
+            wall, steps = statistics.median(r.wall for r in full), full[0].steps
             if cut is None:
                 rates[mode] = wall
-                print(f"| {name} | {core} | {steps:,} | {wall:.2f} | | n/a: {wall:.2f} s is the whole process | |")
+                print(f"| {name} | {core} | {steps:,} | {wall:.2f} | | n/a: {wall:.2f} s is the whole process | | | |")
                 continue
-            pairs = pair_rates(runs[mode, "full"], runs[mode, "cut"])
+            cuts = runs[mode, "cut"]
+            pairs = pair_rates(full, cuts)
             rates[mode] = statistics.median(pairs)
-            cut_wall = statistics.median(w for w, _ in runs[mode, "cut"])
+            cut_wall = statistics.median(r.wall for r in cuts)
             print(f"| {name} | {core} | {steps:,} | {wall:.2f} | {cut_wall:.2f} | {rates[mode]:,.0f} | "
-                  f"{min(pairs):,.0f}-{max(pairs):,.0f} |")  # fmt: skip
+                  f"{min(pairs):,.0f}-{max(pairs):,.0f} | {median_beyond(full, cuts, 'faults'):,.0f} | "
+                  f"{median_beyond(full, cuts, 'system'):.2f} |")  # fmt: skip
         if args.interpreted:
             faster = rates[True] / rates[False] if cut is None else rates[False] / rates[True]
             ratios.append(f"{name} {faster:.2f}x" + (" (whole process)" if cut is None else ""))

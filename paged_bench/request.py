@@ -105,7 +105,7 @@ class Request:
     ) -> None:
         self.request_id = request_id
         self.arrival_time = arrival_time
-        self.token_ids = token_ids  # type: ignore[assignment]  # made an array by __post_init__
+        self.token_ids = token_ids  # type: ignore[assignment]  # made an array by _take_prompt
         self.max_tokens = max_tokens
         self.ignore_eos = ignore_eos
         self.prefix_group = prefix_group
