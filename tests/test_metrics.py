@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import math
 import struct
 from array import array
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from paged_bench import outputs
 from paged_bench.allocators.base import KVLayout
 from paged_bench.engine import STEP_COLUMNS, EngineResult, StepRecords
 from paged_bench.metrics import LATENCIES, PERCENTILES, peak_concurrency, request_figures, request_latency, summarize
@@ -197,6 +201,38 @@ def test_output_digest_is_blake2b_of_little_endian_int64_ids():
     records = RequestRecords.from_requests([a])
     assert records.output_digest == [expected] == [token_digest([7, 300])]
     assert token_digest([7, 301]) != expected and text_digest("ab") != text_digest("ba")
+
+
+def _csv_text(value) -> str:
+    return "" if math.isnan(value) else repr(value)  # nan: unknown
+
+
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True)))
+def test_float_cells_are_their_repr(values):
+    assert outputs._texts(np.array(values, dtype=float)) == list(map(_csv_text, values))
+
+
+def test_float_cells_are_their_repr_over_every_magnitude():
+    """orjson's digits stand in for repr's: at every exponent (raw bit patterns), near the
+    edges where repr turns to an exponent, and at times and latencies as a run makes them."""
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 2**64, 100_000, dtype=np.uint64).view(np.float64)
+    near = np.array([1e-4, 1e16, 0.0, -0.0, 5e-324, 1.7976931348623157e308])
+    with np.errstate(over="ignore"):  # the largest float's next is inf: kept
+        near = np.concatenate([near, np.nextafter(near, np.inf), np.nextafter(near, -np.inf)])
+    scaled = rng.random(100_000) * 10.0 ** rng.integers(-6, 18, 100_000)
+    for values in (raw, near, -near, scaled, np.cumsum(rng.random(10_000)) * 1e-3):
+        assert outputs._texts(values) == list(map(_csv_text, values.tolist()))
+
+
+def test_int_cells_are_their_repr_whatever_the_numerals_known():
+    rng = np.random.default_rng(3)
+    columns = [np.arange(5000), rng.integers(0, 70_000, 3000), rng.integers(-5, 5, 100), np.array([2**62, 0]),
+               np.zeros(0, np.int64), rng.integers(0, 10, 2000)]  # fmt: skip
+    for column in columns:
+        assert outputs._texts(column) == list(map(repr, column.tolist()))
+        assert outputs._texts(column.tolist()) == list(map(repr, column.tolist()))
+    assert len(outputs._NUMERALS) <= outputs._NUMERALS_MAX
 
 
 TRICKY = ['plain', 'a, comma', 'a "quote"', 'two\nlines', 'cr\r', '', None, 'ünï']

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from paged_bench.cluster.loop import ClusterRun
 from paged_bench.cluster.summary import decode_ttft_ms
 from paged_bench.engine import STEP_COLUMNS, EngineResult
@@ -19,8 +21,9 @@ from paged_bench.outputs import REQUEST_COLUMNS, _write_csv, request_rows, step_
 from paged_bench.records import RequestRecords
 
 
-def _cell(value: Any) -> Any:
-    return "" if value is None else value
+def _cell(value: Any) -> str:
+    """A cell as csv.writer writes it: None empty, a number as ``%s`` writes it."""
+    return "" if value is None else str(value)
 
 
 def _request_table(run: ClusterRun, records: RequestRecords) -> tuple[tuple[str, ...], Iterable[tuple]]:
@@ -44,8 +47,9 @@ def write_cluster_run(
     replicas: list[dict[str, Any]],
     info: Mapping[str, Any],
 ) -> list[Path]:
-    steps = [(rep.index, *row) for rep, res in zip(run.replicas, run.results) for row in step_rows(res.steps)]
-    steps.sort(key=lambda row: row[2])  # by time, then replica (the sort is stable)
+    steps = [(str(rep.index), *row) for rep, res in zip(run.replicas, run.results) for row in step_rows(res.steps)]
+    time = np.concatenate([res.steps.column("time") for res in run.results]) if run.results else np.zeros(0)
+    steps = [steps[i] for i in np.argsort(time, kind="stable").tolist()]  # by time, then replica
     paths = write_run(run_dir, merged, summary, info, records, request_table=_request_table(run, records),
                       step_table=(("replica", *STEP_COLUMNS), steps))  # fmt: skip
     columns = tuple(dict.fromkeys(key for s in replicas for key in s))
