@@ -54,19 +54,21 @@ def _quoted(text: str) -> str:
 
 # str(i) for every i below its length: an int cell's text is looked up, a third of the time
 # formatting it takes (a big run's files hold 600,000 int cells, mostly small counts)
-_NUMERALS: list[str] = []
+_numerals: list[str] = []
 _NUMERALS_MAX = 1 << 16  # 3.5 MB of text at most
 
 
 def _int_texts(values: np.ndarray) -> list[str]:
+    global _numerals
     cells = values.tolist()
     if not cells:
         return []
-    top = int(values.max())
-    if values.min() >= 0 and top < min(len(_NUMERALS) + len(cells), _NUMERALS_MAX):
-        # (grown by no more numerals than the column has cells: never more work than formatting it)
-        _NUMERALS.extend(map(repr, range(len(_NUMERALS), top + 1)))
-        return list(map(_NUMERALS.__getitem__, cells))
+    known, top = _numerals, int(values.max())
+    # (grown by no more numerals than the column has cells: never more work than formatting it)
+    if values.min() >= 0 and top < min(len(known) + len(cells), _NUMERALS_MAX):
+        if top >= len(known):  # a longer table, never one grown in place: another thread may be reading it
+            known = _numerals = known + list(map(repr, range(len(known), top + 1)))
+        return list(map(known.__getitem__, cells))
     return list(map(repr, cells))
 
 

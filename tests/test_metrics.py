@@ -232,7 +232,7 @@ def test_int_cells_are_their_repr_whatever_the_numerals_known():
     for column in columns:
         assert outputs._texts(column) == list(map(repr, column.tolist()))
         assert outputs._texts(column.tolist()) == list(map(repr, column.tolist()))
-    assert len(outputs._NUMERALS) <= outputs._NUMERALS_MAX
+    assert len(outputs._numerals) <= outputs._NUMERALS_MAX
 
 
 TRICKY = ['plain', 'a, comma', 'a "quote"', 'two\nlines', 'cr\r', '', None, 'ünï']
