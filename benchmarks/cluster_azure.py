@@ -23,7 +23,7 @@ from paged_bench.app import run_job
 from paged_bench.config import compose_config
 
 SHAPE = ("backend.cost_model=roofline", "backend.model=llama-3-8b", "backend.hardware=h100", "max_batch=128",
-         "max_model_len=16384", "max_num_batched_tokens=8192", "tracking.enabled=false")  # fmt: skip
+         "max_model_len=8192", "max_num_batched_tokens=8192", "tracking.enabled=false")  # fmt: skip
 
 
 def timed(overrides: list[str]) -> tuple[float, dict, int]:
