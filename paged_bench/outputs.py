@@ -74,7 +74,7 @@ def _int_texts(values: np.ndarray) -> list[str]:
 
 def _float_texts(values: np.ndarray) -> list[str]:
     """``repr`` of each value (as csv.writer writes a float), "" for nan (unknown). orjson
-    writes repr's digits (the shortest that read back as the value) in a tenth of repr's time,
+    writes repr's digits (the shortest that read back as the value) in 60-80 ns, repr in 530,
     and a big run's files hold 180,000 floats; below 1e-4 its text differs (0.00001 and 1e-7,
     not 1e-05 and 1e-07), so those, with nan and inf (orjson's null), are repr'd."""
     if not len(values):
