@@ -88,7 +88,7 @@ def _float_texts(values: np.ndarray) -> list[str]:
     return texts
 
 
-def _texts(values: np.ndarray | list) -> list[str]:
+def column_texts(values: np.ndarray | list) -> list[str]:
     """A column's cells as csv.writer (QUOTE_MINIMAL) writes them: unknown (nan, None) empty,
     text quoted where it holds a comma, quote or line break."""
     if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
@@ -126,7 +126,7 @@ Row = tuple[str, ...]  # a CSV row's cells, as text
 def _rows(columns: list | tuple) -> Iterator[Row]:
     """A table's rows from its columns, made a slice at a time."""
     for at in range(0, len(columns[0]), _SLICE_ROWS):
-        yield from zip(*(_texts(column[at : at + _SLICE_ROWS]) for column in columns))
+        yield from zip(*(column_texts(column[at : at + _SLICE_ROWS]) for column in columns))
 
 
 def request_rows(records: RequestRecords) -> Iterator[Row]:

@@ -209,7 +209,7 @@ def _csv_text(value) -> str:
 
 @given(st.lists(st.floats(allow_nan=True, allow_infinity=True)))
 def test_float_cells_are_their_repr(values):
-    assert outputs._texts(np.array(values, dtype=float)) == list(map(_csv_text, values))
+    assert outputs.column_texts(np.array(values, dtype=float)) == list(map(_csv_text, values))
 
 
 def test_float_cells_are_their_repr_over_every_magnitude():
@@ -222,7 +222,7 @@ def test_float_cells_are_their_repr_over_every_magnitude():
         near = np.concatenate([near, np.nextafter(near, np.inf), np.nextafter(near, -np.inf)])
     scaled = rng.random(100_000) * 10.0 ** rng.integers(-6, 18, 100_000)
     for values in (raw, near, -near, scaled, np.cumsum(rng.random(10_000)) * 1e-3):
-        assert outputs._texts(values) == list(map(_csv_text, values.tolist()))
+        assert outputs.column_texts(values) == list(map(_csv_text, values.tolist()))
 
 
 def test_int_cells_are_their_repr_whatever_the_numerals_known():
@@ -230,8 +230,8 @@ def test_int_cells_are_their_repr_whatever_the_numerals_known():
     columns = [np.arange(5000), rng.integers(0, 70_000, 3000), rng.integers(-5, 5, 100), np.array([2**62, 0]),
                np.zeros(0, np.int64), rng.integers(0, 10, 2000)]  # fmt: skip
     for column in columns:
-        assert outputs._texts(column) == list(map(repr, column.tolist()))
-        assert outputs._texts(column.tolist()) == list(map(repr, column.tolist()))
+        assert outputs.column_texts(column) == list(map(repr, column.tolist()))
+        assert outputs.column_texts(column.tolist()) == list(map(repr, column.tolist()))
     assert len(outputs._numerals) <= outputs._NUMERALS_MAX
 
 

@@ -7,7 +7,6 @@ P/D proxy's client reads: see ``summary.decode_ttft_ms``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,25 +16,20 @@ import numpy as np
 from paged_bench.cluster.loop import ClusterRun
 from paged_bench.cluster.summary import decode_ttft_ms
 from paged_bench.engine import STEP_COLUMNS, EngineResult
-from paged_bench.outputs import REQUEST_COLUMNS, _write_csv, request_rows, step_rows, write_run
+from paged_bench.outputs import REQUEST_COLUMNS, _write_csv, column_texts, request_rows, step_rows, write_run
 from paged_bench.records import RequestRecords
 
 
-def _cell(value: Any) -> str:
-    """A cell as csv.writer writes it: None empty, a number as ``%s`` writes it."""
-    return "" if value is None else str(value)
-
-
 def _request_table(run: ClusterRun, records: RequestRecords) -> tuple[tuple[str, ...], Iterable[tuple]]:
-    rows, reqs, placement = request_rows(records), run.requests, run.placement
-    if not run.prefill_placement:
-        return (*REQUEST_COLUMNS, "replica"), ((*row, _cell(placement.get(r))) for row, r in zip(rows, reqs))
-    transfer_ms = {t.request: t.seconds * 1e3 for t in run.transfers}
-    prefill = run.prefill_placement
-    decode_ttft = [None if math.isnan(v) else v for v in decode_ttft_ms(records).tolist()]
-    columns = (*REQUEST_COLUMNS, "replica", "prefill_replica", "kv_transfer_ms", "decode_ttft_ms")
-    return columns, ((*row, _cell(placement.get(r)), _cell(prefill.get(r)), _cell(transfer_ms.get(r)), _cell(d))
-                     for row, r, d in zip(rows, reqs, decode_ttft))  # fmt: skip
+    reqs, placement = run.requests, run.placement
+    extra: dict[str, list | np.ndarray] = {"replica": [placement.get(r) for r in reqs]}
+    if run.prefill_placement:
+        transfer_ms = {t.request: t.seconds * 1e3 for t in run.transfers}
+        extra["prefill_replica"] = [run.prefill_placement.get(r) for r in reqs]
+        extra["kv_transfer_ms"] = [transfer_ms.get(r) for r in reqs]
+        extra["decode_ttft_ms"] = decode_ttft_ms(records)
+    added = zip(*map(column_texts, extra.values()))
+    return (*REQUEST_COLUMNS, *extra), (row + more for row, more in zip(request_rows(records), added))
 
 
 def write_cluster_run(
@@ -53,5 +47,5 @@ def write_cluster_run(
     paths = write_run(run_dir, merged, summary, info, records, request_table=_request_table(run, records),
                       step_table=(("replica", *STEP_COLUMNS), steps))  # fmt: skip
     columns = tuple(dict.fromkeys(key for s in replicas for key in s))
-    _write_csv(run_dir / "replicas.csv", columns, [tuple(_cell(s.get(k)) for k in columns) for s in replicas])
+    _write_csv(run_dir / "replicas.csv", columns, zip(*(column_texts([s.get(k) for s in replicas]) for k in columns)))
     return [*paths, run_dir / "replicas.csv"]
