@@ -19,7 +19,8 @@ from dataclasses import replace
 
 from paged_bench import registry
 from paged_bench.config import compose_config
-from paged_bench.model import calibrate as cal
+from paged_bench.model import calibrate_matmuls as cal_matmuls
+from paged_bench.model import calibrate_shapes as cal_shapes
 from paged_bench.model.calibrate_fit import ADDITIVE, fit, fit_errors
 from paged_bench.model.roofline import RooflineCost, measure_cpu
 
@@ -30,15 +31,15 @@ KINDS = {
 }
 
 
-def timed_samples(repeats: int) -> tuple[RooflineCost, list[cal.Shape], list]:
+def timed_samples(repeats: int) -> tuple[RooflineCost, list[cal_shapes.Shape], list]:
     """The numpy backend's calibration shapes, timed, and the roofline with its matmul curve."""
     options = dict(compose_config("backend=numpy")["backend"])
     backend = registry.create("backend", options.pop("name"), **options)
-    model, shapes = backend.model_config, cal.default_shapes(4096)
+    model, shapes = backend.model_config, cal_shapes.default_shapes(4096)
     try:
-        samples = cal.time_shapes(backend, model, "float32", shapes, repeats)  # then the idle probes, cold
+        samples = cal_shapes.time_shapes(backend, model, "float32", shapes, repeats)  # then the idle probes, cold
         longest = max(s.decodes + s.prefills * s.chunk for s in shapes)
-        curve = cal.time_matmuls(backend, model, longest, max(repeats, 3))
+        curve = cal_matmuls.time_matmuls(backend, model, longest, max(repeats, 3))
     finally:
         backend.close()
     hardware = replace(measure_cpu(), matmul_curve=curve, eager_attention=True)

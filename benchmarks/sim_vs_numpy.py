@@ -37,6 +37,14 @@ A probe of the
 machine's speed before each round of numpy runs is printed beside what the calibration
 measured for the same shapes (``PROBES``).
 
+Calibrating now, the numpy rounds run amid the calibration's own timing rounds (after its
+2nd, 5th and 8th of 9 for three), so that the calibration's medians and the runs meet the
+machine over the same minutes: this VM's speed on memory-bound steps moves by 20% over
+minutes, and a calibration timed before the runs described a machine the runs no longer met
+(the decode probe 2.80 ms during one, 2.21-2.41 ms before the runs that followed it). Each
+numpy run starts on a trimmed heap, as a fresh process does, although the calibration's
+backend stays open meanwhile.
+
 Wall-clock runs on a shared machine are noisy (other processes steal the cores the real
 backend runs on, which no cost model sees): read the errors with the load average printed.
 """
@@ -44,6 +52,7 @@ backend runs on, which no cost model sees): read the errors with the load averag
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -55,7 +64,9 @@ from pathlib import Path
 from paged_bench import registry
 from paged_bench.app import run_job
 from paged_bench.config import compose_config
-from paged_bench.model.calibrate import Shape, calibrate, default_shapes, time_shapes
+from paged_bench.model import heap
+from paged_bench.model.calibrate import calibrate
+from paged_bench.model.calibrate_shapes import Shape, default_shapes, time_shapes
 from paged_bench.model.roofline import load_preset, measure_cpu, save_preset
 from paged_bench.model.step_replay import replay, shape_table
 
@@ -87,6 +98,7 @@ COST_SPREAD = 0.03  # the simulator rerun with every step this much dearer and c
 # of) and a seed-sized prompt alone (compute-bound); the VM's speed for the first moved by
 # 15-20% between invocations minutes apart, which no calibration made earlier can know
 PROBES = (Shape(1, 0, 0, 1536), Shape(0, 1, 128, 0))
+CALIBRATION_ROUNDS = 9
 
 
 def overrides(workload: str, scheduler: str) -> tuple[str, ...]:
@@ -119,6 +131,12 @@ def probe_ms(repeats: int = 3) -> list[float]:
         backend.close()
 
 
+def numpy_rounds_after(calibration_rounds: int, numpy_rounds: int) -> collections.Counter[int]:
+    """How many numpy rounds run after each calibration round: spread evenly over the
+    calibration, each amid calibration rounds on both sides where there are enough."""
+    return collections.Counter(int((k + 0.5) * calibration_rounds / numpy_rounds) for k in range(numpy_rounds))
+
+
 def calibrated_ms(preset: Path) -> list[float | None]:
     """What the calibration that wrote ``preset`` measured for ``PROBES`` (None: not among its shapes)."""
     shapes = {Shape(s["decodes"], s["prefills"], s["chunk"], s["context"]): s["measured_ms"]
@@ -135,28 +153,39 @@ def main() -> None:
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--replay", action="store_true", help="price each step of one numpy run per case instead")
     args = p.parse_args()
+    cases = [(w, s) for w in args.workloads.split(",") for s in args.schedulers.split(",")]
+    real_runs: dict[tuple[str, str], list[dict]] = {case: [] for case in cases}
+    probes: list[list[float]] = []
+
+    def numpy_round() -> None:  # every case once: a burst of load elsewhere hits every case alike
+        probes.append(probe_ms())
+        for case in cases:
+            start = time.perf_counter()
+            heap.trim()
+            real_runs[case].append(run(("backend=numpy", *overrides(*case))))
+            print(f"  numpy {case[0]}/{case[1]} run {len(probes)}: {time.perf_counter() - start:.0f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
     preset = args.preset
     if preset is None:
+        after = {} if args.replay else numpy_rounds_after(CALIBRATION_ROUNDS, args.repeats)
+
+        def between_rounds(calibration_round: int) -> None:
+            for _ in range(after.get(calibration_round, 0)):
+                numpy_round()
+
         cfg = compose_config("backend=numpy")
-        cost, info = calibrate(cfg, measure_cpu(), default_shapes(4096), repeats=9)
+        cost, info = calibrate(cfg, measure_cpu(), default_shapes(4096), CALIBRATION_ROUNDS, between_rounds)
         save_preset(args.out, cost, info)
         preset = args.out
         h = cost.hardware
         print(f"calibrated on {info['fit']['samples']} shapes, median |error| {info['fit']['median_abs_rel_err']:.1%}, "
               f"overhead {h.overhead * 1e3:.2f} ms/step, {h.per_seq * 1e6:.0f} us/seq -> {preset}")  # fmt: skip
-    cases = [(w, s) for w in args.workloads.split(",") for s in args.schedulers.split(",")]
     if args.replay:
         print_replays(cases, preset)
         return
-    real_runs: dict[tuple[str, str], list[dict]] = {case: [] for case in cases}
-    probes: list[list[float]] = []
-    for round_no in range(args.repeats):  # interleaved: a burst of load elsewhere hits every case alike
-        probes.append(probe_ms())
-        for case in cases:
-            start = time.perf_counter()
-            real_runs[case].append(run(("backend=numpy", *overrides(*case))))
-            print(f"  numpy {case[0]}/{case[1]} run {round_no + 1}: {time.perf_counter() - start:.0f} s",
-                  file=sys.stderr, flush=True)  # fmt: skip
+    while len(probes) < args.repeats:  # with a preset given, the rounds run now
+        numpy_round()
     print(f"\nload average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; numpy: median of {args.repeats}\n")
     print(
         "| workload | scheduler | backend | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | output tok/s | preemptions |"

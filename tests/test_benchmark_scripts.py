@@ -4,6 +4,7 @@ past the model's positions) and nothing noticed until its figures were regenerat
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -26,3 +27,17 @@ def test_benchmark_script_runs(script):
                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert expected in done.stdout, done.stdout[-2000:]
+
+
+def test_sim_vs_numpy_runs_its_numpy_rounds_amid_the_calibrations():
+    spec = importlib.util.spec_from_file_location("sim_vs_numpy", ROOT / "benchmarks" / "sim_vs_numpy.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    # three rounds among nine: after the 2nd, 5th and 8th, calibration rounds on both sides of each
+    assert script.numpy_rounds_after(9, 3) == {1: 1, 4: 1, 7: 1}
+    assert script.numpy_rounds_after(9, 1) == {4: 1}
+    for numpy_rounds in range(1, 30):
+        after = script.numpy_rounds_after(9, numpy_rounds)
+        assert sum(after.values()) == numpy_rounds and set(after) <= set(range(9))
+        assert max(after.values()) - min(after.values()) <= 1  # evenly: none crowded where others are bare
+        assert numpy_rounds < 9 or set(after) == set(range(9))

@@ -15,6 +15,8 @@ from paged_bench.backends.sim import LinearCost, SimBackend
 from paged_bench.build import build
 from paged_bench.errors import ConfigError
 from paged_bench.model import calibrate as cal
+from paged_bench.model import calibrate_matmuls as cal_matmuls
+from paged_bench.model import calibrate_shapes as cal_shapes
 from paged_bench.model.config import PRESETS
 from paged_bench.model.roofline import HARDWARE, Hardware, RooflineCost, load_preset, save_preset, step_work
 from paged_bench.request import Request
@@ -27,7 +29,7 @@ def _works(model, shapes, dtype="float32"):
     rng = np.random.default_rng(0)
     works = []
     for shape in shapes:
-        plan, reqs = cal._plan(shape, alloc, rng, model.vocab_size)
+        plan, reqs = cal_shapes._plan(shape, alloc, rng, model.vocab_size)
         works.append(replace(step_work(plan, model, dtype, 16), cold=False))  # timed warm, as calibrate does
         for r in reqs:
             alloc.free(r)
@@ -37,7 +39,7 @@ def _works(model, shapes, dtype="float32"):
 def test_fit_recovers_the_coefficients_that_made_the_times():
     model = PRESETS["small"]
     truth = RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9, 1.2e-3, 4e-5, 0.55, 0.8, 0.25, 0.12), "float32")
-    works = _works(model, cal.default_shapes())
+    works = _works(model, cal_shapes.default_shapes())
     rng = np.random.default_rng(1)
     samples = [(w, truth.seconds(w) * rng.uniform(0.98, 1.02)) for w in works]  # 2% noise
     start = RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9), "float32")  # efficiencies 1, no overhead
@@ -52,7 +54,7 @@ def test_fit_recovers_the_coefficients_that_made_the_times():
 def test_roofline_decode_is_memory_bound_and_prefill_compute_bound():
     model, hw = PRESETS["llama-3-8b"], HARDWARE["h100"]
     cost = RooflineCost(model, hw, "bfloat16")
-    shapes = [cal.Shape(1, 0, 0, 512), cal.Shape(64, 0, 0, 512), cal.Shape(0, 1, 2048, 0)]
+    shapes = [cal_shapes.Shape(1, 0, 0, 512), cal_shapes.Shape(64, 0, 0, 512), cal_shapes.Shape(0, 1, 2048, 0)]
     decode1, decode64, prefill = _works(model, shapes, "bfloat16")
     weights_s = model.matmul_params * 2 / (hw.mem_bandwidth * hw.memory_eff)
     assert cost.seconds(decode1) == pytest.approx(hw.overhead + hw.per_seq + weights_s, rel=0.05)
@@ -104,10 +106,10 @@ def test_calibrate_command_end_to_end(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     data = json.loads(out.read_text())
     assert data["backend"] == "numpy" and data["model"]["num_layers"] == PRESETS["tiny"].num_layers
-    shapes = cal.default_shapes(160)
+    shapes = cal_shapes.default_shapes(160)
     # every shape, and the short prompts alone again after an idle gap
-    assert data["fit"]["samples"] == len(shapes) + sum(map(cal.is_idle_probe, shapes)) > len(shapes)
-    assert len(data["idle_shapes"]) == sum(map(cal.is_idle_probe, shapes))
+    assert data["fit"]["samples"] == len(shapes) + sum(map(cal_shapes.is_idle_probe, shapes)) > len(shapes)
+    assert len(data["idle_shapes"]) == sum(map(cal_shapes.is_idle_probe, shapes))
     assert data["run"]["prompt_steps"] > 0 and data["run"]["decode_steps"] > 0  # checked on a real run
     assert data["hardware"]["overhead"] > 0
     assert f"backend.preset={out}" in capsys.readouterr().out
@@ -117,6 +119,30 @@ def test_calibrate_command_end_to_end(tmp_path, capsys):
     assert cal.main(["backend=nope"]) == 2  # a composition error: one line, no traceback
 
 
+
+def test_calibration_runs_the_callers_work_amid_its_timing_rounds(monkeypatch):
+    # sim_vs_numpy runs its real runs there, to meet the machine at the speed the calibration saw
+    log = []
+
+    def logged(name, rounds):
+        def wrapper(*args):
+            for figures in rounds(*args):
+                log.append(name)
+                yield figures
+
+        return wrapper
+
+    monkeypatch.setattr(cal, "shape_rounds", logged("shapes", cal.shape_rounds))
+    monkeypatch.setattr(cal, "matmul_rounds", logged("matmuls", cal.matmul_rounds))
+    cfg = compose_config("backend=numpy", "backend.model=tiny", "max_model_len=160")
+    shapes = cal_shapes.default_shapes(160)
+    cost, info = cal.calibrate(cfg, HARDWARE["cpu"], shapes, 2, log.append)
+    # two rounds of shapes, three of matmuls (the fewest the curve takes), the caller's work after each
+    assert log == ["shapes", "matmuls", 0, "shapes", "matmuls", 1, "matmuls", 2]
+    longest = max(s.decodes + s.prefills * s.chunk for s in shapes)
+    assert [p[0] for p in cost.hardware.matmul_curve] == cal_matmuls.curve_points(longest)
+    assert len(info["shapes"]) == len(shapes)
+
 # a BLAS-like curve: one row runs a matrix-vector kernel, 2-3 rows a slow matrix-matrix edge
 CURVE = ((1.0, 1e-4, 1e-6), (2.0, 3e-4, 2e-6), (3.0, 4e-4, 3e-6), (4.0, 2e-4, 2e-6), (8.0, 3e-4, 4e-6))
 
@@ -125,15 +151,15 @@ def test_a_measured_matmul_curve_prices_the_matmuls_instead_of_the_roofline():
     model = PRESETS["small"]
     hw = Hardware("t", 100e9, 20e9, 10e9, overhead=1e-3, matmul_curve=CURVE)
     cost = RooflineCost(model, hw, "float32")
-    two, four = _works(model, [cal.Shape(2, 0, 0, 16), cal.Shape(4, 0, 0, 16)])
+    two, four = _works(model, [cal_shapes.Shape(2, 0, 0, 16), cal_shapes.Shape(4, 0, 0, 16)])
     # 2 rows cost more than 4, as the curve says; a FLOP roofline would say the opposite
     assert cost.matmul_seconds(two) == pytest.approx(3e-4 + 2e-6)
     assert cost.matmul_seconds(four) == pytest.approx(2e-4 + 2e-6)
     assert cost.seconds(two) > cost.seconds(four)
     # between points: interpolated; past the last: along the last segment
-    (six,) = _works(model, [cal.Shape(6, 0, 0, 16)])
+    (six,) = _works(model, [cal_shapes.Shape(6, 0, 0, 16)])
     assert cost.matmul_seconds(six) == pytest.approx(2.5e-4 + 3e-6)
-    (prefill,) = _works(model, [cal.Shape(0, 1, 12, 0)])
+    (prefill,) = _works(model, [cal_shapes.Shape(0, 1, 12, 0)])
     assert cost.matmul_seconds(prefill) == pytest.approx(3e-4 + (12 - 8) * (3e-4 - 2e-4) / 4 + 1e-6)
     # tensor parallel has no measured curve: the roofline prices a rank's matmuls
     assert RooflineCost(model, hw, "float32", tp=2).matmul_seconds(two) != cost.matmul_seconds(two)
@@ -143,10 +169,10 @@ def test_fit_with_a_curve_recovers_the_per_step_prefill_and_token_costs():
     model = PRESETS["small"]
     truth = RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9, 4e-4, 3e-5, 1.0, 1.0, 0.25, 0.12, per_prefill=3e-4,
                                          per_token=6e-6, cold_step=5e-4, matmul_curve=CURVE), "float32")  # fmt: skip
-    shapes = cal.default_shapes()
+    shapes = cal_shapes.default_shapes()
     works = _works(model, shapes)
     # the short prompts timed again after an idle gap, as time_shapes does
-    works += [replace(w, cold=True) for w, shape in zip(works, shapes) if cal.is_idle_probe(shape)]
+    works += [replace(w, cold=True) for w, shape in zip(works, shapes) if cal_shapes.is_idle_probe(shape)]
     rng = np.random.default_rng(1)
     samples = [(w, truth.seconds(w) * rng.uniform(0.99, 1.01)) for w in works]
     fitted = cal.fit(RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9, matmul_curve=CURVE), "float32"), samples)
@@ -167,20 +193,20 @@ def test_time_matmuls_measures_the_backends_own_matmuls():
 
     backend = registry.create("backend", "numpy", model="tiny", threads=1)
     backend.bind(PagedAllocator(num_blocks=8, block_size=16, prefix_caching=False, swap_blocks=0))
-    curve = cal.time_matmuls(backend, PRESETS["tiny"], 40, repeats=1)
+    curve = cal_matmuls.time_matmuls(backend, PRESETS["tiny"], 40, repeats=1)
     backend.close()
-    assert [p[0] for p in curve] == [*range(1, 17), 24, 36, 40] == cal.curve_points(40)
+    assert [p[0] for p in curve] == [*range(1, 17), 24, 36, 40] == cal_matmuls.curve_points(40)
     assert all(layers > 0 and head > 0 for _, layers, head in curve)
 
 
 def test_calibration_times_decode_rows_as_running_requests():
     alloc = PagedAllocator(num_blocks=64, block_size=16, prefix_caching=False)
-    plan, _ = cal._plan(cal.Shape(3, 1, 32, 16), alloc, np.random.default_rng(0), 256)
-    timed = cal._continuing(plan)
+    plan, _ = cal_shapes._plan(cal_shapes.Shape(3, 1, 32, 16), alloc, np.random.default_rng(0), 256)
+    timed = cal_shapes._continuing(plan)
     # only the prompt chunk's request is new; the decodes are held by the backend already
     assert [new.req_id for new in timed.new_reqs] == [3] and timed.req_ids == plan.req_ids
-    assert cal.lead_in(cal.Shape(3, 1, 32, 16)) == cal.Shape(3, 0, 0, 16)
-    assert cal.lead_in(cal.Shape(0, 2, 32, 0)) == cal.Shape(1, 0, 0, 16)
+    assert cal_shapes.lead_in(cal_shapes.Shape(3, 1, 32, 16)) == cal_shapes.Shape(3, 0, 0, 16)
+    assert cal_shapes.lead_in(cal_shapes.Shape(0, 2, 32, 0)) == cal_shapes.Shape(1, 0, 0, 16)
 
 
 def test_step_replay_prices_every_step_the_real_run_ran():
@@ -196,8 +222,8 @@ def test_step_replay_prices_every_step_the_real_run_ran():
     assert sum(r["busy_share"] for r in table) == pytest.approx(1.0)
     alloc = PagedAllocator(num_blocks=64, block_size=16, prefix_caching=False)
     rng = np.random.default_rng(0)
-    assert shape_of(cal._plan(cal.Shape(4, 0, 0, 16), alloc, rng, 256)[0]) == "decode 4"
-    assert shape_of(cal._plan(cal.Shape(0, 2, 100, 0), alloc, rng, 256)[0]) == "prefill 2x<=128"
+    assert shape_of(cal_shapes._plan(cal_shapes.Shape(4, 0, 0, 16), alloc, rng, 256)[0]) == "decode 4"
+    assert shape_of(cal_shapes._plan(cal_shapes.Shape(0, 2, 100, 0), alloc, rng, 256)[0]) == "prefill 2x<=128"
 
 
 def test_an_eager_attention_pays_for_padding_and_for_gathers_past_the_core_cache():

@@ -13,8 +13,9 @@ import pytest
 
 from paged_bench import registry
 from paged_bench.allocators.paged import PagedAllocator
-from paged_bench.model import calibrate as cal
+from paged_bench.model import calibrate_shapes as cal_shapes
 from paged_bench.model import heap
+from paged_bench.model.calibrate_fit import _nnls
 from paged_bench.model.calibrate_run import CALIBRATION_WORKLOAD, calibration_run_config
 from paged_bench.model.config import PRESETS
 from paged_bench.model.roofline import Hardware, HeapMark, RooflineCost, step_work
@@ -24,10 +25,10 @@ MODEL = PRESETS["small"]
 BASE = Hardware("t", 100e9, 20e9, 10e9, kv_eff=0.2)
 
 
-def _plan(shape: cal.Shape, continuing: bool = False):
+def _plan(shape: cal_shapes.Shape, continuing: bool = False):
     alloc = PagedAllocator(num_blocks=4096, block_size=16, prefix_caching=False)
-    plan, _ = cal._plan(shape, alloc, np.random.default_rng(0), MODEL.vocab_size)
-    return cal._continuing(plan) if continuing else plan
+    plan, _ = cal_shapes._plan(shape, alloc, np.random.default_rng(0), MODEL.vocab_size)
+    return cal_shapes._continuing(plan) if continuing else plan
 
 
 def _cost(**terms) -> RooflineCost:
@@ -43,13 +44,13 @@ def test_nnls_matches_an_exhaustive_search():
              for x in [np.linalg.lstsq(a[:, cols], b, rcond=None)[0]] if (x >= 0).all()),
             default=np.sum(b**2),
         )  # fmt: skip
-        x = cal._nnls(a, b)
+        x = _nnls(a, b)
         assert (x >= 0).all() and np.sum((a @ x - b) ** 2) <= best + 1e-9
 
 
 def test_a_step_is_cold_only_when_no_request_ran_before_it():
-    alone = step_work(_plan(cal.Shape(0, 2, 64, 0)), MODEL, "float32", 16)  # prompts only: the engine had none
-    beside = step_work(_plan(cal.Shape(3, 1, 64, 16), continuing=True), MODEL, "float32", 16)  # amid decodes
+    alone = step_work(_plan(cal_shapes.Shape(0, 2, 64, 0)), MODEL, "float32", 16)  # prompts only: the engine had none
+    beside = step_work(_plan(cal_shapes.Shape(3, 1, 64, 16), continuing=True), MODEL, "float32", 16)  # amid decodes
     assert alone.cold and not beside.cold
     cold = _cost(cold_step=5e-4)
     assert cold.seconds(alone) - _cost().seconds(alone) == pytest.approx(5e-4)
@@ -57,8 +58,8 @@ def test_a_step_is_cold_only_when_no_request_ran_before_it():
 
 
 def test_each_attention_group_costs_its_own():
-    decodes = step_work(_plan(cal.Shape(4, 0, 0, 64), continuing=True), MODEL, "float32", 16)
-    mixed = step_work(_plan(cal.Shape(4, 1, 64, 64), continuing=True), MODEL, "float32", 16)
+    decodes = step_work(_plan(cal_shapes.Shape(4, 0, 0, 64), continuing=True), MODEL, "float32", 16)
+    mixed = step_work(_plan(cal_shapes.Shape(4, 1, 64, 64), continuing=True), MODEL, "float32", 16)
     assert (decodes.num_attention_groups, mixed.num_attention_groups) == (1, 2)
     cost = _cost(per_attention_group=2e-4)
     assert cost.seconds(decodes) - _cost().seconds(decodes) == pytest.approx(2e-4)
@@ -68,28 +69,28 @@ def test_each_attention_group_costs_its_own():
 def test_each_new_token_costs_its_elementwise_work_beyond_the_matmuls():
     # a prompt chunk's norms, rotary and activations scale with its tokens: per_seq priced them
     # for a decode's one token alone, and the fit left low-context prefills ~9% short
-    decodes = step_work(_plan(cal.Shape(4, 0, 0, 64), continuing=True), MODEL, "float32", 16)
-    mixed = step_work(_plan(cal.Shape(4, 1, 64, 0), continuing=True), MODEL, "float32", 16)
+    decodes = step_work(_plan(cal_shapes.Shape(4, 0, 0, 64), continuing=True), MODEL, "float32", 16)
+    mixed = step_work(_plan(cal_shapes.Shape(4, 1, 64, 0), continuing=True), MODEL, "float32", 16)
     cost = _cost(per_token=5e-6)
     assert cost.seconds(decodes) - _cost().seconds(decodes) == pytest.approx(4 * 5e-6)
     assert cost.seconds(mixed) - _cost().seconds(mixed) == pytest.approx((4 + 64) * 5e-6)
 
 
 def test_kv_past_the_last_level_cache_beside_the_weights_is_priced_apart():
-    work = step_work(_plan(cal.Shape(16, 0, 0, 3072), continuing=True), MODEL, "float32", 16)
+    work = step_work(_plan(cal_shapes.Shape(16, 0, 0, 3072), continuing=True), MODEL, "float32", 16)
     llc = 16 * 2**20
     cost = _cost(llc_bytes=float(llc), per_llc_spilled_byte=1e-10)
     room = llc - work.weight_bytes
     assert cost.llc_spilled_kv_bytes(work) == pytest.approx(work.kv_bytes + work.padding_kv_bytes - room)
     assert cost.llc_spilled_kv_bytes(work) > 0
     assert cost.seconds(work) - _cost().seconds(work) == pytest.approx(cost.llc_spilled_kv_bytes(work) * 1e-10)
-    small = step_work(_plan(cal.Shape(1, 0, 0, 64), continuing=True), MODEL, "float32", 16)
+    small = step_work(_plan(cal_shapes.Shape(1, 0, 0, 64), continuing=True), MODEL, "float32", 16)
     assert cost.llc_spilled_kv_bytes(small) == 0.0 and _cost().llc_spilled_kv_bytes(work) == 0.0
 
 
 def test_heap_growth_is_priced_once_for_the_first_step_of_each_larger_size():
     cost = _cost(heap_bytes_per_score_byte=3.0, per_heap_growth_byte=1e-9)
-    short, long = _plan(cal.Shape(0, 1, 256, 0)), _plan(cal.Shape(0, 1, 512, 512))
+    short, long = _plan(cal_shapes.Shape(0, 1, 256, 0)), _plan(cal_shapes.Shape(0, 1, 512, 512))
     need = [3.0 * step_work(p, MODEL, "float32", 16).score_bytes / MODEL.num_layers for p in (short, long)]
     plain = [cost.seconds(step_work(p, MODEL, "float32", 16)) for p in (short, long)]
     heap = HeapMark()

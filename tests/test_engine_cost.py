@@ -7,6 +7,7 @@ import json
 import pytest
 
 from paged_bench.model import calibrate as cal
+from paged_bench.model import calibrate_shapes as cal_shapes
 from paged_bench.model.engine_cost import EngineCost, measure_engine_cost
 
 
@@ -44,7 +45,7 @@ def test_fit_finds_what_an_eager_attention_pays_for_its_scores():
     model = PRESETS["small"]
     hw = Hardware("t", 100e9, 20e9, 10e9, 1.2e-3, 4e-5, 0.55, 0.8, 0.25, 0.12, per_score_byte=1e-9)
     truth = RooflineCost(model, hw, "float32")
-    samples = [(w, truth.seconds(w)) for w in _works(model, cal.default_shapes(4096))]
+    samples = [(w, truth.seconds(w)) for w in _works(model, cal_shapes.default_shapes(4096))]
     long_prefill = max(samples, key=lambda s: s[0].score_bytes)
     assert long_prefill[0].score_bytes * 1e-9 > 0.3 * long_prefill[1]  # the scores weigh on long prompts
     fitted = cal.fit(RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9), "float32"), samples)

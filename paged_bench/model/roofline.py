@@ -97,7 +97,7 @@ class Hardware:
     # head on that many rows), ascending: replaces the matmul roofline where a calibration
     # found one. A CPU BLAS at one thread is no roofline for the few rows of a decode step:
     # one row runs a matrix-vector kernel, 2 and 3 rows a matrix-matrix kernel's slow edge
-    # cases that cost more than 4 rows (see ``calibrate.time_matmuls``)
+    # cases that cost more than 4 rows (see ``calibrate_matmuls.matmul_rounds``)
     matmul_curve: tuple[tuple[float, float, float], ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
