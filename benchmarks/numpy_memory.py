@@ -1,7 +1,8 @@
-"""What the numpy backend's memory costs a step: huge-page heap growth and a lazily mapped KV pool.
+"""What the numpy backend's memory costs a step: huge-page heap growth, a lazily mapped KV pool,
+K/V scattered over the pool.
 
-Two diagnostics behind ``model/heap.py`` and ``NumpyOps.new_pool`` (docs/backends.md, "Does it
-predict the real backend?"), each in fresh processes, taking turns:
+Three diagnostics, the first two behind ``model/heap.py`` and ``NumpyOps.new_pool``
+(docs/backends.md, "Does it predict the real backend?"), each in fresh processes, taking turns:
 
 1. A long prompt prefilled in 512-token chunks on a fresh heap, then again: what each chunk
    of the first pays over the second (the heap grows the first time, once per chunk, as the
@@ -9,6 +10,10 @@ predict the real backend?"), each in fresh processes, taking turns:
    large arrays (its default) and without (what the bound backend now does).
 2. Page faults while every slot of a fresh KV pool is written once (what a run's steps do in
    time): the backend's pool against ``np.zeros`` (calloc's lazily mapped pages).
+3. Decode steps with their sequences' K/V on consecutive blocks of a run-sized pool (as a
+   fresh run hands them out and calibration times them) and on blocks handed out in a random
+   order (as a long run's frees leave the free queue), alternating, the median of each: what
+   the cost model, which prices K/V by bytes, does not see.
 
     .venv/bin/python benchmarks/numpy_memory.py [--rounds 3] [--tokens 4096]
 """
@@ -56,8 +61,58 @@ def pool_faults(lazy: bool) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
+# (sequences, context, pool blocks): a long prompt's one-sequence decode and a few long ones
+# in sim_vs_numpy's Azure pool, the seeds' batches in theirs
+SCATTER_DECODES = ((1, 1536, 4096), (3, 1024, 4096), (4, 128, 512), (4, 128, 4096))
+
+
+def scattered_decodes(rounds: int = 5) -> list[tuple[float, float]]:
+    """Per ``SCATTER_DECODES`` shape, (ms on consecutive blocks, ms on blocks in a random order)."""
+    import time
+
+    from paged_bench import registry
+    from paged_bench.allocators.paged import PagedAllocator
+    from paged_bench.model.calibrate_shapes import Shape, _continuing, _plan
+    from paged_bench.request import Request
+    from paged_bench.step import StepPlan
+
+    backend = registry.create("backend", "numpy", model="small", threads=1)
+    rng = np.random.default_rng(0)
+
+    def step_ms(sequences: int, context: int, pool_blocks: int, scattered: bool) -> float:
+        allocator = PagedAllocator(num_blocks=pool_blocks, block_size=16, prefix_caching=False, swap_blocks=0)
+        backend.bind(allocator)
+        if scattered:  # every block taken, then freed in a random order: the free queue's order
+            fillers = [Request(-1 - i, 0.0, [1] * 16, 1) for i in range(pool_blocks - 1)]
+            taken = [f for f in fillers if allocator.allocate_slots(f, 16)]
+            for i in rng.permutation(len(taken)):
+                allocator.free(taken[i])
+        plan, reqs = _plan(Shape(sequences, 0, 0, context), allocator, rng, backend.vocab_size)
+        backend.execute(plan)
+        timed = _continuing(plan)
+        for _ in range(3):
+            backend.execute(timed)
+        times = []
+        for _ in range(7):
+            start = time.perf_counter()
+            backend.execute(timed)
+            times.append(time.perf_counter() - start)
+        backend.execute(StepPlan(finished_req_ids=tuple(r.request_id for r in reqs)))
+        return float(np.median(times)) * 1e3
+
+    results = []
+    for shape in SCATTER_DECODES:
+        pairs = [(step_ms(*shape, scattered=False), step_ms(*shape, scattered=True)) for _ in range(rounds)]
+        results.append(tuple(float(np.median(side)) for side in zip(*pairs)))
+    backend.close()
+    return results
+
+
 def child(what: str, tokens: int) -> None:
-    if what.startswith("growth"):
+    if what == "scatter":
+        print("; ".join(f"{n} x {ctx} tokens of {blocks} blocks: {a:.2f} -> {b:.2f} ms ({b / a - 1:+.0%})"
+                        for (n, ctx, blocks), (a, b) in zip(SCATTER_DECODES, scattered_decodes())))  # fmt: skip
+    elif what.startswith("growth"):
         extra = prompt_growth(what == "growth-huge", tokens)
         print(" ".join(f"{s * 1e3:.0f}" for s in extra), f"| total {sum(extra) * 1e3:.0f}")
     else:
@@ -79,6 +134,7 @@ def main() -> None:
         "growth-4k": "ms more per chunk, 4 KiB pages (the bound backend)",
         "pool-lazy": "page faults writing a fresh np.zeros pool",
         "pool-made": "page faults writing a fresh NumpyOps.new_pool pool",
+        "scatter": "decode steps, K/V on consecutive blocks -> on blocks in a random order",
     }
     for round_no in range(args.rounds):
         for what, label in labels.items():

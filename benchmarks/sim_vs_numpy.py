@@ -247,7 +247,8 @@ def print_replays(cases: list[tuple[str, str]], preset: Path) -> None:
         measured, predicted = (sum(getattr(s, k) for s in result.steps) for k in ("measured", "predicted"))
         print(f"\n{case[0]}/{case[1]}: {len(result.steps)} steps, {result.num_preemptions} preemptions, "
               f"busy {measured:.2f} s of {result.run_seconds:.2f} s; predicted busy {predicted:.2f} s "
-              f"({predicted / measured - 1:+.1%})\n")  # fmt: skip
+              f"({predicted / measured - 1:+.1%}); decode rows' next blocks adjacent in the pool: "
+              f"{result.adjacent_blocks:.0%}\n")  # fmt: skip
         print("| step shape | steps | busy share | measured p50 (ms) | predicted p50 (ms) | median error |")
         print("|---|---:|---:|---:|---:|---:|")
         for row in shape_table(result.steps):

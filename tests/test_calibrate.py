@@ -209,6 +209,25 @@ def test_calibration_times_decode_rows_as_running_requests():
     assert cal_shapes.lead_in(cal_shapes.Shape(0, 2, 32, 0)) == cal_shapes.Shape(1, 0, 0, 16)
 
 
+def test_replay_measures_how_scattered_the_decode_rows_blocks_are():
+    from paged_bench.model.step_replay import adjacent_blocks
+    from paged_bench.step import SamplingParams
+
+    def new(req_id, blocks, computed):
+        return NewRequestData(req_id, (), computed, blocks, computed, SamplingParams())
+
+    plans = [
+        # two decoding requests: (0, 1, 2) has 2 adjacent of 2 next blocks, (5, 3) none of 1
+        StepPlan((0, 1), (32, 20), (1, 1), (new(0, (0, 1, 2), 32), new(1, (5, 3), 20))),
+        # request 0 grows by a block far away (2 of 3); request 1 has finished, request 2 prefills
+        StepPlan((0, 2), (33, 0), (1, 16), (new(2, (8, 9), 0),), {0: (7,)}, finished_req_ids=(1,)),
+        # request 2 is preempted (request 0: 2 of 3 again), then comes back on blocks (10, 11): 1 of 1
+        StepPlan((0,), (34,), (1,), preempted_req_ids=(2,)),
+        StepPlan((2,), (16,), (1,), (new(2, (10, 11), 16),)),
+    ]
+    assert adjacent_blocks(plans) == pytest.approx((2 + 0 + 2 + 2 + 1) / (2 + 1 + 3 + 3 + 1))
+    assert adjacent_blocks([]) == 1.0
+
 def test_step_replay_prices_every_step_the_real_run_ran():
     from paged_bench.model.step_replay import replay, shape_of, shape_table
 

@@ -13,11 +13,13 @@ lengths, mixed steps), which shows which kind of step the model gets wrong and b
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from paged_bench.backends.request_state import RequestStates
 from paged_bench.model.roofline import HeapMark, RooflineCost
 from paged_bench.step import StepOutput, StepPlan
 
@@ -34,6 +36,10 @@ class Replay:
     steps: list[ReplayedStep]
     run_seconds: float  # the run's length (steps, the loop, idling to arrivals)
     num_preemptions: int
+    # of the decode rows' block tables, the share of next blocks that follow the one before in
+    # the pool: K/V on blocks scattered over the pool costs more to gather than on consecutive
+    # ones (``benchmarks/numpy_memory.py``), which the cost model, pricing bytes, does not see
+    adjacent_blocks: float
 
 
 def shape_of(plan: StepPlan) -> str:
@@ -70,7 +76,21 @@ def replay(cfg: Mapping[str, Any], cost: RooflineCost) -> Replay:
         ReplayedStep(shape_of(plan), row.duration, cost.duration(plan, block_size, heap))
         for plan, row in zip(plans, result.steps.rows(), strict=True)
     ]
-    return Replay(steps, result.duration, result.num_preemptions)
+    return Replay(steps, result.duration, result.num_preemptions, adjacent_blocks(plans))
+
+
+def adjacent_blocks(plans: Sequence[StepPlan]) -> float:
+    """Over every decode row of ``plans``, the share of its table's blocks after the first that
+    are the block before it plus one (1.0 where no table has two blocks)."""
+    states = RequestStates()  # the tables, kept from the plans as a real backend keeps them
+    adjacent = pairs = 0
+    for plan in plans:
+        for state, n in zip(states.apply(plan), plan.num_new_tokens):
+            if n == 1:
+                table = state.block_ids
+                adjacent += sum(b == a + 1 for a, b in itertools.pairwise(table))
+                pairs += max(len(table) - 1, 0)
+    return adjacent / pairs if pairs else 1.0
 
 
 def shape_table(steps: Sequence[ReplayedStep]) -> list[dict[str, Any]]:
