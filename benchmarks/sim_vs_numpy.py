@@ -139,7 +139,7 @@ def numpy_rounds_after(calibration_rounds: int, numpy_rounds: int) -> collection
 
 def calibrated_ms(preset: Path) -> list[float | None]:
     """What the calibration that wrote ``preset`` measured for ``PROBES`` (None: not among its shapes)."""
-    shapes = {Shape(s["decodes"], s["prefills"], s["chunk"], s["context"]): s["measured_ms"]
+    shapes = {Shape(s["decodes"], s["prefills"], s["chunk"], s["context"], s.get("scattered", False)): s["measured_ms"]
               for s in json.loads(preset.read_text()).get("shapes", [])}  # fmt: skip
     return [shapes.get(shape) for shape in PROBES]
 

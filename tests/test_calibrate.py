@@ -18,7 +18,8 @@ from paged_bench.model import calibrate as cal
 from paged_bench.model import calibrate_matmuls as cal_matmuls
 from paged_bench.model import calibrate_shapes as cal_shapes
 from paged_bench.model.config import PRESETS
-from paged_bench.model.roofline import HARDWARE, Hardware, RooflineCost, load_preset, save_preset, step_work
+from paged_bench.model.roofline import HARDWARE, Hardware, RooflineCost, load_preset, save_preset
+from paged_bench.model.step_work import step_work
 from paged_bench.request import Request
 from paged_bench.step import NewRequestData, StepPlan
 from tests.conftest import compose_config
@@ -26,13 +27,15 @@ from tests.conftest import compose_config
 
 def _works(model, shapes, dtype="float32"):
     alloc = PagedAllocator(num_blocks=4096, block_size=16, prefix_caching=False)
+    shuffled = cal_shapes._shuffled(4096, np.random.default_rng(2))
     rng = np.random.default_rng(0)
     works = []
     for shape in shapes:
-        plan, reqs = cal_shapes._plan(shape, alloc, rng, model.vocab_size)
-        works.append(replace(step_work(plan, model, dtype, 16), cold=False))  # timed warm, as calibrate does
+        blocks = shuffled if shape.scattered else alloc
+        plan, reqs = cal_shapes._plan(shape, blocks, rng, model.vocab_size)
+        works.append(cal_shapes.shape_work(plan, model, dtype))
         for r in reqs:
-            alloc.free(r)
+            blocks.free(r)
     return works
 
 
@@ -165,10 +168,11 @@ def test_a_measured_matmul_curve_prices_the_matmuls_instead_of_the_roofline():
     assert RooflineCost(model, hw, "float32", tp=2).matmul_seconds(two) != cost.matmul_seconds(two)
 
 
-def test_fit_with_a_curve_recovers_the_per_step_prefill_and_token_costs():
+def test_fit_with_a_curve_recovers_the_per_step_prefill_token_and_scattered_block_costs():
     model = PRESETS["small"]
     truth = RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9, 4e-4, 3e-5, 1.0, 1.0, 0.25, 0.12, per_prefill=3e-4,
-                                         per_token=6e-6, cold_step=5e-4, matmul_curve=CURVE), "float32")  # fmt: skip
+                                         per_token=6e-6, cold_step=5e-4, per_scattered_block=3e-6,
+                                         matmul_curve=CURVE), "float32")  # fmt: skip
     shapes = cal_shapes.default_shapes()
     works = _works(model, shapes)
     # the short prompts timed again after an idle gap, as time_shapes does
@@ -177,7 +181,8 @@ def test_fit_with_a_curve_recovers_the_per_step_prefill_and_token_costs():
     samples = [(w, truth.seconds(w) * rng.uniform(0.99, 1.01)) for w in works]
     fitted = cal.fit(RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9, matmul_curve=CURVE), "float32"), samples)
     assert cal.fit_errors(fitted, samples)["median_abs_rel_err"] < 0.02
-    for name in ("overhead", "per_prefill", "per_token", "cold_step"):
+    assert all(w.scattered_blocks > 0 for w, shape in zip(works, shapes) if shape.scattered)
+    for name in ("overhead", "per_prefill", "per_token", "cold_step", "per_scattered_block"):
         assert getattr(fitted.hardware, name) == pytest.approx(getattr(truth.hardware, name), rel=0.15), name
 
 

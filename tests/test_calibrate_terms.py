@@ -18,7 +18,9 @@ from paged_bench.model import heap
 from paged_bench.model.calibrate_fit import _nnls
 from paged_bench.model.calibrate_run import CALIBRATION_WORKLOAD, calibration_run_config
 from paged_bench.model.config import PRESETS
-from paged_bench.model.roofline import Hardware, HeapMark, RooflineCost, step_work
+from paged_bench.model.roofline import Hardware, HeapMark, RooflineCost
+from paged_bench.model.step_work import RunTables, scattered_blocks, step_work
+from paged_bench.step import NewRequestData, SamplingParams, StepPlan
 from tests.conftest import compose_config
 
 MODEL = PRESETS["small"]
@@ -102,6 +104,65 @@ def test_heap_growth_is_priced_once_for_the_first_step_of_each_larger_size():
     assert cost.duration(long, 16) == pytest.approx(plain[1])  # no run's heap: the step alone
     assert _cost().duration(long, 16, HeapMark()) == pytest.approx(plain[1])  # no calibrated growth
 
+
+def test_blocks_read_out_of_pool_order_are_priced_per_block():
+    # one row decoding its 34th token (3 blocks read) on a table of 4: only blocks it reads count
+    plan = StepPlan((0,), (33,), (1,))
+    assert scattered_blocks(plan, [(7, 8, 9, 2)], 16) == 0
+    assert scattered_blocks(plan, [(7, 3, 4, 1)], 16) == 1  # 3 follows 7 out of order; 4 follows 3
+    assert scattered_blocks(plan, [(9, 3, 1, 2)], 16) == 2
+    work = step_work(plan, MODEL, "float32", 16, scattered=2)
+    cost = _cost(per_scattered_block=3e-6)
+    assert work.scattered_blocks == 2
+    assert cost.seconds(work) - _cost().seconds(work) == pytest.approx(2 * 3e-6)
+
+
+def test_a_run_prices_the_blocks_its_tables_scatter_as_they_grow():
+    def new(req_id, blocks, computed):
+        return NewRequestData(req_id, (), computed, blocks, computed, SamplingParams())
+
+    cost = _cost(per_scattered_block=3e-6)
+    steps = [
+        StepPlan((0,), (31,), (1,), (new(0, (4, 5), 31),)),  # consecutive: no scattered block
+        StepPlan((0,), (32,), (1,), new_block_ids={0: (9,)}),  # a third block far away: one
+        StepPlan((0,), (33,), (1,)),  # still read
+        StepPlan((1,), (16,), (1,), (new(1, (2, 3), 16),), finished_req_ids=(0,)),  # another request
+    ]
+    tables = RunTables()
+    extra = [cost.duration(plan, 16, tables=tables) - cost.duration(plan, 16) for plan in steps]
+    assert extra == pytest.approx([0.0, 3e-6, 3e-6, 0.0])
+    # without the term, nothing is tracked: a preset calibrated before it prices runs as it did
+    untracked = RunTables()
+    _cost().duration(steps[0], 16, tables=untracked)
+    assert untracked.states.by_id == {} and untracked.counted == {}
+
+
+def test_counting_scattered_blocks_as_tables_grow_equals_counting_them_whole():
+    from paged_bench.backends.request_state import RequestStates
+    from paged_bench.build import build
+
+    # a pool-starved run: preemption frees and re-admits requests, and scatters their tables
+    bench = build(compose_config("backend=sim", "workload=seed", "scheduler=preemptive", "num_blocks=32",
+                                 "tracking.enabled=false"))  # fmt: skip
+    plans, execute = [], bench.backend.execute
+    bench.backend.execute = lambda plan: plans.append(plan) or execute(plan)
+    assert bench.engine.run(bench.requests).num_preemptions > 0
+    tables, states = RunTables(), RequestStates()
+    counts = [tables.scattered_blocks(plan, 16) for plan in plans]
+    assert counts == [scattered_blocks(plan, [row.block_ids for row in states.apply(plan)], 16) for plan in plans]
+    assert max(counts) > 0
+
+def test_calibration_times_shapes_on_blocks_scattered_over_the_pool():
+    shapes = cal_shapes.default_shapes(4096)
+    scattered = [s for s in shapes if s.scattered]
+    assert {s.context for s in scattered} == {128, 1536} and any(s.prefills for s in scattered)
+    allocator = cal_shapes._shuffled(600, np.random.default_rng(0))
+    plan, _ = cal_shapes._plan(cal_shapes.Shape(4, 0, 0, 128, True), allocator, np.random.default_rng(0), 100)
+    tables = [new.block_ids for new in plan.new_reqs]
+    # 4 tables of 9 blocks (129 tokens): nearly every next block lies elsewhere in the pool
+    assert scattered_blocks(plan, tables, 16) >= 30
+    compact = _plan(cal_shapes.Shape(4, 0, 0, 128))
+    assert scattered_blocks(compact, [new.block_ids for new in compact.new_reqs], 16) == 0
 
 def test_the_calibration_run_is_its_own_workload_and_fits_the_model():
     cfg = calibration_run_config(compose_config("backend=numpy", "max_model_len=160"))

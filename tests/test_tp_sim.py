@@ -13,7 +13,8 @@ from paged_bench.build import build
 from paged_bench.config import compose_config
 from paged_bench.errors import ConfigError
 from paged_bench.model.config import PRESETS
-from paged_bench.model.roofline import HARDWARE, RooflineCost, StepWork
+from paged_bench.model.roofline import HARDWARE, RooflineCost
+from paged_bench.model.step_work import StepWork
 from paged_bench.model.tp_link import LINKS
 from paged_bench.model.tp_shard import TPShard, tp_shard
 from tests.tracking_support import run_cli
@@ -159,7 +160,7 @@ def test_every_rank_holds_the_whole_vocabularys_logits_as_vllm_gathers_them():
 
     model = PRESETS["llama-3-8b"]
     one, eight = (activation_bytes(TPShard(model, tp), "bfloat16", 8192, 256) for tp in (1, 8))
-    mlp = lambda tp: 8192 * (2 * model.hidden_size + 3 * model.intermediate_size // tp) * 2  # noqa: E731
+    mlp = lambda tp: 8192 * (2 * model.hidden_size + 3 * model.intermediate_size // tp) * 2
     assert one - mlp(1) == eight - mlp(8) == 256 * model.vocab_size * 4
 
 

@@ -33,6 +33,7 @@ from paged_bench.errors import check, check_choice, check_int, check_number
 from paged_bench.model.config import DTYPE_BYTES, resolve_model
 from paged_bench.model.kv_capacity import KVBudget, check_utilization
 from paged_bench.model.roofline import HeapMark, RooflineCost, hardware, load_preset
+from paged_bench.model.step_work import RunTables
 from paged_bench.model.tp_link import link_preset
 from paged_bench.model.tp_shard import KEY as TP_KEY
 from paged_bench.step import StepOutput, StepPlan
@@ -75,6 +76,7 @@ class SimBackend(Backend):
         self.gpu_memory_utilization = check_utilization(gpu_memory_utilization)
         self.roofline: RooflineCost | None = None
         self._heap = HeapMark()  # the run's heap, for a calibrated preset that prices its growth
+        self._tables = RunTables()  # the run's block tables, for one that prices scattered K/V
         # the roofline's names are checked whatever the cost model reads: a typo is never ignored
         device = _hardware(hardware)
         if dtype is not None:
@@ -117,7 +119,8 @@ class SimBackend(Backend):
 
     def execute(self, plan: StepPlan) -> StepOutput:
         if self.roofline is not None:
-            return StepOutput([0] * len(plan.req_ids), self.roofline.duration(plan, self._block_size, self._heap))
+            seconds = self.roofline.duration(plan, self._block_size, self._heap, self._tables)
+            return StepOutput([0] * len(plan.req_ids), seconds)
         # token 0 for every sample: deterministic, and the prefix cache still tells requests
         # apart because a block's hash chains over the whole prompt before it
         return StepOutput([0] * len(plan.req_ids), self.cost.duration(plan))

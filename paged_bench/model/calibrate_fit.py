@@ -11,7 +11,8 @@ from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
-from paged_bench.model.roofline import RooflineCost, StepWork
+from paged_bench.model.roofline import RooflineCost
+from paged_bench.model.step_work import StepWork
 
 
 def _nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) -> np.ndarray:
@@ -49,6 +50,7 @@ ADDITIVE: dict[str, Callable[[RooflineCost, StepWork], float]] = {
     "cold_step": lambda cost, w: w.cold,
     "per_attention_group": lambda cost, w: w.num_attention_groups,
     "per_token": lambda cost, w: w.num_tokens,
+    "per_scattered_block": lambda cost, w: w.scattered_blocks,
 }
 
 
@@ -61,8 +63,8 @@ def check_terms(names: Collection[str]) -> None:
 def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iterations: int = 30,
         without: Collection[str] = ()) -> RooflineCost:  # fmt: skip
     """Fit overhead, per_seq, per_prefill, the four efficiencies, per_score_byte, the two
-    cache-spill rates, the cold step, the per-attention-group cost and the per-token cost of
-    ``cost`` to measured step times (with a measured ``matmul_curve``, the matmuls are known
+    cache-spill rates, the cold step, the per-attention-group, per-token and per-scattered-block
+    costs of ``cost`` to measured step times (with a measured ``matmul_curve``, the matmuls are known
     and the rest is fitted to what they leave).
 
     Each roofline is a max, so this alternates: given which side bounds each kernel class of

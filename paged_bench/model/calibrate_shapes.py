@@ -18,7 +18,7 @@ from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.backends.base import Backend
 from paged_bench.errors import ConfigError
 from paged_bench.model.config import ModelConfig
-from paged_bench.model.roofline import StepWork, step_work
+from paged_bench.model.step_work import StepWork, scattered_blocks, step_work
 from paged_bench.request import Request
 from paged_bench.step import NewRequestData, StepPlan
 
@@ -34,12 +34,15 @@ IDLE_SECONDS = 0.02
 @dataclass(frozen=True)
 class Shape:
     """One timed step: ``decodes`` sequences decoding at context ``context``, plus ``prefills``
-    chunks of ``chunk`` new tokens (after ``context`` cached ones)."""
+    chunks of ``chunk`` new tokens (after ``context`` cached ones); ``scattered``: their K/V on
+    blocks taken in a random order from the whole pool, as a run's frees leave its tables,
+    instead of consecutive ones."""
 
     decodes: int
     prefills: int
     chunk: int
     context: int
+    scattered: bool = False
 
 
 def default_shapes(max_len: int = 512) -> list[Shape]:
@@ -64,6 +67,11 @@ def default_shapes(max_len: int = 512) -> list[Shape]:
     # noisy one tilted the fitted K/V rate (the Azure median ITL 10-14% slow)
     shapes += [Shape(1, 0, 0, c) for c in (512, 768, 1280, 1536, 1792, 2560) if c + 512 < max_len]
     shapes += [Shape(b, p, 512, c) for b, p, c in itertools.product((0, 8), (1, 2), longs) if b or p == 1]
+    # K/V scattered over the pool, as preemption and a long run's frees leave it: a step on
+    # scattered blocks cost 6-19% more than on consecutive ones (benchmarks/numpy_memory.py)
+    scattered = itertools.product((1, 4, 16), (128, 1536))
+    shapes += [Shape(b, 0, 0, c, scattered=True) for b, c in scattered if c < max_len]
+    shapes += [Shape(4, 1, 96, 128, scattered=True)] if 96 + 128 < max_len else []
     return shapes
 
 
@@ -121,18 +129,20 @@ def shape_rounds(
         * -(-max(s.context + max(s.chunk, 1) for s in shapes) // BLOCK_SIZE)
     )
     allocator = PagedAllocator(num_blocks=need + 1, block_size=BLOCK_SIZE, prefix_caching=False, swap_blocks=0)
-    backend.bind(allocator)
+    backend.bind(allocator)  # the pool both allocators hand out (tables come with the plans)
     rng = np.random.default_rng(0)
+    shuffled = _shuffled(need + 1, rng) if any(s.scattered for s in shapes) else allocator
     times: list[list[float]] = [[] for _ in shapes]
     works: list[StepWork] = []
     idle: dict[int, list[float]] = {i: [] for i, s in enumerate(shapes) if is_idle_probe(s)}
     for round_no in itertools.count():
         for i, shape in enumerate(shapes):
-            plan, reqs = _plan(shape, allocator, rng, model.vocab_size)
+            blocks = shuffled if shape.scattered else allocator
+            plan, reqs = _plan(shape, blocks, rng, model.vocab_size)
             backend.execute(plan)  # first touch of this shape's K/V and buffers; its requests start
             timed = _continuing(plan)
             if shape.prefills:
-                lead_plan, lead_reqs = _plan(lead_in(shape), allocator, rng, model.vocab_size, len(reqs))
+                lead_plan, lead_reqs = _plan(lead_in(shape), blocks, rng, model.vocab_size, len(reqs))
                 backend.execute(lead_plan)
                 for _ in range(WARM_STEPS - 1):
                     backend.execute(_continuing(lead_plan))
@@ -148,12 +158,30 @@ def shape_rounds(
                     backend.execute(timed)
                 times[i].append(float(np.median([_seconds(backend, timed) for _ in range(TIMED_STEPS)])))
             for req in reqs:
-                allocator.free(req)
+                blocks.free(req)
             backend.execute(StepPlan(finished_req_ids=tuple(r.request_id for r in reqs)))  # the backend lets them go
-            if round_no == 0:  # timed warm, whatever its plan says (all of its requests new)
-                works.append(replace(step_work(plan, model, dtype, BLOCK_SIZE), cold=False))
+            if round_no == 0:
+                works.append(shape_work(plan, model, dtype))
         warm = [(work, typical_seconds(t)) for work, t in zip(works, times)]
         yield warm + [(replace(works[i], cold=True), typical_seconds(t)) for i, t in idle.items()]
+
+
+def shape_work(plan: StepPlan, model: ModelConfig, dtype: str) -> StepWork:
+    """The work of a shape's first ``_plan`` (every row new, its whole table in the plan), as
+    it is timed: warm, whatever the plan says (all of its requests new)."""
+    scattered = scattered_blocks(plan, [new.block_ids for new in plan.new_reqs], BLOCK_SIZE)
+    return replace(step_work(plan, model, dtype, BLOCK_SIZE, scattered=scattered), cold=False)
+
+
+def _shuffled(num_blocks: int, rng: np.random.Generator) -> PagedAllocator:
+    """An allocator over a pool of ``num_blocks`` that hands its blocks out in a random order:
+    every block taken, then freed in a random order (its free queue's order from then on)."""
+    allocator = PagedAllocator(num_blocks=num_blocks, block_size=BLOCK_SIZE, prefix_caching=False, swap_blocks=0)
+    fillers = [Request(-1 - i, 0.0, [0] * BLOCK_SIZE, 1) for i in range(num_blocks)]
+    taken = [f for f in fillers if allocator.allocate_slots(f, BLOCK_SIZE)]
+    for i in rng.permutation(len(taken)):
+        allocator.free(taken[i])
+    return allocator
 
 
 def is_idle_probe(shape: Shape) -> bool:

@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 
 from paged_bench.errors import ConfigError, check, check_choice
-from paged_bench.model.config import DTYPE_BYTES, ModelConfig
+from paged_bench.model.config import ModelConfig
 from paged_bench.model.kv_capacity import KVBudget, kv_budget
+from paged_bench.model.step_work import RunTables, StepWork, step_work
 from paged_bench.model.tp_link import Link, link_preset
 from paged_bench.model.tp_shard import TPShard, tp_shard
 from paged_bench.step import StepPlan
@@ -93,6 +94,10 @@ class Hardware:
     # held memory is reused, growth is faulted in); calibrated CPU presets only
     heap_bytes_per_score_byte: float = 0.0
     per_heap_growth_byte: float = 0.0
+    # seconds per block a step reads that does not follow the one before it in the pool
+    # (``StepWork.scattered_blocks``): a run's frees scatter its tables, and scattered K/V
+    # costs more to gather at the same bytes; calibrated CPU presets only
+    per_scattered_block: float = 0.0
     # measured matmul seconds by the step's token count, (tokens, every layer's matmuls, the LM
     # head on that many rows), ascending: replaces the matmul roofline where a calibration
     # found one. A CPU BLAS at one thread is no roofline for the few rows of a decode step:
@@ -179,77 +184,6 @@ def _best_rate(fn, work: float, seconds: float) -> float:
             return work / best
 
 
-@dataclass(frozen=True)
-class StepWork:
-    """What a step does, in the units a roofline needs."""
-
-    num_seqs: int
-    matmul_flops: float
-    weight_bytes: float
-    attn_flops: float
-    kv_bytes: float
-    swap_bytes: float = 0.0
-    num_allreduces: int = 0  # tensor parallel: two per layer
-    allreduce_bytes: float = 0.0  # each one's activations
-    score_bytes: float = 0.0  # fp32 attention scores an eager attention materialises, per layer and head
-    num_tokens: int = 0  # new tokens: the rows of every layer's matmuls
-    num_prefills: int = 0  # sequences computing a chunk of more than one token
-    padding_kv_bytes: float = 0.0  # K/V an eager attention gathers past a request's end (its group's longest)
-    # no request of the step ran in the step before (all are new): the engine had nothing to
-    # run, so it idled until an arrival (or it has just started), and the caches went cold
-    cold: bool = False
-    num_attention_groups: int = 0  # an eager attention's padded groups: decodes, prompt chunks (0-2)
-
-
-def step_work(
-    plan: StepPlan, model: ModelConfig, dtype: str, block_size: int, shard: TPShard | None = None
-) -> StepWork:
-    """One rank's work (the whole model's when ``shard`` is None or of size 1)."""
-    shard = shard or TPShard(model)
-    kv_token = shard.kv_bytes_per_token(dtype)
-    new = pairs = kv_read = 0
-    decodes = decode_len = prefills = chunk_len = prefill_len = 0
-    for start, n in zip(plan.num_computed_tokens, plan.num_new_tokens):
-        new += n
-        pairs += n * start + n * (n + 1) // 2  # the query at position p sees keys 0..p
-        kv_read += start + n
-        if n == 1:
-            decodes, decode_len = decodes + 1, max(decode_len, start + 1)
-        else:
-            prefills, chunk_len, prefill_len = prefills + 1, max(chunk_len, n), max(prefill_len, start + n)
-    # an eager attention (our numpy/torch backends) runs decodes as one group and prefill
-    # chunks as another, each padded to its longest query run and context, masked keys
-    # included: it gathers K/V beyond what the requests hold, and materialises a chunk's
-    # queries x keys scores (a decode's one score per key is 1/head_dim of the K/V it
-    # gathers: the gather prices it)
-    padding = decodes * decode_len + prefills * prefill_len - kv_read
-    scores = prefills * chunk_len * prefill_len
-    sampled = len(plan.req_ids)
-    matmul = (
-        2.0 * new * model.num_layers * shard.layer_matmul_params + 2.0 * sampled * model.hidden_size * shard.vocab_size
-    )
-    weights = float(shard.matmul_params * DTYPE_BYTES[dtype]) if plan.req_ids else 0.0
-    attn = 4.0 * model.num_layers * shard.num_heads * model.head_dim * pairs
-    swap = float((len(plan.swap_in) + len(plan.swap_out)) * block_size * kv_token)
-    allreduces = 2 * model.num_layers if shard.size > 1 and new else 0
-    return StepWork(
-        num_seqs=len(plan.req_ids),
-        matmul_flops=matmul,
-        weight_bytes=weights,
-        attn_flops=attn,
-        kv_bytes=float((kv_read + new) * kv_token),
-        swap_bytes=swap,
-        num_allreduces=allreduces,
-        allreduce_bytes=float(new * model.hidden_size * DTYPE_BYTES[dtype]),
-        score_bytes=4.0 * model.num_layers * shard.num_heads * scores,  # this rank's heads
-        num_tokens=new,
-        num_prefills=prefills,
-        padding_kv_bytes=float(padding * kv_token),
-        cold=0 < len(plan.req_ids) <= len(plan.new_reqs),
-        num_attention_groups=(decodes > 0) + (prefills > 0),
-    )
-
-
 @dataclass
 class HeapMark:
     """A run's heap high-water mark in bytes: held memory is reused, so a step pays for the
@@ -322,6 +256,7 @@ class RooflineCost:
         attention = max(w.attn_flops / (hw.peak_flops * hw.attn_eff), kv_bytes / (hw.mem_bandwidth * hw.kv_eff))
         attention += self.spilled_kv_bytes(w) * hw.per_spilled_kv_byte
         attention += self.llc_spilled_kv_bytes(w) * hw.per_llc_spilled_byte
+        attention += w.scattered_blocks * hw.per_scattered_block
         comm = w.num_allreduces * self.link.allreduce_seconds(w.allreduce_bytes, self.tp) if w.num_allreduces else 0.0
         scores = w.score_bytes * hw.per_score_byte
         per_request = hw.per_seq * w.num_seqs + hw.per_prefill * w.num_prefills + hw.per_token * w.num_tokens
@@ -329,12 +264,16 @@ class RooflineCost:
         overhead = hw.overhead + hw.cold_step if w.cold else hw.overhead
         return overhead + per_request + matmuls + attention + scores + w.swap_bytes / hw.host_link + comm
 
-    def duration(self, plan: StepPlan, block_size: int, heap: HeapMark | None = None) -> float:
+    def duration(
+        self, plan: StepPlan, block_size: int, heap: HeapMark | None = None, tables: RunTables | None = None
+    ) -> float:
         """The seconds of ``plan``: ``seconds`` and, for the next step of a run whose ``heap``
-        is given, where a calibration measured it, the heap growth it is the first to need."""
-        work = step_work(plan, self.model, self.dtype, block_size, self.shard)
-        seconds = self.seconds(work)
+        is given, where a calibration measured it, the heap growth it is the first to need;
+        with the run's ``tables`` (brought up to each plan here), its scattered blocks."""
         hw = self.hardware
+        scattered = tables.scattered_blocks(plan, block_size) if tables is not None and hw.per_scattered_block else 0
+        work = step_work(plan, self.model, self.dtype, block_size, self.shard, scattered)
+        seconds = self.seconds(work)
         if heap is not None and hw.per_heap_growth_byte:
             need = hw.heap_bytes_per_score_byte * work.score_bytes / self.model.num_layers
             seconds += heap.grow(need) * hw.per_heap_growth_byte

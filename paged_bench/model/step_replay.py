@@ -21,6 +21,7 @@ from typing import Any
 
 from paged_bench.backends.request_state import RequestStates
 from paged_bench.model.roofline import HeapMark, RooflineCost
+from paged_bench.model.step_work import RunTables
 from paged_bench.step import StepOutput, StepPlan
 
 
@@ -71,9 +72,9 @@ def replay(cfg: Mapping[str, Any], cost: RooflineCost) -> Replay:
     finally:
         backend.close()
     # the engine records a step for every plan it executes, in order
-    heap = HeapMark()  # priced as a run of its own: its heap starts empty
+    heap, tables = HeapMark(), RunTables()  # priced as a run of its own: its heap starts empty
     steps = [
-        ReplayedStep(shape_of(plan), row.duration, cost.duration(plan, block_size, heap))
+        ReplayedStep(shape_of(plan), row.duration, cost.duration(plan, block_size, heap, tables))
         for plan, row in zip(plans, result.steps.rows(), strict=True)
     ]
     return Replay(steps, result.duration, result.num_preemptions, adjacent_blocks(plans))
