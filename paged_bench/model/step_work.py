@@ -107,7 +107,7 @@ class RunTables:
 
     def __init__(self) -> None:
         self.states = RequestStates()
-        self.counted: dict[ReqId, tuple[int, int]] = {}  # (blocks looked at, scattered among them)
+        self.counted: dict[ReqId, list[int]] = {}  # [blocks looked at, scattered among them]
 
     def scattered_blocks(self, plan: StepPlan, block_size: int) -> int:
         """Bring the tables up to ``plan``; its rows' ``scattered_blocks``."""
@@ -119,15 +119,16 @@ class RunTables:
         total = 0
         rows = self.states.apply(plan)
         for req_id, row, start, n in zip(plan.req_ids, rows, plan.num_computed_tokens, plan.num_new_tokens):
-            table = row.block_ids
-            read = min(-(-(start + n) // block_size), len(table))
-            looked, scattered = counted.get(req_id, (1, 0))
-            if read < looked:  # fewer blocks than before: count afresh
-                looked, scattered = 1, 0
-            for i in range(looked, read):
-                scattered += table[i] != table[i - 1] + 1
-            counted[req_id] = (max(read, looked), scattered)
-            total += scattered
+            mark = counted.get(req_id)
+            if mark is None:
+                mark = counted[req_id] = [1, 0]
+            read = (start + n + block_size - 1) // block_size
+            if read > mark[0]:  # a row's reads only grow until it is sent whole again
+                table = row.block_ids
+                read = min(read, len(table))
+                mark[1] += sum(table[i] != table[i - 1] + 1 for i in range(mark[0], read))
+                mark[0] = read
+            total += mark[1]
         return total
 
 
