@@ -7,6 +7,7 @@ A step runs two kinds of kernels one after the other, each bounded by its own ro
              + max(attention FLOPs / (peak_flops * attn_eff), K/V bytes / (mem_bandwidth * kv_eff))
              + score bytes * per_score_byte (an eager attention's score matrices; 0 when fused)
              + per_prefill * prompt chunks + per_token * new tokens
+             + per_scattered_block * blocks read out of pool order (a calibrated CPU preset)
              + swap bytes / host_link
              + 2 x layers x all-reduce seconds (tensor parallel, over the ranks' link)
 
