@@ -43,7 +43,8 @@ machine over the same minutes: this VM's speed on memory-bound steps moves by 20
 minutes, and a calibration timed before the runs described a machine the runs no longer met
 (the decode probe 2.80 ms during one, 2.21-2.41 ms before the runs that followed it). Each
 numpy run starts on a trimmed heap, as a fresh process does, although the calibration's
-backend stays open meanwhile.
+backend stays open meanwhile. Each numpy run's figures are appended to ``--log`` (JSON lines)
+as it ends, so a failure late in the comparison loses none of them.
 
 Wall-clock runs on a shared machine are noisy (other processes steal the cores the real
 backend runs on, which no cost model sees): read the errors with the load average printed.
@@ -137,6 +138,13 @@ def numpy_rounds_after(calibration_rounds: int, numpy_rounds: int) -> collection
     return collections.Counter(int((k + 0.5) * calibration_rounds / numpy_rounds) for k in range(numpy_rounds))
 
 
+def log_run(path: Path, record: dict) -> None:
+    """Append one numpy run's figures to ``path`` (JSON lines), flushed: a run takes up to a
+    minute and the whole comparison twenty, and a failure late in it keeps the runs done."""
+    with path.open("a") as f:
+        f.write(json.dumps({k: v for k, v in record.items() if isinstance(v, (str, int, float, list))}) + "\n")
+
+
 def calibrated_ms(preset: Path) -> list[float | None]:
     """What the calibration that wrote ``preset`` measured for ``PROBES`` (None: not among its shapes)."""
     shapes = {Shape(s["decodes"], s["prefills"], s["chunk"], s["context"], s.get("scattered", False)): s["measured_ms"]
@@ -152,10 +160,16 @@ def main() -> None:
     p.add_argument("--schedulers", default=",".join(SCHEDULERS))
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--replay", action="store_true", help="price each step of one numpy run per case instead")
+    p.add_argument("--log", type=Path, default=Path("runs/sim_vs_numpy/numpy-runs.jsonl"),
+                   help="each numpy run's figures appended here as it ends (kept if the comparison fails later)")  # fmt: skip
     args = p.parse_args()
     cases = [(w, s) for w in args.workloads.split(",") for s in args.schedulers.split(",")]
     real_runs: dict[tuple[str, str], list[dict]] = {case: [] for case in cases}
     probes: list[list[float]] = []
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    if not args.replay:
+        args.log.parent.mkdir(parents=True, exist_ok=True)
+        print(f"numpy runs are appended to {args.log} as they end", file=sys.stderr)
 
     def numpy_round() -> None:  # every case once: a burst of load elsewhere hits every case alike
         probes.append(probe_ms())
@@ -163,6 +177,8 @@ def main() -> None:
             start = time.perf_counter()
             heap.trim()
             real_runs[case].append(run(("backend=numpy", *overrides(*case))))
+            log_run(args.log, {"started": started, "round": len(probes), "probe_ms": probes[-1],
+                               "workload": case[0], "scheduler": case[1], **real_runs[case][-1]})  # fmt: skip
             print(f"  numpy {case[0]}/{case[1]} run {len(probes)}: {time.perf_counter() - start:.0f} s",
                   file=sys.stderr, flush=True)  # fmt: skip
 

@@ -5,6 +5,7 @@ past the model's positions) and nothing noticed until its figures were regenerat
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -29,10 +30,39 @@ def test_benchmark_script_runs(script):
     assert expected in done.stdout, done.stdout[-2000:]
 
 
-def test_sim_vs_numpy_runs_its_numpy_rounds_amid_the_calibrations():
+def _sim_vs_numpy():
     spec = importlib.util.spec_from_file_location("sim_vs_numpy", ROOT / "benchmarks" / "sim_vs_numpy.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_sim_vs_numpy_keeps_each_numpy_run_as_it_ends(tmp_path, monkeypatch):
+    script = _sim_vs_numpy()
+    calls = []
+
+    def run(overrides):  # numpy runs as figures of their own; the third one fails
+        calls.append(overrides)
+        if "backend=numpy" in overrides and sum("backend=numpy" in c for c in calls) == 3:
+            raise RuntimeError("the machine went away")
+        return {"median_ttft_ms": float(len(calls)), "p99_ttft_ms": 9.0, "median_itl_ms": 1.0,
+                "output_throughput": 100.0, "num_preemptions": 0}  # fmt: skip
+
+    monkeypatch.setattr(script, "run", run)
+    monkeypatch.setattr(script, "probe_ms", lambda: [1.0, 2.0])
+    preset, log = tmp_path / "preset.json", tmp_path / "runs.jsonl"
+    preset.write_text('{"shapes": []}')
+    monkeypatch.setattr(sys, "argv", ["sim_vs_numpy.py", "--preset", str(preset), "--log", str(log), "--repeats", "2",
+                                      "--workloads", "seed", "--schedulers", "static,continuous"])  # fmt: skip
+    with pytest.raises(RuntimeError, match="went away"):
+        script.main()
+    kept = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["round"], r["scheduler"], r["median_ttft_ms"]) for r in kept] == [(1, "static", 1.0), (1, "continuous", 2.0)]
+    assert kept[0]["workload"] == "seed" and kept[0]["probe_ms"] == [1.0, 2.0]
+
+
+def test_sim_vs_numpy_runs_its_numpy_rounds_amid_the_calibrations():
+    script = _sim_vs_numpy()
     # three rounds among nine: after the 2nd, 5th and 8th, calibration rounds on both sides of each
     assert script.numpy_rounds_after(9, 3) == {1: 1, 4: 1, 7: 1}
     assert script.numpy_rounds_after(9, 1) == {4: 1}
