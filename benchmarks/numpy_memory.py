@@ -68,37 +68,35 @@ SCATTER_DECODES = ((1, 1536, 4096), (3, 1024, 4096), (4, 128, 512), (4, 128, 409
 
 def scattered_decodes(rounds: int = 5) -> list[tuple[float, float]]:
     """Per ``SCATTER_DECODES`` shape, (ms on consecutive blocks, ms on blocks in a random order)."""
-    import time
-
     from paged_bench import registry
     from paged_bench.allocators.paged import PagedAllocator
-    from paged_bench.model.calibrate_shapes import Shape, _continuing, _plan
-    from paged_bench.request import Request
+    from paged_bench.model.calibrate_shapes import (
+        TIMED_STEPS,
+        WARM_STEPS,
+        Shape,
+        _continuing,
+        _plan,
+        _seconds,
+        _shuffled,
+    )
     from paged_bench.step import StepPlan
 
     backend = registry.create("backend", "numpy", model="small", threads=1)
     rng = np.random.default_rng(0)
 
     def step_ms(sequences: int, context: int, pool_blocks: int, scattered: bool) -> float:
-        allocator = PagedAllocator(num_blocks=pool_blocks, block_size=16, prefix_caching=False, swap_blocks=0)
+        # a fresh allocator each time: consecutive blocks from the first, or all in a random order
+        allocator = (_shuffled(pool_blocks, rng) if scattered else
+                     PagedAllocator(num_blocks=pool_blocks, block_size=16, prefix_caching=False, swap_blocks=0))  # fmt: skip
         backend.bind(allocator)
-        if scattered:  # every block taken, then freed in a random order: the free queue's order
-            fillers = [Request(-1 - i, 0.0, [1] * 16, 1) for i in range(pool_blocks - 1)]
-            taken = [f for f in fillers if allocator.allocate_slots(f, 16)]
-            for i in rng.permutation(len(taken)):
-                allocator.free(taken[i])
         plan, reqs = _plan(Shape(sequences, 0, 0, context), allocator, rng, backend.vocab_size)
         backend.execute(plan)
         timed = _continuing(plan)
-        for _ in range(3):
+        for _ in range(WARM_STEPS):  # as calibration times a decode batch
             backend.execute(timed)
-        times = []
-        for _ in range(7):
-            start = time.perf_counter()
-            backend.execute(timed)
-            times.append(time.perf_counter() - start)
+        seconds = float(np.median([_seconds(backend, timed) for _ in range(TIMED_STEPS)]))
         backend.execute(StepPlan(finished_req_ids=tuple(r.request_id for r in reqs)))
-        return float(np.median(times)) * 1e3
+        return seconds * 1e3
 
     results = []
     for shape in SCATTER_DECODES:

@@ -196,7 +196,8 @@ def main() -> None:
         preset = args.out
         h = cost.hardware
         print(f"calibrated on {info['fit']['samples']} shapes, median |error| {info['fit']['median_abs_rel_err']:.1%}, "
-              f"overhead {h.overhead * 1e3:.2f} ms/step, {h.per_seq * 1e6:.0f} us/seq -> {preset}")  # fmt: skip
+              f"overhead {h.overhead * 1e3:.2f} ms/step, {h.per_seq * 1e6:.0f} us/seq, "
+              f"{h.per_scattered_block * 1e6:.1f} us/scattered block -> {preset}")  # fmt: skip
     if args.replay:
         print_replays(cases, preset)
         return

@@ -68,7 +68,8 @@ def default_shapes(max_len: int = 512) -> list[Shape]:
     shapes += [Shape(1, 0, 0, c) for c in (512, 768, 1280, 1536, 1792, 2560) if c + 512 < max_len]
     shapes += [Shape(b, p, 512, c) for b, p, c in itertools.product((0, 8), (1, 2), longs) if b or p == 1]
     # K/V scattered over the pool, as preemption and a long run's frees leave it: a step on
-    # scattered blocks cost 6-19% more than on consecutive ones (benchmarks/numpy_memory.py)
+    # scattered blocks cost 5-13% more than on consecutive ones at 3 x 1,024 tokens
+    # (benchmarks/numpy_memory.py)
     scattered = itertools.product((1, 4, 16), (128, 1536))
     shapes += [Shape(b, 0, 0, c, scattered=True) for b, c in scattered if c < max_len]
     shapes += [Shape(4, 1, 96, 128, scattered=True)] if 96 + 128 < max_len else []

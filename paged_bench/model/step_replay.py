@@ -13,7 +13,6 @@ lengths, mixed steps), which shows which kind of step the model gets wrong and b
 
 from __future__ import annotations
 
-import itertools
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Any
 
 from paged_bench.backends.request_state import RequestStates
 from paged_bench.model.roofline import HeapMark, RooflineCost
-from paged_bench.model.step_work import RunTables
+from paged_bench.model.step_work import RunTables, out_of_order
 from paged_bench.step import StepOutput, StepPlan
 
 
@@ -89,8 +88,9 @@ def adjacent_blocks(plans: Sequence[StepPlan]) -> float:
         for state, n in zip(states.apply(plan), plan.num_new_tokens):
             if n == 1:
                 table = state.block_ids
-                adjacent += sum(b == a + 1 for a, b in itertools.pairwise(table))
-                pairs += max(len(table) - 1, 0)
+                followers = max(len(table) - 1, 0)
+                adjacent += followers - out_of_order(table, 1, len(table))
+                pairs += followers
     return adjacent / pairs if pairs else 1.0
 
 

@@ -126,7 +126,7 @@ class RunTables:
             if read > mark[0]:  # a row's reads only grow until it is sent whole again
                 table = row.block_ids
                 read = min(read, len(table))
-                mark[1] += sum(table[i] != table[i - 1] + 1 for i in range(mark[0], read))
+                mark[1] += out_of_order(table, mark[0], read)
                 mark[0] = read
             total += mark[1]
         return total
@@ -138,6 +138,10 @@ def scattered_blocks(plan: StepPlan, tables: Sequence[Sequence[int]], block_size
     them plus one."""
     count = 0
     for table, start, n in zip(tables, plan.num_computed_tokens, plan.num_new_tokens):
-        read = -(-(start + n) // block_size)
-        count += sum(table[i] != table[i - 1] + 1 for i in range(1, min(read, len(table))))
+        count += out_of_order(table, 1, min(-(-(start + n) // block_size), len(table)))
     return count
+
+
+def out_of_order(table: Sequence[int], start: int, stop: int) -> int:
+    """How many of ``table[start:stop]`` (``start`` >= 1) are not the block before them plus one."""
+    return sum(table[i] != table[i - 1] + 1 for i in range(start, stop))
