@@ -7,10 +7,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install run serve test bench ui results clean
 
-# then the engine core is compiled with mypyc (paged_bench/native.py: about 2x the step loop's
+# then the engine core is compiled with mypyc (paged_bench/native/guard.py: about 2x the step loop's
 # speed), again whenever its source changed; without a C compiler it stays interpreted
 install: $(STAMP)
-	PAGED_BENCH_INTERPRETED=1 $(PY) -m paged_bench.native_build
+	PAGED_BENCH_INTERPRETED=1 $(PY) -m paged_bench.native.compile
 
 # torch first, pinned: it then satisfies the package's capped range without pip looking
 # for a newer (multi-GB CUDA) build

@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from paged_bench.app import run_job
-from paged_bench.config import compose_config
+from paged_bench.run.compose import compose_config
+from paged_bench.run.job import run_job
 
 SHAPE = ("backend.cost_model=roofline", "backend.model=llama-3-8b", "backend.hardware=h100", "max_batch=128",
          "max_model_len=8192", "max_num_batched_tokens=8192", "tracking.enabled=false")  # fmt: skip

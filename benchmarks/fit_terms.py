@@ -2,7 +2,7 @@
 term, then with each additive term left at 0.
 
 Times the calibration's step shapes once on ``backend=numpy`` (``--repeats`` rounds, as
-``python -m paged_bench.model.calibrate`` times them) with a measured matmul curve, then fits
+``python -m paged_bench.calibration.calibrate`` times them) with a measured matmul curve, then fits
 them as calibration does, again without each term, and prints each fit's median and largest
 |error| and its median error on three kinds of shape: prompt chunks of 64 tokens or more at a
 context of 16 or less (a fresh prompt's prefill), the same at a context of 128 or more, and
@@ -17,12 +17,12 @@ import argparse
 import statistics
 from dataclasses import replace
 
-from paged_bench import registry
-from paged_bench.config import compose_config
-from paged_bench.model import calibrate_matmuls as cal_matmuls
-from paged_bench.model import calibrate_shapes as cal_shapes
-from paged_bench.model.calibrate_fit import ADDITIVE, fit, fit_errors
-from paged_bench.model.roofline import RooflineCost, measure_cpu
+from paged_bench.calibration import matmuls as cal_matmuls
+from paged_bench.calibration import shapes as cal_shapes
+from paged_bench.calibration.fit import ADDITIVE, fit, fit_errors
+from paged_bench.costmodel.roofline import RooflineCost, measure_cpu
+from paged_bench.run import registry
+from paged_bench.run.compose import compose_config
 
 KINDS = {
     "prompt, context <= 16": lambda s: s.prefills and s.chunk >= 64 and s.context <= 16,

@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the frozen reference lives in tests/
 
-from paged_bench.build import build  # noqa: E402
-from paged_bench.config import compose_config  # noqa: E402
-from paged_bench.metrics import request_figures  # noqa: E402
-from paged_bench.outputs import REQUEST_COLUMNS, write_run  # noqa: E402
-from paged_bench.records import RequestRecords  # noqa: E402
+from paged_bench.results.metrics import request_figures  # noqa: E402
+from paged_bench.results.records import RequestRecords  # noqa: E402
+from paged_bench.results.run_files import REQUEST_COLUMNS, write_run  # noqa: E402
+from paged_bench.run.bench import build  # noqa: E402
+from paged_bench.run.compose import compose_config  # noqa: E402
 from tests import metrics_reference as reference  # noqa: E402
 
 RUN = ("backend=sim", "workload=poisson", "max_batch=32", "workload.rate=14", "workload.num_requests=20000",

@@ -32,10 +32,10 @@ CHUNK = 512
 
 def prompt_growth(huge_pages: bool, tokens: int) -> list[float]:
     """Per chunk of a ``tokens`` prompt, seconds its first prefill paid over its second."""
-    from paged_bench import registry
-    from paged_bench.allocators.paged import PagedAllocator
+    from paged_bench.calibration.heap_growth import prompt_seconds
+    from paged_bench.core.kv.paged import PagedAllocator
     from paged_bench.model import heap
-    from paged_bench.model.calibrate_heap import prompt_seconds
+    from paged_bench.run import registry
 
     backend = registry.create("backend", "numpy", model="small", threads=1)
     allocator = PagedAllocator(num_blocks=tokens // 16 + 1, block_size=16, prefix_caching=False, swap_blocks=0)
@@ -68,9 +68,7 @@ SCATTER_DECODES = ((1, 1536, 4096), (3, 1024, 4096), (4, 128, 512), (4, 128, 409
 
 def scattered_decodes(rounds: int = 5) -> list[tuple[float, float]]:
     """Per ``SCATTER_DECODES`` shape, (ms on consecutive blocks, ms on blocks in a random order)."""
-    from paged_bench import registry
-    from paged_bench.allocators.paged import PagedAllocator
-    from paged_bench.model.calibrate_shapes import (
+    from paged_bench.calibration.shapes import (
         TIMED_STEPS,
         WARM_STEPS,
         Shape,
@@ -79,7 +77,9 @@ def scattered_decodes(rounds: int = 5) -> list[tuple[float, float]]:
         _seconds,
         _shuffled,
     )
-    from paged_bench.step import StepPlan
+    from paged_bench.core.kv.paged import PagedAllocator
+    from paged_bench.core.plan import StepPlan
+    from paged_bench.run import registry
 
     backend = registry.create("backend", "numpy", model="small", threads=1)
     rng = np.random.default_rng(0)

@@ -17,8 +17,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from paged_bench.app import JobOutcome, run_job
-from paged_bench.config import compose_config
+from paged_bench.run.compose import compose_config
+from paged_bench.run.job import JobOutcome, run_job
 
 WORKLOAD = ("workload=uniform", "workload.prompt_len=64", "workload.output_len=64")
 

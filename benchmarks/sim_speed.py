@@ -16,7 +16,7 @@ written to.
 
 The seed workload has only 48 requests, so it is reported as whole-process seconds (issue 11:
 under 1 s untracked) and steps over that time. Each case runs with the compiled engine core
-(``paged_bench.native``: what ``make install`` builds) and, with ``--interpreted``, also from
+(``paged_bench.native.guard``: what ``make install`` builds) and, with ``--interpreted``, also from
 its source (``PAGED_BENCH_INTERPRETED=1``), the two commands alternating, and prints their
 ratio. Run from the repository root:
 
@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from paged_bench import native, native_build
+from paged_bench.native import compile as native_build
+from paged_bench.native import guard as native
 
 POISSON_20K = ("workload=poisson", "max_batch=32", "workload.rate=14", "workload.num_requests=20000")
 CASES: dict[str, tuple[tuple[str, ...], str | None]] = {

@@ -19,7 +19,7 @@ Calibration and runs use the same ``backend.threads`` (the numpy config's, 1).
     .venv/bin/python benchmarks/sim_vs_numpy.py --replay --preset runs/calibration/numpy-small.json
 
 ``--replay`` is the diagnostic: one numpy run per case, each of its steps priced with the
-preset (``paged_bench.model.step_replay``), errors by step shape: cost-model error apart from
+preset (``paged_bench.calibration.step_replay``), errors by step shape: cost-model error apart from
 the scheduling a different cost model leads to.
 
 The error is the simulator's figure against the median of the numpy runs; a ``numpy range``
@@ -62,14 +62,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from paged_bench import registry
-from paged_bench.app import run_job
-from paged_bench.config import compose_config
+from paged_bench.calibration.calibrate import calibrate
+from paged_bench.calibration.shapes import Shape, default_shapes, time_shapes
+from paged_bench.calibration.step_replay import replay, shape_table
+from paged_bench.costmodel.roofline import load_preset, measure_cpu, save_preset
 from paged_bench.model import heap
-from paged_bench.model.calibrate import calibrate
-from paged_bench.model.calibrate_shapes import Shape, default_shapes, time_shapes
-from paged_bench.model.roofline import load_preset, measure_cpu, save_preset
-from paged_bench.model.step_replay import replay, shape_table
+from paged_bench.run import registry
+from paged_bench.run.compose import compose_config
+from paged_bench.run.job import run_job
 
 KEYS = ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "output_throughput")
 WORKLOADS = {

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 
-from paged_bench.app import run_job
-from paged_bench.config import compose_config
 from paged_bench.model.config import DTYPE_BYTES, PRESETS
 from paged_bench.model.hf import to_transformers
 from paged_bench.model.weights import random_state
+from paged_bench.run.compose import compose_config
+from paged_bench.run.job import run_job
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, seconds: float = 2.0) -> float:

@@ -16,9 +16,9 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from paged_bench.app import run_job
-from paged_bench.config import compose_config
 from paged_bench.model.config import PRESETS
+from paged_bench.run.compose import compose_config
+from paged_bench.run.job import run_job
 
 CONFIGS = ((1, 1), (1, 2), (2, 1))  # (TP, threads per rank)
 

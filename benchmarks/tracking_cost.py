@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 
-
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "HYDRA_"))}
     env.update(extra)

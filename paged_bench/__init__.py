@@ -6,6 +6,6 @@ measured on timed workloads against simulated, real-model and remote engines.
 
 __version__ = "0.1.0"
 
-from paged_bench import native  # before any compiled module is imported
+from paged_bench.native.guard import guard  # before any compiled module is imported
 
-native.guard()
+guard()

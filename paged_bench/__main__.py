@@ -1,6 +1,6 @@
 """``python -m paged_bench [overrides]``: one benchmark run (or a sweep with ``-m``), by Hydra.
 
-Thin on purpose: Hydra composes the config and ``cli.job.run`` does the job (build and run
+Thin on purpose: Hydra composes the config and ``cli.hydra_job.run`` does the job (build and run
 the engine through ``app.run_job``, write the run's files, log it to MLflow). ``--experiments``
 and ``--plugins`` list the experiment registry and the installed plugins. A bad value is one
 line on stderr and a non-zero exit, and so is a run folder that cannot be written (under a
@@ -22,15 +22,16 @@ import hydra
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig
 
-from paged_bench.cli import catalog, job, signals, sweep
-from paged_bench.config import unknown_override
+from paged_bench.cli import catalog, signals, sweep
+from paged_bench.cli import hydra_job
 from paged_bench.errors import PagedBenchError
-from paged_bench.files import cannot_write
+from paged_bench.results.whole_files import cannot_write
+from paged_bench.run.compose import unknown_override
 
 
 @hydra.main(version_base="1.3", config_path="pkg://paged_bench.conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    job.run(cfg)
+    hydra_job.run(cfg)
 
 
 def _one_line(e: HydraException) -> str:
@@ -198,7 +199,7 @@ def cli() -> None:
     try:
         main()
     except BrokenPipeError:  # `--help | head`: the reader went away; nothing left to say
-        job.quiet_stdout()
+        hydra_job.quiet_stdout()
         sys.exit(0)
     # Hydra refuses some command lines with a ValueError or a TypeError; an OSError is a run's or
     # a sweep's folder it could not make or write (under a file, a full disk)
@@ -239,7 +240,7 @@ def _flush_stdout() -> None:
     try:
         sys.stdout.flush()
     except BrokenPipeError:
-        job.quiet_stdout()
+        hydra_job.quiet_stdout()
 
 
 if __name__ == "__main__":

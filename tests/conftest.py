@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from paged_bench.config import compose_config
+from paged_bench.run.compose import compose_config
 
 
 @pytest.fixture

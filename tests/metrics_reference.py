@@ -1,5 +1,5 @@
 """The per-request Python metrics and CSV code as it was before the columnar rewrite (commit
-35a7a83, paged_bench/metrics.py and outputs.py), kept frozen as an oracle: the columnar code
+35a7a83, paged_bench/results/metrics.py and outputs.py), kept frozen as an oracle: the columnar code
 must give the same figures and the same ``requests.csv``/``steps.csv`` content on the same
 engine result (tests/test_metrics_identity.py), and benchmarks/metrics_outputs.py times the
 two side by side. Not used by the package."""
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from paged_bench.engine import STEP_COLUMNS, EngineResult
-from paged_bench.metrics import RequestLatency  # the same record then and now
-from paged_bench.request import Request
+from paged_bench.core.engine import STEP_COLUMNS, EngineResult
+from paged_bench.core.request import Request
+from paged_bench.results.metrics import RequestLatency  # the same record then and now
 
 PERCENTILES = {"mean": None, "median": 50, "p90": 90, "p95": 95, "p99": 99}
 LATENCIES = ("ttft", "tpot", "itl", "e2el", "queue")

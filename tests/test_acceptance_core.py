@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from paged_bench.build import build
-from paged_bench.metrics import summarize
+from paged_bench.results.metrics import summarize
+from paged_bench.run.bench import build
 
 
 def run(config, *overrides):

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged_bench.allocators.base import NO_HIT
-from paged_bench.allocators.block_pool import BlockPool
-from paged_bench.allocators.contiguous import ContiguousAllocator
-from paged_bench.allocators.free_queue import FreeQueue
-from paged_bench.allocators.paged import PagedAllocator
+from paged_bench.core.kv.base import NO_HIT
+from paged_bench.core.kv.block_pool import BlockPool
+from paged_bench.core.kv.contiguous import ContiguousAllocator
+from paged_bench.core.kv.free_queue import FreeQueue
+from paged_bench.core.kv.paged import PagedAllocator
+from paged_bench.core.request import Request
 from paged_bench.errors import ConfigError
-from paged_bench.request import Request
 
 
 def req(rid: int, tokens: list[int], max_tokens: int = 8) -> Request:
@@ -348,7 +348,7 @@ def test_an_interpreted_allocator_on_the_compiled_base_runs_as_the_paged_one_doe
     the compiled scheduler calls its methods and properties, and the base's own methods
     (``allocate_rows``, ``reserved_slots``) call its overrides. Here it hands every call to a
     ``PagedAllocator``, so the run must be the paged run, step for step."""
-    from paged_bench.allocators.base import Allocator
+    from paged_bench.core.kv.base import Allocator
     from tests.test_schedulers import make_engine, reqs
 
     class Delegating(Allocator):

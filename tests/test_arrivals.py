@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from paged_bench.app import run_job
-from paged_bench.arrivals import ClosedLoop, OpenLoop
-from paged_bench.request import Request
+from paged_bench.core.arrivals import ClosedLoop, OpenLoop
+from paged_bench.core.request import Request
+from paged_bench.run.job import run_job
 from paged_bench.serve import serve_in_thread
 from tests.test_serve_api import FAST, all_free, wait_for
 

@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from paged_bench.app import run_job
-from paged_bench.build import build
+from paged_bench.core.request import Request
 from paged_bench.errors import ConfigError
 from paged_bench.model.config import PRESETS
-from paged_bench.request import Request
+from paged_bench.run.bench import build
+from paged_bench.run.job import run_job
 from tests.conftest import compose_config
 
 torch = pytest.importorskip("torch")

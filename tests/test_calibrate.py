@@ -10,18 +10,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.backends.sim import LinearCost, SimBackend
-from paged_bench.build import build
+from paged_bench.calibration import calibrate as cal
+from paged_bench.calibration import matmuls as cal_matmuls
+from paged_bench.calibration import shapes as cal_shapes
+from paged_bench.core.kv.paged import PagedAllocator
+from paged_bench.core.plan import NewRequestData, StepPlan
+from paged_bench.core.request import Request
+from paged_bench.costmodel.roofline import HARDWARE, Hardware, RooflineCost, load_preset, save_preset
+from paged_bench.costmodel.step_work import step_work
 from paged_bench.errors import ConfigError
-from paged_bench.model import calibrate as cal
-from paged_bench.model import calibrate_matmuls as cal_matmuls
-from paged_bench.model import calibrate_shapes as cal_shapes
 from paged_bench.model.config import PRESETS
-from paged_bench.model.roofline import HARDWARE, Hardware, RooflineCost, load_preset, save_preset
-from paged_bench.model.step_work import step_work
-from paged_bench.request import Request
-from paged_bench.step import NewRequestData, StepPlan
+from paged_bench.run.bench import build
 from tests.conftest import compose_config
 
 
@@ -194,7 +194,7 @@ def test_preset_with_a_curve_round_trips(tmp_path):
 
 
 def test_time_matmuls_measures_the_backends_own_matmuls():
-    from paged_bench import registry
+    from paged_bench.run import registry
 
     backend = registry.create("backend", "numpy", model="tiny", threads=1)
     backend.bind(PagedAllocator(num_blocks=8, block_size=16, prefix_caching=False, swap_blocks=0))
@@ -215,8 +215,8 @@ def test_calibration_times_decode_rows_as_running_requests():
 
 
 def test_replay_measures_how_scattered_the_decode_rows_blocks_are():
-    from paged_bench.model.step_replay import adjacent_blocks
-    from paged_bench.step import SamplingParams
+    from paged_bench.calibration.step_replay import adjacent_blocks
+    from paged_bench.core.plan import SamplingParams
 
     def new(req_id, blocks, computed):
         return NewRequestData(req_id, (), computed, blocks, computed, SamplingParams())
@@ -234,7 +234,7 @@ def test_replay_measures_how_scattered_the_decode_rows_blocks_are():
     assert adjacent_blocks([]) == 1.0
 
 def test_step_replay_prices_every_step_the_real_run_ran():
-    from paged_bench.model.step_replay import replay, shape_of, shape_table
+    from paged_bench.calibration.step_replay import replay, shape_of, shape_table
 
     cost = RooflineCost(PRESETS["tiny"], HARDWARE["cpu"], "float32")
     cfg = compose_config("backend=numpy", "backend.model=tiny", "workload.num_requests=6", "tracking.enabled=false")
@@ -276,7 +276,7 @@ def test_an_eager_attention_pays_for_padding_and_for_gathers_past_the_core_cache
 def test_a_checkpoints_calibration_is_named_after_its_folder_not_the_small_preset():
     """With backend.model_path set, backend.model still says small: numpy-small.json, the preset
     the docs run with, was overwritten by a checkpoint's calibration."""
-    from paged_bench.model.calibrate import _model_name
+    from paged_bench.calibration.calibrate import _model_name
 
     assert _model_name({"model": "small", "model_path": "/data/ckpts/my-llama"}) == "my-llama"
     assert _model_name({"model": "small"}) == "small" and _model_name({"model": {"preset": "tiny"}}) == "custom"

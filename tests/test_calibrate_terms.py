@@ -11,16 +11,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from paged_bench import registry
-from paged_bench.allocators.paged import PagedAllocator
-from paged_bench.model import calibrate_shapes as cal_shapes
+from paged_bench.calibration import shapes as cal_shapes
+from paged_bench.calibration.check_run import CALIBRATION_WORKLOAD, calibration_run_config
+from paged_bench.calibration.fit import _nnls
+from paged_bench.core.kv.paged import PagedAllocator
+from paged_bench.core.plan import NewRequestData, SamplingParams, StepPlan
+from paged_bench.costmodel.roofline import Hardware, HeapMark, RooflineCost
+from paged_bench.costmodel.step_work import RunTables, scattered_blocks, step_work
 from paged_bench.model import heap
-from paged_bench.model.calibrate_fit import _nnls
-from paged_bench.model.calibrate_run import CALIBRATION_WORKLOAD, calibration_run_config
 from paged_bench.model.config import PRESETS
-from paged_bench.model.roofline import Hardware, HeapMark, RooflineCost
-from paged_bench.model.step_work import RunTables, scattered_blocks, step_work
-from paged_bench.step import NewRequestData, SamplingParams, StepPlan
+from paged_bench.run import registry
 from tests.conftest import compose_config
 
 MODEL = PRESETS["small"]
@@ -139,7 +139,7 @@ def test_a_run_prices_the_blocks_its_tables_scatter_as_they_grow():
 
 def test_counting_scattered_blocks_as_tables_grow_equals_counting_them_whole():
     from paged_bench.backends.request_state import RequestStates
-    from paged_bench.build import build
+    from paged_bench.run.bench import build
 
     # a pool-starved run: preemption frees and re-admits requests, and scatters their tables
     bench = build(compose_config("backend=sim", "workload=seed", "scheduler=preemptive", "num_blocks=32",

@@ -12,12 +12,12 @@ import shutil
 import numpy as np
 import pytest
 
-from paged_bench.build import build, build_engine
-from paged_bench.config import compose_config
+from paged_bench.core.request import FinishReason, Request
 from paged_bench.errors import ConfigError
 from paged_bench.model.config import read_hf_config
 from paged_bench.model.weights import load_state
-from paged_bench.request import FinishReason, Request
+from paged_bench.run.bench import build, build_engine
+from paged_bench.run.compose import compose_config
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -125,7 +125,7 @@ def test_a_broken_checkpoint_is_one_config_error(sharded, tmp_path, how, says):
 
 def test_torch_threads_past_any_core_count_are_refused():
     """30,000 made libgomp fail mid-run and 100,000 crashed the process."""
-    from paged_bench.build import build
+    from paged_bench.run.bench import build
 
     with pytest.raises(ConfigError, match="backend.threads=100000 is not allowed: an integer from 1 to 1,024"):
         build(compose_config("backend=torch", "backend.model=tiny", "backend.threads=100000"))
@@ -134,7 +134,7 @@ def test_torch_threads_past_any_core_count_are_refused():
 def test_max_model_len_past_the_models_positions_is_refused(sharded):
     """Positions past max_position_embeddings turn rotary angles the model never saw: its output
     is another model's. It ran; vLLM refuses it (its derived max_model_len is the same field)."""
-    from paged_bench.build import build
+    from paged_bench.run.bench import build
 
     ckpt = ("backend=numpy", f"backend.model_path={sharded}")
     with pytest.raises(ConfigError, match="max_model_len=1024 is not allowed: at most 512, the model's"):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from paged_bench.metrics import LATENCIES, PERCENTILES, SPREADS
+from paged_bench.results.metrics import LATENCIES, PERCENTILES, SPREADS
 
 SUMMARY_KEYS = {
     *(f"{p}_{m}_ms" for m in LATENCIES for p in (*PERCENTILES, *SPREADS)),

@@ -11,19 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from paged_bench import memory
 from paged_bench.__main__ import _multirun_after_overrides
-from paged_bench.build import build_engine
-from paged_bench.cluster import build as cluster_build
+from paged_bench.calibration import calibrate as cal
+from paged_bench.cluster import cluster_bench as cluster_build
 from paged_bench.cluster.spec import cluster_spec
 from paged_bench.errors import ConfigError
-from paged_bench.model import calibrate as cal
-from paged_bench.model.kv_bytes import as_flags
-from paged_bench.model.kv_bytes import main as kv_bytes_main
-from paged_bench.report import build as report_build
+from paged_bench.report import document as report_build
 from paged_bench.report.__main__ import main as report_main
+from paged_bench.run import memory
+from paged_bench.run.bench import build_engine
 from paged_bench.serve.server import ServerConfig
-from paged_bench.sync import main as sync_main
+from paged_bench.sizing.kv_bytes import as_flags
+from paged_bench.sizing.kv_bytes import main as kv_bytes_main
+from paged_bench.tracking.sync import main as sync_main
 from tests.test_report import make_sweep
 
 
@@ -153,7 +153,7 @@ def test_calibrate_keeps_its_preset_when_writing_out_fails_late(tmp_path, monkey
 # 3. a config group given a list: a 40-57 line TypeError traceback from Hydra
 
 
-@pytest.mark.parametrize("module", ["paged_bench", "paged_bench.serve", "paged_bench.model.calibrate"])
+@pytest.mark.parametrize("module", ["paged_bench", "paged_bench.serve", "paged_bench.calibration.calibrate"])
 def test_a_group_override_given_a_list_is_one_line_in_every_entry_point(tmp_path, module):
     proc = command(tmp_path, module, "router=[1,2]", f"hydra.run.dir={tmp_path / 'run'}")
     assert one_error_line(proc) == ("error: router=[1, 2] is not allowed: an option name, one of least_kv, "

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from paged_bench.app import run_job
-from paged_bench.build import build_engine, build_workload, workload_requests
-from paged_bench.cluster.build import build_cluster
+from paged_bench.cluster.cluster_bench import build_cluster
 from paged_bench.cluster.loop import Cluster
 from paged_bench.cluster.replica import Replica
 from paged_bench.cluster.spec import cluster_spec
 from paged_bench.errors import ConfigError
 from paged_bench.routers.round_robin import RoundRobinRouter
+from paged_bench.run.bench import build_engine, build_workload, workload_requests
+from paged_bench.run.job import run_job
 
 # high load on 4 replicas of max_batch 8: bursty arrivals near what the cluster sustains
 BURSTY = ("workload=bursty", "workload.num_requests=600", "workload.rate=30", "workload.burstiness=0.3",
@@ -187,7 +187,7 @@ def test_transfers_too_slow_for_a_float_stop_the_run_with_every_request_accounte
 
 def test_a_large_cluster_reads_the_installed_plugins_once_per_kind(config, monkeypatch):
     # reading every package's metadata costs ~8 ms: once per replica, 1,000 replicas took 9.5 s
-    from paged_bench import registry
+    from paged_bench.run import registry
 
     registry._group_entry_points.cache_clear()
     groups = []

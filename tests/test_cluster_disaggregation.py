@@ -10,9 +10,9 @@ import itertools
 import numpy as np
 import pytest
 
-from paged_bench.app import run_job
 from paged_bench.cluster.link import LINKS
 from paged_bench.model.config import PRESETS
+from paged_bench.run.job import run_job
 
 SPLIT = ("cluster.prefill_replicas=1", "cluster.decode_replicas=2", "workload.num_requests=120",
          "tracking.enabled=false")  # fmt: skip
@@ -109,8 +109,8 @@ def test_a_one_token_request_ends_on_its_prefill_replica_without_a_transfer(conf
 
 
 def test_a_handed_over_request_enters_the_plan_once_with_its_prompt_computed(config):
-    from paged_bench.build import build_engine
-    from paged_bench.request import Request
+    from paged_bench.core.request import Request
+    from paged_bench.run.bench import build_engine
 
     engine, _ = build_engine(config("max_batch=2"))
     sched = engine.scheduler
@@ -152,10 +152,10 @@ def test_an_interrupt_mid_step_leaves_every_replica_whole(config, monkeypatch):
     """Ctrl-C inside a step, after a finished request left the running list and before its
     blocks were freed (here: the 5th free of either replica raises it): the cluster frees what is held, as the
     plain engine does, instead of reporting a leak."""
-    from paged_bench import registry
-    from paged_bench.allocators.paged import PagedAllocator
-    from paged_bench.cluster.build import build_cluster
+    from paged_bench.cluster.cluster_bench import build_cluster
     from paged_bench.cluster.spec import cluster_spec
+    from paged_bench.core.kv.paged import PagedAllocator
+    from paged_bench.run import registry
 
     calls = []
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from paged_bench import registry
+from paged_bench.core.request import Request
 from paged_bench.errors import ConfigError
-from paged_bench.request import Request
 from paged_bench.routers.base import ReplicaView
+from paged_bench.run import registry
 
 
 @dataclass

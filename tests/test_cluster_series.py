@@ -6,13 +6,13 @@ from __future__ import annotations
 import csv
 import json
 
-from paged_bench.app import run_job
-from paged_bench.cluster.build import build_cluster
+from paged_bench.cluster.cluster_bench import build_cluster
 from paged_bench.cluster.spec import cluster_spec
-from paged_bench.outputs import format_summary
 from paged_bench.report.load import RunSet, load_run
 from paged_bench.report.plots import kv_over_time
-from paged_bench.step_records import cluster_wide
+from paged_bench.results.run_files import format_summary
+from paged_bench.results.step_series import cluster_wide
+from paged_bench.run.job import run_job
 from paged_bench.tracking.runs import STEP_SERIES, step_metrics
 
 WORKLOAD = ("workload=poisson", "workload.num_requests=60", "workload.rate=20", "cluster.replicas=3")
@@ -70,7 +70,7 @@ def test_a_split_clusters_decode_router_draws_its_own_pairs(config):
 
 def test_a_report_of_clusters_shows_the_kv_peak_of_all_replicas(config, tmp_path):
     # the largest one replica reached fell as replicas were added: 1,504 slots on 2, 608 on 4
-    from paged_bench.report.build import build_report
+    from paged_bench.report.document import build_report
 
     runs = []
     for n in (1, 2, 3):  # one replica is the plain engine: its peak is its own (the table fell back)

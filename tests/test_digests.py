@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import csv
 
-from paged_bench.app import run_job
-from paged_bench.records import token_digest
+from paged_bench.results.records import token_digest
+from paged_bench.run.job import run_job
 
 RUN = ("backend=numpy", "backend.model=tiny", "backend.threads=1", "workload=uniform", "workload.num_requests=6",
        "workload.rate=200", "workload.prompt_len=16", "workload.output_len=8", "max_model_len=64",

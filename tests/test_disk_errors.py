@@ -48,7 +48,7 @@ def test_runs_being_a_regular_file_is_one_line(tmp_path, sweep):
 FULL_DISK_WRITER = """
 import resource, signal, sys
 from pathlib import Path
-from paged_bench.files import write_whole
+from paged_bench.results.whole_files import write_whole
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of a kill
 resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 try:
@@ -70,7 +70,7 @@ def test_write_whole_leaves_no_temporary_file_when_the_write_fails(tmp_path):
 
 
 def test_write_whole_names_the_target_and_removes_its_temporary_file(tmp_path, monkeypatch):
-    from paged_bench import files
+    from paged_bench.results import whole_files as files
 
     def full(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -84,7 +84,7 @@ def test_write_whole_names_the_target_and_removes_its_temporary_file(tmp_path, m
 
 def _full_disk_after_some_rows(monkeypatch):
     """``requests.csv``'s rows: the first ones, then the disk is full."""
-    from paged_bench import outputs
+    from paged_bench.results import run_files as outputs
 
     rows = outputs.request_rows
 
@@ -98,7 +98,7 @@ def _full_disk_after_some_rows(monkeypatch):
 
 
 def _job(run_dir: Path):
-    from paged_bench.cli import job as job_module
+    from paged_bench.cli import hydra_job as job_module
 
     return job_module.Job(run_dir=run_dir, multirun=False, sweep_dir=None, num=None, name="default")
 
@@ -106,7 +106,7 @@ def _job(run_dir: Path):
 def test_a_failed_csv_write_leaves_no_partial_file_and_is_one_line(tmp_path, monkeypatch, config, capsys):
     from omegaconf import OmegaConf
 
-    from paged_bench.cli import job as job_module
+    from paged_bench.cli import hydra_job as job_module
 
     _full_disk_after_some_rows(monkeypatch)
     monkeypatch.setattr(job_module.Job, "current", classmethod(lambda cls: _job(tmp_path)))
@@ -126,7 +126,7 @@ def test_an_os_error_elsewhere_stays_a_bug_with_its_traceback(tmp_path, monkeypa
     """Only the run's own folder is a write error: an OSError about another path is a bug's."""
     from omegaconf import OmegaConf
 
-    from paged_bench.cli import job as job_module
+    from paged_bench.cli import hydra_job as job_module
 
     def reading(*args, **kwargs):
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(tmp_path.parent / "elsewhere"))

@@ -6,14 +6,14 @@ import time
 
 import pytest
 
-from paged_bench import app
-from paged_bench.allocators.block_pool import BlockPool
-from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.backends.base import Backend
-from paged_bench.clock import VirtualClock, WallClock
-from paged_bench.engine import Engine
-from paged_bench.request import FinishReason, Request
-from paged_bench.step import StepOutput, StepPlan
+from paged_bench.core.clock import VirtualClock, WallClock
+from paged_bench.core.engine import Engine
+from paged_bench.core.kv.block_pool import BlockPool
+from paged_bench.core.kv.paged import PagedAllocator
+from paged_bench.core.plan import StepOutput, StepPlan
+from paged_bench.core.request import FinishReason, Request
+from paged_bench.run import job as app
 from tests.test_schedulers import make_engine, reqs
 
 
@@ -207,7 +207,7 @@ def test_virtual_clock_never_goes_back():
 
 
 def test_same_seed_same_run_bit_for_bit(config):
-    from paged_bench.build import build
+    from paged_bench.run.bench import build
 
     def run():
         bench = build(config("scheduler=preemptive", "num_blocks=40", "workload.rate=100"))
@@ -218,7 +218,7 @@ def test_same_seed_same_run_bit_for_bit(config):
 
 
 def test_requests_share_nothing_across_runs(config):
-    from paged_bench.build import build
+    from paged_bench.run.bench import build
 
     a, b = build(config()), build(config())
     assert a.requests[0] is not b.requests[0]

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from paged_bench.model import calibrate as cal
-from paged_bench.model import calibrate_shapes as cal_shapes
-from paged_bench.model.engine_cost import EngineCost, measure_engine_cost
+from paged_bench.calibration import calibrate as cal
+from paged_bench.calibration import shapes as cal_shapes
+from paged_bench.calibration.engine_cost import EngineCost, measure_engine_cost
 
 
 def test_engine_cost_is_measured_per_step_and_per_sequence():
@@ -38,8 +38,8 @@ def test_calibration_adds_the_engine_cost_to_what_the_backend_costs(tmp_path, mo
 
 
 def test_fit_finds_what_an_eager_attention_pays_for_its_scores():
+    from paged_bench.costmodel.roofline import Hardware, RooflineCost
     from paged_bench.model.config import PRESETS
-    from paged_bench.model.roofline import Hardware, RooflineCost
     from tests.test_calibrate import _works
 
     model = PRESETS["small"]

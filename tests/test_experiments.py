@@ -13,10 +13,10 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from paged_bench.app import run_job
-from paged_bench.build import build
 from paged_bench.cli import catalog
 from paged_bench.cli.sweep_jobs import job_overrides
+from paged_bench.run.bench import build
+from paged_bench.run.job import run_job
 from tests.tracking_support import run_cli
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "experiment"

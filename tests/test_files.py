@@ -11,7 +11,7 @@ import time
 WRITER = """
 import sys
 from pathlib import Path
-from paged_bench.files import write_whole
+from paged_bench.results.whole_files import write_whole
 path, n = Path(sys.argv[1]), 0
 while True:
     write_whole(path, "ab"[n % 2] * 4_000_000 + "\\n")

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from paged_bench.allocators.paged import PagedAllocator
+from paged_bench.core.kv.paged import PagedAllocator
+from paged_bench.core.request import Request
+from paged_bench.core.scheduler.continuous import ContinuousScheduler
+from paged_bench.core.scheduler.preemptive import PreemptiveScheduler
 from paged_bench.errors import ConfigError
-from paged_bench.metrics import summarize
 from paged_bench.model.logprobs import LogprobsRequest
-from paged_bench.request import Request
-from paged_bench.schedulers.continuous import ContinuousScheduler
-from paged_bench.schedulers.preemptive import PreemptiveScheduler
+from paged_bench.results.metrics import summarize
 from tests.test_metrics import result as metrics_result
 from tests.test_metrics import step
 from tests.test_schedulers import make_engine, reqs
@@ -120,8 +120,8 @@ def test_builtin_block_hashes_are_the_same_in_every_process():
     import sys
 
     code = (
-        "from paged_bench.allocators.paged import PagedAllocator\n"
-        "from paged_bench.request import Request\n"
+        "from paged_bench.core.kv.paged import PagedAllocator\n"
+        "from paged_bench.core.request import Request\n"
         "a = PagedAllocator(num_blocks=4, block_size=2)\n"
         "print(a._block_hashes(Request(0, 0.0, [1, 2, 3, 4, 5], 1), 2))"
     )

@@ -23,7 +23,7 @@ UNTRACKED = [*SMALL, "tracking.enabled=false"]
 
 
 def _sync(cwd, *paths):
-    return run_cli(cwd, *map(str, paths), module="paged_bench.sync")
+    return run_cli(cwd, *map(str, paths), module="paged_bench.tracking.sync")
 
 
 def _dead_pid() -> int:

@@ -11,16 +11,15 @@ import httpx
 import pytest
 import yaml
 
-from paged_bench.app import run_job
-from paged_bench.build import build
 from paged_bench.errors import ConfigError
 from paged_bench.loadgen.config import TargetConfig
 from paged_bench.loadgen.prometheus import parse_ttft_totals
 from paged_bench.loadgen.spawn import free_port
-from paged_bench.model.tokenizers import serving_tokenizer
-from paged_bench.records import text_digest
+from paged_bench.model.tokenizers import ByteTokenizer, serving_tokenizer
+from paged_bench.results.records import text_digest
+from paged_bench.run.bench import build
+from paged_bench.run.job import run_job
 from paged_bench.serve import serve_in_thread
-from paged_bench.tokenizer import ByteTokenizer
 from tests.test_serve_api import FAST, all_free, metric, wait_for
 
 WORKLOAD = ("workload=poisson", "workload.num_requests=12", "workload.rate=40", "workload.prompt_len.low=8",

@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from paged_bench.app import run_job
-from paged_bench.config import compose_config
 from paged_bench.model.tokenizers import HFTokenizer, text_token_count
+from paged_bench.run.compose import compose_config
+from paged_bench.run.job import run_job
 from tests.test_serve_api import wait_for
 
 N = 10  # requests; the server treats the i-th it receives the i-th way below

@@ -23,9 +23,9 @@ import httpx
 import numpy as np
 import pytest
 
-from paged_bench.app import run_job
 from paged_bench.loadgen.spawn import free_port
-from paged_bench.records import text_digest
+from paged_bench.results.records import text_digest
+from paged_bench.run.job import run_job
 from tests import fake_openai_server as fake
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def fake_server():
 def measured(fake_server, tmp_path_factory):
     """One run: warm-up, then the 4 requests one at a time (concurrency 1, all due at t=0)."""
     run_dir = tmp_path_factory.mktemp("run")
-    from paged_bench.config import compose_config
+    from paged_bench.run.compose import compose_config
 
     # the fake server speaks bytes: a client's vocabulary of bytes counts its text as it does
     cfg = compose_config(*WORKLOAD, "target=openai", f"target.base_url={fake_server}/v1", "target.warmup=1",

@@ -13,13 +13,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from paged_bench import outputs
-from paged_bench.allocators.base import KVLayout
-from paged_bench.engine import STEP_COLUMNS, EngineResult, StepRecords
-from paged_bench.metrics import LATENCIES, PERCENTILES, peak_concurrency, request_figures, request_latency, summarize
-from paged_bench.outputs import REQUEST_COLUMNS, _write_csv, request_columns, request_rows
-from paged_bench.records import RequestOutput, RequestRecords, text_digest, token_digest
-from paged_bench.request import FinishReason, Request
+from paged_bench.core.engine import STEP_COLUMNS, EngineResult, StepRecords
+from paged_bench.core.kv.base import KVLayout
+from paged_bench.core.request import FinishReason, Request
+from paged_bench.results import run_files as outputs
+from paged_bench.results.metrics import (
+    LATENCIES,
+    PERCENTILES,
+    peak_concurrency,
+    request_figures,
+    request_latency,
+    summarize,
+)
+from paged_bench.results.records import RequestOutput, RequestRecords, text_digest, token_digest
+from paged_bench.results.run_files import REQUEST_COLUMNS, _write_csv, request_columns, request_rows
 
 
 def finished(rid, arrival, scheduled, times, prompt=4, reason=FinishReason.LENGTH) -> Request:

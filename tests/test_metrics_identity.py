@@ -10,10 +10,10 @@ import csv
 
 import pytest
 
-from paged_bench.build import build
-from paged_bench.metrics import request_figures
-from paged_bench.outputs import write_run
-from paged_bench.records import RequestRecords
+from paged_bench.results.metrics import request_figures
+from paged_bench.results.records import RequestRecords
+from paged_bench.results.run_files import write_run
+from paged_bench.run.bench import build
 from tests import metrics_reference as reference
 
 OVERLOAD = ("workload.rate=100", "num_blocks=64", "max_batch=32")

@@ -10,11 +10,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from paged_bench.allocators.paged import PagedAllocator
-from paged_bench.build import build
-from paged_bench.registry import create
-from paged_bench.request import Request
-from paged_bench.step import NewRequestData, StepPlan
+from paged_bench.core.kv.paged import PagedAllocator
+from paged_bench.core.plan import NewRequestData, StepPlan
+from paged_bench.core.request import Request
+from paged_bench.run.bench import build
+from paged_bench.run.registry import create
 from tests.conftest import compose_config
 
 VOCAB, NEW_TOKENS, STEP_S = 320, 20, 0.001

@@ -8,16 +8,16 @@ import json
 import numpy as np
 import pytest
 
-from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.backends.request_state import RequestStates
+from paged_bench.core.kv.paged import PagedAllocator
+from paged_bench.core.plan import NewRequestData, StepPlan
+from paged_bench.core.request import Request
 from paged_bench.errors import ConfigError
-from paged_bench.model import kv_bytes
 from paged_bench.model.batch import build_batch
 from paged_bench.model.config import PRESETS, ModelConfig, read_hf_config, resolve_model
 from paged_bench.model.sampling import request_rng, sample
 from paged_bench.model.weights import load_state, random_state, shapes
-from paged_bench.request import Request
-from paged_bench.step import NewRequestData, StepPlan
+from paged_bench.sizing import kv_bytes
 
 HF_BASE = {
     "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,

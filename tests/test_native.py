@@ -1,4 +1,4 @@
-"""The compiled engine core (``paged_bench.native``): built wherever the machine can build it,
+"""The compiled engine core (``paged_bench.native.guard``): built wherever the machine can build it,
 the same results as its source to the byte, and never run stale."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from paged_bench import native, native_build
+from paged_bench.native import compile as native_build
+from paged_bench.native import guard as native
 
 # the paths through the compiled code: prefill chunks, decodes, preemption by swap and by
 # recompute, prefix hits (deferred and eager hashing), a cluster's replicas
@@ -31,8 +32,8 @@ OUTPUTS = ("requests.csv", "steps.csv", "summary.json")
 
 def run(overrides: tuple[str, ...], run_dir: Path, interpreted: bool) -> str:
     env = {**os.environ, native.INTERPRETED_ENV: "1" if interpreted else "0"}
-    code = ("import sys, paged_bench.engine, paged_bench.native as n, runpy; sys.argv = ['paged_bench', *sys.argv[1:]]; "
-            "print('compiled' if n.is_compiled('paged_bench.engine') else 'interpreted', file=sys.stderr); "
+    code = ("import sys, paged_bench.core.engine, paged_bench.native.guard as n, runpy; sys.argv = ['paged_bench', *sys.argv[1:]]; "
+            "print('compiled' if n.is_compiled('paged_bench.core.engine') else 'interpreted', file=sys.stderr); "
             "runpy.run_module('paged_bench', run_name='__main__')")  # fmt: skip
     args = [sys.executable, "-c", code, *overrides, f"hydra.run.dir={run_dir}", "tracking.enabled=false"]
     proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120, check=False)
@@ -52,7 +53,7 @@ def test_the_core_is_compiled_where_it_can_be():
 
 @pytest.mark.parametrize("name", RUNS)
 def test_compiled_and_interpreted_write_the_same_files(name, tmp_path):
-    if native.extension("paged_bench.engine") is None:
+    if native.extension("paged_bench.core.engine") is None:
         pytest.skip("no compiled core here")
     assert run(RUNS[name], tmp_path / "compiled", interpreted=False) == "compiled"
     assert run(RUNS[name], tmp_path / "interpreted", interpreted=True) == "interpreted"
@@ -64,37 +65,38 @@ def test_compiled_and_interpreted_write_the_same_files(name, tmp_path):
 
 
 def test_a_stale_extension_is_found(tmp_path, monkeypatch):
+    (tmp_path / "core").mkdir()
     for name in ("engine", "arrivals"):
-        (tmp_path / f"{name}.py").write_text("")
+        (tmp_path / "core" / f"{name}.py").write_text("")
     monkeypatch.setattr(native, "PACKAGE", tmp_path)
-    monkeypatch.setattr(native, "MODULES", ("paged_bench.engine",))
+    monkeypatch.setattr(native, "MODULES", ("paged_bench.core.engine",))
     assert native.stale() == []  # never compiled
     suffix = native.importlib.machinery.EXTENSION_SUFFIXES[0]
-    for name in ("engine", "_native__mypyc"):
+    for name in ("core/engine", "_native__mypyc"):
         (tmp_path / f"{name}{suffix}").write_bytes(b"")
     assert native.stale() == []
-    monkeypatch.setattr(native, "MODULES", ("paged_bench.engine", "paged_bench.arrivals"))
-    assert native.stale() == ["paged_bench.arrivals"]  # added to the set since the build
-    monkeypatch.setattr(native, "MODULES", ("paged_bench.engine",))
+    monkeypatch.setattr(native, "MODULES", ("paged_bench.core.engine", "paged_bench.core.arrivals"))
+    assert native.stale() == ["paged_bench.core.arrivals"]  # added to the set since the build
+    monkeypatch.setattr(native, "MODULES", ("paged_bench.core.engine",))
     later = time.time() + 10
-    os.utime(tmp_path / "engine.py", (later, later))  # edited after it was compiled
-    assert native.stale() == ["paged_bench.engine"]
+    os.utime(tmp_path / "core" / "engine.py", (later, later))  # edited after it was compiled
+    assert native.stale() == ["paged_bench.core.engine"]
     (tmp_path / f"_native__mypyc{suffix}").unlink()
-    os.utime(tmp_path / "engine.py", (0, 0))
-    assert native.stale() == ["paged_bench.engine"]  # the shims without the code they load
+    os.utime(tmp_path / "core" / "engine.py", (0, 0))
+    assert native.stale() == ["paged_bench.core.engine"]  # the shims without the code they load
 
 
 def test_a_stale_core_runs_from_source_and_says_so():
-    finder = native._SourceFinder(["paged_bench.engine"])
-    with pytest.warns(UserWarning, match=r"paged_bench/engine.py: the compiled engine core is older than this source.*make install"):
-        spec = finder.find_spec("paged_bench.engine")
-    assert spec is not None and spec.origin == str(native.source("paged_bench.engine"))
-    assert finder.find_spec("paged_bench.metrics") is None  # not compiled: the usual finders find it
-    assert finder.find_spec("paged_bench.request").origin.endswith("request.py")  # warned once, for all
+    finder = native._SourceFinder(["paged_bench.core.engine"])
+    with pytest.warns(UserWarning, match=r"paged_bench/core/engine.py: the compiled engine core is older than this source.*make install"):
+        spec = finder.find_spec("paged_bench.core.engine")
+    assert spec is not None and spec.origin == str(native.source("paged_bench.core.engine"))
+    assert finder.find_spec("paged_bench.results.metrics") is None  # not compiled: the usual finders find it
+    assert finder.find_spec("paged_bench.core.request").origin.endswith("request.py")  # warned once, for all
 
 
 def test_asking_for_the_interpreted_core_gets_it():
     env = {**os.environ, native.INTERPRETED_ENV: "1"}
-    code = "import paged_bench.engine as e, paged_bench.native as n; print(e.__file__, n.is_compiled('paged_bench.engine'))"
+    code = "import paged_bench.core.engine as e, paged_bench.native.guard as n; print(e.__file__, n.is_compiled('paged_bench.core.engine'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
-    assert out.split() == [str(native.source("paged_bench.engine")), "False"]
+    assert out.split() == [str(native.source("paged_bench.core.engine")), "False"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from paged_bench import registry
+from paged_bench.run import registry
 from paged_bench.workloads.base import Workload
 from tests.plugin_support import fake_distribution
 from tests.test_plugin_catalog import _conf_package, _warnings
@@ -104,7 +104,7 @@ def test_an_option_the_file_does_not_give_says_where_options_come_from(monkeypat
                                  "+workload.KEY=VALUE)")  # fmt: skip
 
 
-BAD_HOOK = """from paged_bench.schedulers.continuous import ContinuousScheduler
+BAD_HOOK = """from paged_bench.core.scheduler.continuous import ContinuousScheduler
 
 
 class Picky(ContinuousScheduler):
@@ -119,7 +119,7 @@ class Picky(ContinuousScheduler):
 
 
 def test_a_hook_whose_parameters_the_engine_cannot_pass_is_refused_before_the_run(tmp_path):
-    # was a TypeError at the first admission, "raised at paged_bench/schedulers/base.py", and a traceback
+    # was a TypeError at the first admission, "raised at paged_bench/core/scheduler/base.py", and a traceback
     site = fake_distribution(tmp_path / "site", "picky-plugins", {"paged_bench.schedulers": {"picky": "picky:Picky"}},
                              {"picky": BAD_HOOK})  # fmt: skip
     proc = run_cli(tmp_path, "scheduler.name=picky", "tracking.enabled=false", PYTHONPATH=str(site))

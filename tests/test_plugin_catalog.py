@@ -12,7 +12,7 @@ import pytest
 from tests.plugin_support import fake_distribution
 from tests.tracking_support import run_cli
 
-LPF_MODULE = """from paged_bench.schedulers.continuous import ContinuousScheduler
+LPF_MODULE = """from paged_bench.core.scheduler.continuous import ContinuousScheduler
 
 
 class LongestPromptFirst(ContinuousScheduler):

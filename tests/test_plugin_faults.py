@@ -13,23 +13,23 @@ import json
 import numpy as np
 import pytest
 
-from paged_bench.allocators.base import KVLayout
-from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.backends.sim import SimBackend
-from paged_bench.build import build
-from paged_bench.cluster.build import build_cluster
+from paged_bench.cluster.cluster_bench import build_cluster
 from paged_bench.cluster.spec import cluster_spec
-from paged_bench.config import compose_config
-from paged_bench.engine import Engine
+from paged_bench.core.engine import Engine
+from paged_bench.core.kv.base import KVLayout
+from paged_bench.core.kv.paged import PagedAllocator
+from paged_bench.core.plan import StepOutput
+from paged_bench.core.request import FinishReason
+from paged_bench.core.scheduler.continuous import ContinuousScheduler
 from paged_bench.errors import PluginError
-from paged_bench.request import FinishReason
 from paged_bench.routers.base import Router
-from paged_bench.schedulers.continuous import ContinuousScheduler
-from paged_bench.step import StepOutput
+from paged_bench.run.bench import build
+from paged_bench.run.compose import compose_config
 from tests.plugin_support import fake_distribution
 from tests.tracking_support import run_cli
 
-FAULTY = '''from paged_bench.schedulers.base import Scheduler
+FAULTY = '''from paged_bench.core.scheduler.base import Scheduler
 
 
 class CrashesLater(Scheduler):
@@ -143,7 +143,7 @@ def test_a_backend_that_returns_too_few_tokens_stops_the_run_naming_it():
     engine.backend = OneTokenBackend()
     result = engine.run(requests)
     assert result.error.startswith("backend 'sim' returned 1 token (int) and a duration of 0.01 s for a step of ")
-    assert "execute() returns a paged_bench.step.StepOutput of one token id (an int >= 0) per row" in result.error
+    assert "execute() returns a paged_bench.core.plan.StepOutput of one token id (an int >= 0) per row" in result.error
 
 
 class ReturnsAList(SimBackend):
@@ -209,7 +209,7 @@ def test_a_may_admit_that_returns_no_bool_is_named():
 
 def test_an_allocator_that_skips_its_base_init_is_refused_before_the_run(monkeypatch):
     # without counters the run finished and then crashed writing its results: nothing was kept
-    from paged_bench import registry
+    from paged_bench.run import registry
 
     class NoCounters(PagedAllocator):
         def __init__(self, *, num_blocks, block_size, **kwargs):
@@ -217,14 +217,14 @@ def test_an_allocator_that_skips_its_base_init_is_refused_before_the_run(monkeyp
 
     load = registry.load
     monkeypatch.setattr(registry, "load", lambda kind, name: NoCounters if kind == "allocator" else load(kind, name))
-    with pytest.raises(PluginError, match="allocator 'paged' sets no self.counters \\(a paged_bench.allocators.base."
+    with pytest.raises(PluginError, match="allocator 'paged' sets no self.counters \\(a paged_bench.core.kv.base."
                                           "AllocatorCounters\\): call the base class's __init__"):  # fmt: skip
         build(compose_config("backend=sim", "tracking.enabled=false"))
 
 
 def test_a_plugin_class_without_a_name_takes_its_entry_points(monkeypatch):
     # every hook error said scheduler '' (or the name of the example the class was copied from)
-    from paged_bench import registry
+    from paged_bench.run import registry
 
     class Nameless(ContinuousScheduler):
         name = ""
@@ -236,8 +236,8 @@ def test_a_plugin_class_without_a_name_takes_its_entry_points(monkeypatch):
 
 
 def test_an_option_file_without_a_name_or_a_backend_of_unknown_kv_size_is_one_line(config):
-    from paged_bench.build import plugin_section
     from paged_bench.errors import ConfigError
+    from paged_bench.run.bench import plugin_section
 
     with pytest.raises(ConfigError) as e:  # read as "router={'tie_break': 'kv'} is not allowed: a router option"
         plugin_section({"router": {"tie_break": "kv"}}, "router")
@@ -266,9 +266,9 @@ def test_blocks_an_allocator_never_gives_back_are_reported_whatever_its_leaks_sa
 def test_a_plugin_constructor_that_fails_is_one_line_naming_it(monkeypatch):
     """Forgetting **kwargs blamed the user's config ("scheduler.max_model_len=512 is not
     allowed"); an abstract method left out was a 40-line traceback."""
-    from paged_bench import registry
-    from paged_bench.allocators.base import Allocator
-    from paged_bench.schedulers.base import Scheduler
+    from paged_bench.core.kv.base import Allocator
+    from paged_bench.core.scheduler.base import Scheduler
+    from paged_bench.run import registry
 
     class NoKwargs(Scheduler):
         def __init__(self, allocator, *, resume_first=False):
@@ -302,8 +302,8 @@ def test_the_allocator_names_its_abstract_methods_as_marked():
     """``abstract_methods`` is what the registry checks once the marks are compiled away."""
     import ast
 
-    from paged_bench.allocators import base
-    from paged_bench.native import source
+    from paged_bench.core.kv import base
+    from paged_bench.native.guard import source
 
     tree = ast.parse(source(base.__name__).read_text())
     cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Allocator")
@@ -315,7 +315,7 @@ def test_the_allocator_names_its_abstract_methods_as_marked():
 def test_an_allocator_that_keeps_its_own_block_size_is_refused(monkeypatch):
     """An option file without block_size: ${block_size} ran with the plugin's default: the config
     said 8, the pool was 16-token blocks (twice the memory)."""
-    from paged_bench import registry
+    from paged_bench.run import registry
 
     class OwnBlockSize(PagedAllocator):
         def __init__(self, *, num_blocks, **kwargs):
@@ -329,7 +329,7 @@ def test_an_allocator_that_keeps_its_own_block_size_is_refused(monkeypatch):
 
 
 def test_a_workload_that_returns_no_list_of_requests_or_shared_ids_is_named():
-    from paged_bench.build import workload_requests
+    from paged_bench.run.bench import workload_requests
 
     bench = build(compose_config("backend=sim", "tracking.enabled=false", "workload.num_requests=3"))
 

@@ -39,7 +39,7 @@ def test_the_listing_shows_every_kind_with_its_package(tmp_path):
     for kind in ("workload", "scheduler", "allocator", "backend"):
         assert f"\n{kind} (paged_bench.{kind}s)" in out
     line = next(l for l in out.splitlines() if l.strip().startswith("continuous "))
-    assert "paged_bench.schedulers.continuous:ContinuousScheduler" in line and line.rstrip().endswith(
+    assert "paged_bench.core.scheduler.continuous:ContinuousScheduler" in line and line.rstrip().endswith(
         "from paged-bench"
     )
 
@@ -51,7 +51,7 @@ def test_a_broken_plugin_is_named_with_its_package_and_the_others_still_work(tmp
     exploding = next(l for l in lines if l.strip().startswith("exploding "))
     assert "from broken-plugins" in exploding and "BROKEN" in exploding and "ModuleNotFoundError" in exploding
     notasched = next(l for l in lines if l.strip().startswith("notasched "))
-    assert "BROKEN" in notasched and "not a subclass of paged_bench.schedulers.base.Scheduler" in notasched
+    assert "BROKEN" in notasched and "not a subclass of paged_bench.core.scheduler.base.Scheduler" in notasched
     assert "BROKEN" not in next(l for l in lines if l.strip().startswith("continuous "))
     assert "config options of plugin 'broken'" in listing.stdout and "broken-plugins" in listing.stdout
 

@@ -21,7 +21,7 @@ def test_a_bar_is_shown_only_on_a_terminal_or_when_forced():
 
 
 def test_the_command_gives_the_run_no_callback_when_no_bar_can_show(monkeypatch, config, tmp_path):
-    from paged_bench.cli import job as job_module
+    from paged_bench.cli import hydra_job as job_module
 
     seen = {}
 
@@ -42,6 +42,6 @@ def test_the_command_gives_the_run_no_callback_when_no_bar_can_show(monkeypatch,
 
 
 def _job(tmp_path):
-    from paged_bench.cli.job import Job
+    from paged_bench.cli.hydra_job import Job
 
     return Job(run_dir=tmp_path, multirun=False, sweep_dir=None, num=None, name="default")

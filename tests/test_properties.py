@@ -15,16 +15,16 @@ from dataclasses import astuple
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paged_bench.allocators.contiguous import ContiguousAllocator
-from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.backends.request_state import RequestStates
 from paged_bench.backends.sim import SimBackend
-from paged_bench.clock import VirtualClock
-from paged_bench.engine import Engine
-from paged_bench.request import FinishReason, Request
-from paged_bench.schedulers.continuous import ContinuousScheduler
-from paged_bench.schedulers.preemptive import VICTIMS, PreemptiveScheduler
-from paged_bench.schedulers.static import StaticScheduler
+from paged_bench.core.clock import VirtualClock
+from paged_bench.core.engine import Engine
+from paged_bench.core.kv.contiguous import ContiguousAllocator
+from paged_bench.core.kv.paged import PagedAllocator
+from paged_bench.core.request import FinishReason, Request
+from paged_bench.core.scheduler.continuous import ContinuousScheduler
+from paged_bench.core.scheduler.preemptive import VICTIMS, PreemptiveScheduler
+from paged_bench.core.scheduler.static import StaticScheduler
 
 MAX_MODEL_LEN = 128
 POLICIES = ["static", "continuous", "recompute", "swap"]

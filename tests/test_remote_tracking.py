@@ -1,6 +1,6 @@
 """Tracking against a real ``mlflow server`` (a subprocess on a free loopback port): a single
 run and a sweep land on it, and a server that dies mid-sweep loses nothing, because
-``python -m paged_bench.sync`` uploads the rest once it is back (and a second sync, nothing)."""
+``python -m paged_bench.tracking.sync`` uploads the rest once it is back (and a second sync, nothing)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_a_run_and_a_sweep_log_to_a_real_server(tmp_path, server):
 
 
 def _sync(cwd, *paths, **env):
-    return run_cli(cwd, *map(str, paths), module="paged_bench.sync", **env)
+    return run_cli(cwd, *map(str, paths), module="paged_bench.tracking.sync", **env)
 
 
 @pytest.mark.slow

@@ -13,12 +13,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from paged_bench.app import run_job
 from paged_bench.report.__main__ import main as report_main
-from paged_bench.report.build import build_report, run_plots
+from paged_bench.report.document import build_report, run_plots
 from paged_bench.report.load import RunSet, find_runs, save_config
 from paged_bench.report.plots import plotted_metrics, step_curve
 from paged_bench.report.tables import gain, metric
+from paged_bench.run.job import run_job
 from tests.conftest import compose_config
 
 EXPERIMENTS = Path(__file__).parents[1] / "paged_bench" / "conf" / "experiment"

@@ -12,10 +12,10 @@ import sqlite3
 
 import pytest
 
-from paged_bench.files import folder_name
 from paged_bench.report.__main__ import main as report_main
 from paged_bench.report.load import RunSet, find_runs
 from paged_bench.report.tables import head_to_head_markdown
+from paged_bench.results.whole_files import folder_name
 from tests.test_report import make_sweep
 from tests.tracking_support import fresh_store, run_cli, runs_of
 
@@ -124,7 +124,7 @@ def test_sync_leaves_an_unreadable_run_out_and_uploads_the_others(tmp_path):
     first, second, third = sorted(p.parent for p in tmp_path.glob("runs/20*/*/summary.json"))
     (first / "summary.json").write_text((first / "summary.json").read_text()[:100])
     (second / "steps.csv").write_text("step,time\n0,abc\n")
-    proc = run_cli(tmp_path, str(tmp_path / "runs"), module="paged_bench.sync")
+    proc = run_cli(tmp_path, str(tmp_path / "runs"), module="paged_bench.tracking.sync")
     assert proc.returncode == 1
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: not uploaded:")]
     assert len(errors) == 2 and str(first / "summary.json") in errors[0] + errors[1]

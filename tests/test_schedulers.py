@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from paged_bench.allocators.contiguous import ContiguousAllocator
-from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.backends.sim import SimBackend
-from paged_bench.clock import VirtualClock
-from paged_bench.engine import Engine
+from paged_bench.core.clock import VirtualClock
+from paged_bench.core.engine import Engine
+from paged_bench.core.kv.contiguous import ContiguousAllocator
+from paged_bench.core.kv.paged import PagedAllocator
+from paged_bench.core.plan import StepOutput
+from paged_bench.core.request import FinishReason, Request, RequestStatus
+from paged_bench.core.scheduler.continuous import ContinuousScheduler
+from paged_bench.core.scheduler.preemptive import PreemptiveScheduler
+from paged_bench.core.scheduler.static import StaticScheduler
 from paged_bench.errors import ConfigError
-from paged_bench.request import FinishReason, Request, RequestStatus
-from paged_bench.schedulers.continuous import ContinuousScheduler
-from paged_bench.schedulers.preemptive import PreemptiveScheduler
-from paged_bench.schedulers.static import StaticScheduler
-from paged_bench.step import StepOutput
 
 
 def make_engine(scheduler_cls=ContinuousScheduler, *, num_blocks=64, block_size=4, max_batch=8,

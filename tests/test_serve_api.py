@@ -273,7 +273,7 @@ def test_engine_keeps_bounded_step_records(server):
 
 
 def test_bounded_step_records_keep_the_latest_and_count_all():
-    from paged_bench.engine import Engine
+    from paged_bench.core.engine import Engine
     from tests.test_schedulers import make_engine, reqs
 
     base = make_engine()

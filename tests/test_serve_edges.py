@@ -15,9 +15,9 @@ import httpx
 import openai
 import pytest
 
+from paged_bench.model.tokenizers import bpe_tokenizer
 from paged_bench.serve import serve_in_thread
 from paged_bench.serve.protocol import RequestError, ServingContext, parse_chat, parse_completion
-from paged_bench.tokenizer import bpe_tokenizer
 from tests.test_serve_api import FAST
 
 QUIET = ("server.port=0", "server.log_level=warning")

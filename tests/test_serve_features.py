@@ -167,7 +167,7 @@ def test_default_server_speaks_subword_bpe_with_2k_context():
 
 
 def test_bpe_is_deterministic_and_cached(tmp_path):
-    from paged_bench.tokenizer import bpe_tokenizer
+    from paged_bench.model.tokenizers import bpe_tokenizer
 
     a, b = bpe_tokenizer(tmp_path / "a"), bpe_tokenizer(tmp_path / "b")
     assert a.tok.to_str() == b.tok.to_str()  # trained twice from scratch: the same tokenizer
@@ -180,8 +180,8 @@ def test_bpe_is_deterministic_and_cached(tmp_path):
 
 
 def test_bpe_that_does_not_fit_the_model_is_a_config_error():
-    from paged_bench.config import compose_config
     from paged_bench.errors import ConfigError
+    from paged_bench.run.compose import compose_config
     from paged_bench.serve.server import build_app
 
     with pytest.raises(ConfigError, match="fit the model's vocabulary of 258") as e:

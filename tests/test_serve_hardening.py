@@ -201,7 +201,7 @@ def test_api_key_gives_401_without_it_and_200_with_it(monkeypatch):
 
 
 def test_binding_beyond_loopback_without_a_key_warns(caplog):
-    from paged_bench.config import compose_config
+    from paged_bench.run.compose import compose_config
     from paged_bench.serve.server import build_app
 
     with caplog.at_level(logging.WARNING, logger="paged_bench.serve"):

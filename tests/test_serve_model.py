@@ -93,8 +93,8 @@ def test_checkpoint_tokenizer_and_chat_template(checkpoint):
 
 def test_bpe_on_a_checkpoint_points_at_its_own_tokenizer(checkpoint):
     # it suggested +backend.model.vocab_size, which a checkpoint's config.json overrides
-    from paged_bench.config import compose_config
     from paged_bench.errors import ConfigError
+    from paged_bench.run.compose import compose_config
     from paged_bench.serve.server import build_app
 
     path, _ = checkpoint

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
+from paged_bench.model.tokenizers import ByteTokenizer
 from paged_bench.serve.protocol import RequestError, ServingContext, parse_chat
 from paged_bench.serve.text import TextStream, chat_renderer, simple_chat_template
-from paged_bench.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 

@@ -180,9 +180,9 @@ def test_a_signal_while_a_run_is_written_waits_for_the_files(monkeypatch, config
     """Ctrl-C as the engine's figures are being written (one engine, or a cluster of two):
     the files are written whole, the run ends as it did (here every request finished), and
     the signal is noted for the CLI."""
-    from paged_bench import app
     from paged_bench.cli import signals
-    from paged_bench.cluster import job as cluster_job
+    from paged_bench.cluster import cluster_job
+    from paged_bench.run import job as app
 
     monkeypatch.setattr(signals, "_received", None)
     module, name = (app, "write_run") if replicas == 1 else (cluster_job, "write_cluster_run")
@@ -256,7 +256,7 @@ def test_a_signal_noted_as_a_job_starts_stops_it_on_entry(monkeypatch):
 def test_a_job_stopped_before_its_engine_ran_says_nothing_was_measured(monkeypatch, config, tmp_path):
     from omegaconf import OmegaConf
 
-    from paged_bench.cli import job as job_module
+    from paged_bench.cli import hydra_job as job_module
     from paged_bench.cli import signals
 
     def building(*args, **kwargs):

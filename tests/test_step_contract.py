@@ -6,11 +6,11 @@ import pickle
 
 import pytest
 
-from paged_bench.allocators.paged import PagedAllocator
-from paged_bench.request import FinishReason, Request
-from paged_bench.schedulers.continuous import ContinuousScheduler
-from paged_bench.schedulers.preemptive import PreemptiveScheduler
-from paged_bench.step import StepOutput, StepPlan
+from paged_bench.core.kv.paged import PagedAllocator
+from paged_bench.core.plan import StepOutput, StepPlan
+from paged_bench.core.request import FinishReason, Request
+from paged_bench.core.scheduler.continuous import ContinuousScheduler
+from paged_bench.core.scheduler.preemptive import PreemptiveScheduler
 from tests.test_schedulers import make_engine, reqs
 
 
@@ -82,7 +82,7 @@ def test_decodes_are_rows_past_the_prompt_not_one_token_chunks():
 
 
 def test_starting_plans_drive_a_backend_directly():
-    from paged_bench.step import NewRequestData
+    from paged_bench.core.plan import NewRequestData
 
     r = Request(3, 0.0, [1, 2, 3, 4, 5], 2)
     r.num_computed_tokens = 2

@@ -14,10 +14,10 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from paged_bench.app import Progress
 from paged_bench.cli.progress import JobBar, SweepBar
 from paged_bench.cli.sweep_folder import SWEEP_FILE, job_counts
 from paged_bench.cli.sweep_jobs import count_jobs
+from paged_bench.run.job import Progress
 from tests.plugin_support import fake_distribution
 from tests.tracking_support import artifact_paths, cli_env, fresh_store, run_cli, runs_of
 
@@ -73,7 +73,7 @@ def test_a_sweep_is_a_parent_run_with_a_child_per_job_and_exits_1_when_jobs_fail
 
 
 CRASHING_PLUGIN = """
-from paged_bench.schedulers.base import Scheduler
+from paged_bench.core.scheduler.base import Scheduler
 
 
 class CrashingScheduler(Scheduler):

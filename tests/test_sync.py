@@ -1,4 +1,4 @@
-"""``python -m paged_bench.sync``: runs on disk that the store lacks are uploaded once (a second
+"""``python -m paged_bench.tracking.sync``: runs on disk that the store lacks are uploaded once (a second
 call uploads nothing), and a sweep parent run left RUNNING by a killed process is closed.
 (The same against a real MLflow server that died mid-sweep: test_remote_tracking.py.)"""
 
@@ -16,7 +16,7 @@ from tests.tracking_support import cli_env, fresh_store, run_cli, runs_of
 
 
 def _sync(cwd, *paths):
-    return run_cli(cwd, *map(str, paths), module="paged_bench.sync")
+    return run_cli(cwd, *map(str, paths), module="paged_bench.tracking.sync")
 
 
 def test_untracked_runs_are_uploaded_once(tmp_path):
@@ -106,7 +106,7 @@ def test_a_job_killed_as_it_begins_is_still_known_by_name(monkeypatch, config, t
     is written first now."""
     from omegaconf import OmegaConf
 
-    from paged_bench.cli import job as job_module
+    from paged_bench.cli import hydra_job as job_module
 
     def killed(*args, **kwargs):
         raise SystemExit(-signal.SIGKILL)  # nothing after this point runs

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from paged_bench.cli import parallel
 from paged_bench.errors import ConfigError
-from paged_bench.threads import PARALLEL_JOBS_ENV, cpu_count, job_threads
+from paged_bench.run.threads import PARALLEL_JOBS_ENV, cpu_count, job_threads
 from tests.test_cli import cli
 
 
@@ -75,8 +75,8 @@ def test_run_info_records_the_threads_a_run_resolved(monkeypatch, tmp_path):
     pytest.importorskip("torch")
     import json
 
-    from paged_bench.app import run_job
-    from paged_bench.config import compose_config
+    from paged_bench.run.compose import compose_config
+    from paged_bench.run.job import run_job
 
     small = ("workload=uniform", "workload.num_requests=2", "workload.prompt_len=8", "workload.output_len=2",
              "backend.model=tiny", "tracking.enabled=false")  # fmt: skip

@@ -20,9 +20,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from paged_bench.build import build
-from paged_bench.config import compose_config
 from paged_bench.errors import ConfigError
+from paged_bench.run.bench import build
+from paged_bench.run.compose import compose_config
 from tests.test_model_reference import _run, checkpoint  # noqa: F401  (the shared tiny checkpoint fixture)
 from tests.tracking_support import cli_env, run_cli
 

@@ -8,15 +8,15 @@ import json
 
 import pytest
 
-from paged_bench.app import run_job
-from paged_bench.build import build
-from paged_bench.config import compose_config
+from paged_bench.costmodel.roofline import HARDWARE, RooflineCost
+from paged_bench.costmodel.step_work import StepWork
+from paged_bench.costmodel.tp_link import LINKS
 from paged_bench.errors import ConfigError
 from paged_bench.model.config import PRESETS
-from paged_bench.model.roofline import HARDWARE, RooflineCost
-from paged_bench.model.step_work import StepWork
-from paged_bench.model.tp_link import LINKS
-from paged_bench.model.tp_shard import TPShard, tp_shard
+from paged_bench.run.bench import build
+from paged_bench.run.compose import compose_config
+from paged_bench.run.job import run_job
+from paged_bench.sizing.tp_shard import TPShard, tp_shard
 from tests.tracking_support import run_cli
 
 ROOFLINE = ("backend=sim", "backend.cost_model=roofline", "tracking.enabled=false")
@@ -129,7 +129,7 @@ def test_shards_split_heads_and_replicate_kv_heads_past_their_count():
 
 
 def test_the_kv_bytes_command_shows_the_arithmetic(capsys):
-    from paged_bench.model import kv_bytes
+    from paged_bench.sizing import kv_bytes
 
     assert kv_bytes.main(["--model", "llama-3-8b", "--hardware", "h100"]) == 0
     line = capsys.readouterr().out.splitlines()[-1]
@@ -144,7 +144,7 @@ def test_the_kv_bytes_command_shows_the_arithmetic(capsys):
 def test_kv_bytes_per_token_counts_every_ranks_kv_heads_replicated_ones_too(tmp_path):
     """Past num_kv_heads ranks vLLM replicates KV heads: 16 ranks of llama-3-8b (8 KV heads) hold
     twice the model's K/V per token. The summary gave the model's figure, half the real total."""
-    from paged_bench.app import run_job
+    from paged_bench.run.job import run_job
 
     one = run_job(compose_config(*ROOFLINE, "workload.num_requests=2"), tmp_path / "one").summary
     split = run_job(compose_config(*ROOFLINE, "workload.num_requests=2", "backend.tensor_parallel_size=16"),
@@ -155,8 +155,8 @@ def test_kv_bytes_per_token_counts_every_ranks_kv_heads_replicated_ones_too(tmp_
 
 def test_every_rank_holds_the_whole_vocabularys_logits_as_vllm_gathers_them():
     from paged_bench.model.config import PRESETS
-    from paged_bench.model.kv_capacity import activation_bytes
-    from paged_bench.model.tp_shard import TPShard
+    from paged_bench.sizing.kv_capacity import activation_bytes
+    from paged_bench.sizing.tp_shard import TPShard
 
     model = PRESETS["llama-3-8b"]
     one, eight = (activation_bytes(TPShard(model, tp), "bfloat16", 8192, 256) for tp in (1, 8))

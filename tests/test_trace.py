@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from paged_bench.build import build
 from paged_bench.errors import ConfigError
-from paged_bench.tokenizer import ByteTokenizer
+from paged_bench.model.tokenizers import ByteTokenizer
+from paged_bench.run.bench import build
 from paged_bench.workloads.base import WorkloadContext
 from paged_bench.workloads.trace import TraceWorkload, shipped_traces
 

@@ -211,9 +211,9 @@ def test_sim_runs_do_not_log_the_roofline_options_the_linear_model_ignores():
 
 def test_a_job_on_another_host_logs_itself_under_the_sweeps_parent(tmp_path, monkeypatch):
     """SLURM or a Ray cluster: the job's machine is not the sweep's, so the job logs itself."""
-    from paged_bench.app import run_job
     from paged_bench.cli.track import track_job
     from paged_bench.report.load import save_config, update_run_info
+    from paged_bench.run.job import run_job
     from paged_bench.tracking import uploader
     from tests.conftest import compose_config
 

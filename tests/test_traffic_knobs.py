@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from paged_bench.build import build_workload, check_top_level
 from paged_bench.errors import ConfigError
 from paged_bench.loadgen.config import TargetConfig
+from paged_bench.run.bench import build_workload, check_top_level
 from paged_bench.workloads.base import WorkloadContext
 
 

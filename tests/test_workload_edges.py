@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from paged_bench import memory
-from paged_bench.app import run_job
-from paged_bench.arrivals import ClosedLoop
-from paged_bench.build import build_workload
+from paged_bench.core.arrivals import ClosedLoop
 from paged_bench.errors import ConfigError
+from paged_bench.run import memory
+from paged_bench.run.bench import build_workload
+from paged_bench.run.job import run_job
 from paged_bench.workloads.lengths import length_dist
 from paged_bench.workloads.poisson import PoissonWorkload
 from paged_bench.workloads.trace import TraceWorkload
@@ -184,7 +184,7 @@ def test_switching_a_length_distribution_says_how_and_that_works(config):
 def test_requests_longer_than_max_model_len_are_said_to_be_cut(config, capsys):
     """The engine ends them at max_model_len, as vLLM's does; the run said nothing of it, and its
     throughput described shorter requests than the workload asked for."""
-    from paged_bench.build import build
+    from paged_bench.run.bench import build
 
     build(config("workload=poisson", "workload.num_requests=20", "workload.prompt_len=500",
                  "workload.output_len=100"))  # fmt: skip

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
+from paged_bench.core.request import Request
 from paged_bench.errors import ConfigError
-from paged_bench.request import Request
-from paged_bench.tokenizer import ByteTokenizer
+from paged_bench.model.tokenizers import ByteTokenizer
 from paged_bench.workloads.base import WorkloadContext
 from paged_bench.workloads.bursty import BurstyWorkload
 from paged_bench.workloads.lengths import length_dist
@@ -162,7 +162,7 @@ def test_bad_traces_say_where(tmp_path):
 
 
 def test_seed_preset_is_the_seeds_workload(config):
-    from paged_bench.build import build
+    from paged_bench.run.bench import build
 
     rs = build(config("workload=seed")).requests
     assert len(rs) == 48

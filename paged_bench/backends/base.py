@@ -10,13 +10,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from paged_bench.allocators.base import Allocator
-from paged_bench.step import StepOutput, StepPlan
-from paged_bench.tokenizer import ByteTokenizer
+from paged_bench.core.kv.base import Allocator
+from paged_bench.core.plan import StepOutput, StepPlan
+from paged_bench.model.tokenizers import ByteTokenizer
 
 if TYPE_CHECKING:
     from paged_bench.model.config import ModelConfig
-    from paged_bench.model.kv_capacity import KVBudget
+    from paged_bench.sizing.kv_capacity import KVBudget
 
 
 class Backend(ABC):
@@ -51,7 +51,7 @@ class Backend(ABC):
     @abstractmethod
     def execute(self, plan: StepPlan) -> StepOutput:
         """Do the plan's swap copies, then compute its rows; one sampled token per row. Read the
-        plan alone (``paged_bench.step``; ``backends.request_state`` keeps what a real backend
+        plan alone (``paged_bench.core.plan``; ``backends.request_state`` keeps what a real backend
         needs between steps): no live ``Request`` reaches a backend."""
 
     def close(self) -> None:

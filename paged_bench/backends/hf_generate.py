@@ -23,14 +23,14 @@ from typing import Any
 import torch
 
 from paged_bench.backends.base import Backend
+from paged_bench.core.plan import NewRequestData, ReqId, StepOutput, StepPlan
 from paged_bench.errors import EngineError, check, check_int
 from paged_bench.model.config import resolve_model
 from paged_bench.model.hf import to_transformers
 from paged_bench.model.ops_torch import pick_device, pick_dtype
 from paged_bench.model.runner import adopt_model
 from paged_bench.model.weights import make_state
-from paged_bench.step import NewRequestData, ReqId, StepOutput, StepPlan
-from paged_bench.threads import job_threads, pin_torch_threads
+from paged_bench.run.threads import job_threads, pin_torch_threads
 
 _END = object()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from threadpoolctl import threadpool_limits
 
-from paged_bench.allocators.base import Allocator
+from paged_bench.core.kv.base import Allocator
 from paged_bench.errors import check_int
 from paged_bench.model import heap
 from paged_bench.model.config import ModelConfig

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paged_bench.step import ReqId, SamplingParams, StepPlan
+from paged_bench.core.plan import ReqId, SamplingParams, StepPlan
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ per sequence):
 ``cost_model=roofline`` prices a step instead by its FLOPs and bytes for a model
 (``backend.model``) on a hardware preset (``backend.hardware``: cpu, a100, h100, h200, b200), and
 ``backend.preset=FILE`` replays a roofline calibrated against a real backend
-(``python -m paged_bench.model.calibrate``); see ``paged_bench.model.roofline``. A roofline
+(``python -m paged_bench.calibration.calibrate``); see ``paged_bench.costmodel.roofline``. A roofline
 knows its model and hardware, so it sizes the KV pool (``num_blocks=auto``, from
 ``gpu_memory_utilization``) and splits the model over ``tensor_parallel_size`` ranks whose
 all-reduces cross ``interconnect`` (null: the hardware's own link).
@@ -26,17 +26,17 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from paged_bench.allocators.base import Allocator
 from paged_bench.backends.base import Backend
-from paged_bench.backends.linear_cost import LinearCost
+from paged_bench.core.kv.base import Allocator
+from paged_bench.core.plan import StepOutput, StepPlan
+from paged_bench.costmodel.linear import LinearCost
+from paged_bench.costmodel.roofline import HeapMark, RooflineCost, hardware, load_preset
+from paged_bench.costmodel.step_work import RunTables
+from paged_bench.costmodel.tp_link import link_preset
 from paged_bench.errors import check, check_choice, check_int, check_number
 from paged_bench.model.config import DTYPE_BYTES, resolve_model
-from paged_bench.model.kv_capacity import KVBudget, check_utilization
-from paged_bench.model.roofline import HeapMark, RooflineCost, hardware, load_preset
-from paged_bench.model.step_work import RunTables
-from paged_bench.model.tp_link import link_preset
-from paged_bench.model.tp_shard import KEY as TP_KEY
-from paged_bench.step import StepOutput, StepPlan
+from paged_bench.sizing.kv_capacity import KVBudget, check_utilization
+from paged_bench.sizing.tp_shard import KEY as TP_KEY
 
 DEFAULT_VOCAB = 32000  # the ids a linear-cost run's workloads draw (a roofline takes its model's)
 

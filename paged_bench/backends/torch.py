@@ -5,7 +5,7 @@ and float32 on the CPU (float16 and bfloat16 are GPU choices). Loads a local Hug
 checkpoint with ``backend.model_path=DIR`` (config.json + safetensors, and its tokenizer
 when the folder has one), or random weights from the run's seed, identical to numpy's.
 ``threads`` sets torch's CPU threads while it runs (null: the job's share of the cores, see
-``paged_bench.threads``); on cores shared with other work, 1 avoids threads waiting on each other.
+``paged_bench.run.threads``); on cores shared with other work, 1 avoids threads waiting on each other.
 
 ``tensor_parallel_size=N`` splits the model over N ranks, Megatron-style: this process is
 rank 0 and spawns ranks 1..N-1 (``paged_bench.distributed``; gloo on CPU, NCCL on CUDA with
@@ -23,19 +23,19 @@ from typing import Any
 
 import torch
 
-from paged_bench.allocators.base import Allocator
 from paged_bench.backends.base import Backend
 from paged_bench.backends.request_state import RequestState
+from paged_bench.core.kv.base import Allocator
+from paged_bench.core.plan import StepOutput, StepPlan
 from paged_bench.distributed.group import TPGroup
 from paged_bench.distributed.rank import Bind, ModelSpec, Step
 from paged_bench.errors import check, check_int, counted
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.ops_torch import DTYPES, TorchOps, pick_device, pick_dtype
 from paged_bench.model.runner import ModelBackend
-from paged_bench.model.tp_shard import KEY as TP_KEY
 from paged_bench.model.weights import Weights
-from paged_bench.step import StepOutput, StepPlan
-from paged_bench.threads import cpu_share, job_threads
+from paged_bench.run.threads import cpu_share, job_threads
+from paged_bench.sizing.tp_shard import KEY as TP_KEY
 
 
 class TorchBackend(ModelBackend):

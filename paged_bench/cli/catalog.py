@@ -22,8 +22,8 @@ from importlib.metadata import entry_points
 
 import yaml
 
-from paged_bench import registry
 from paged_bench.errors import PagedBenchError, one_line
+from paged_bench.run import registry
 
 CONF_GROUP = "paged_bench.conf"
 _HEADER = re.compile(r"^#\s*@package\s+(\S+)\s*$")

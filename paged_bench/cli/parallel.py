@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from paged_bench.errors import ConfigError
-from paged_bench.threads import PARALLEL_JOBS_ENV, cpu_count
+from paged_bench.run.threads import PARALLEL_JOBS_ENV, cpu_count
 
 
 def side_by_side(config: DictConfig, total: int | None) -> tuple[int, str | None]:
@@ -52,8 +52,8 @@ def _job_backends(config: DictConfig, jobs: list[list[str]]) -> list[tuple[str, 
 def _wall_clock(backend: str, config: DictConfig) -> bool:
     if OmegaConf.select(config, "clock") == "wall":
         return True
-    from paged_bench import registry
     from paged_bench.errors import PagedBenchError
+    from paged_bench.run import registry
 
     try:
         return registry.load("backend", backend).clock == "wall"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from paged_bench.app import Progress
+from paged_bench.run.job import Progress
 
 DELAY_S = 2.0
 

@@ -249,7 +249,7 @@ def _summarize(sweep: _Sweep) -> tuple[int, int, int, list[Path]]:
         return failed, jobs, not_run, []
     try:
         from paged_bench.cli.catalog import experiment_description
-        from paged_bench.report.build import build_report
+        from paged_bench.report.document import build_report
 
         report = build_report(runs, sweep.sweep_dir / REPORT_DIR, title=sweep.experiment,
                               description=experiment_description(sweep.experiment))  # fmt: skip

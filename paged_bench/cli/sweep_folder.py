@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from paged_bench.errors import PagedBenchError
-from paged_bench.files import write_whole
 from paged_bench.report.load import NOT_RUNS, RUN_INFO, read_json, update_run_info
+from paged_bench.results.whole_files import write_whole
 
 SWEEP_FILE = "sweep.json"
 STATUS_FILE = RUN_INFO  # every job writes it, with its status, when it ends

@@ -121,7 +121,7 @@ def _refuse_experiments_that_sweep(config: DictConfig, jobs: list[list[str]]) ->
 def _refuse_unknown_keys(config: DictConfig, jobs: list[list[str]]) -> None:
     """A misspelled key (``max_bach=2,4``, or ``+max_bach=...``): every job would fail with it,
     after the sweep's folder and MLflow parent run were made. The first job's config tells."""
-    from paged_bench.config import check_settings, unknown_override
+    from paged_bench.run.compose import check_settings, unknown_override
 
     if not jobs:
         return
@@ -170,8 +170,8 @@ def _refuse_what_no_job_can_run(config: DictConfig, jobs: list[list[str]]) -> No
     the same line, after the sweep's folder and a FAILED parent run were made. Jobs are checked
     in order until one passes (the first, most often); one that only some jobs refuse is left to
     them, and the sweep's table shows which."""
-    from paged_bench.build import build_workload, check_top_level
     from paged_bench.errors import ConfigError
+    from paged_bench.run.bench import build_workload, check_top_level
 
     refused = None
     for overrides in jobs:

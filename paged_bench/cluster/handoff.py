@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paged_bench.request import FinishReason, Request
+from paged_bench.core.request import FinishReason, Request
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,17 +6,17 @@ queues for the wire; the latency overlaps with the next transfer's bytes. The li
 GPU's: a replica on ``t`` tensor-parallel ranks sends over ``t`` links at once, each rank its
 own KV heads (as vLLM's P/D connectors move K/V rank to rank), so its bytes go ``t`` times
 as fast. The presets are
-the tensor-parallel ones (``paged_bench.model.tp_link``: NVLink 3/4/5, PCIe 4/5, what a
+the tensor-parallel ones (``paged_bench.costmodel.tp_link``: NVLink 3/4/5, PCIe 4/5, what a
 transfer reaches of the datasheet's per-direction figure) and two between machines:
 InfiniBand NDR (400 Gb/s, Splitwise's setting) and 100 Gb Ethernet.
 """
 
 from __future__ import annotations
 
-from paged_bench.clock import HORIZON_S
+from paged_bench.core.clock import HORIZON_S
+from paged_bench.costmodel.tp_link import LINKS as DEVICE_LINKS
+from paged_bench.costmodel.tp_link import Link
 from paged_bench.errors import check, check_choice, check_number
-from paged_bench.model.tp_link import LINKS as DEVICE_LINKS
-from paged_bench.model.tp_link import Link
 
 NETWORK_LINKS = {
     "infiniband": Link("infiniband", 50e9, 5e-6),

@@ -25,13 +25,13 @@ import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from paged_bench.clock import HORIZON_S, past_horizon
 from paged_bench.cluster.handoff import Transfer, prefill_copy, take_prefill
 from paged_bench.cluster.link import Link, LinkQueue
 from paged_bench.cluster.replica import Replica, View
-from paged_bench.engine import EngineResult
+from paged_bench.core.clock import HORIZON_S, past_horizon
+from paged_bench.core.engine import EngineResult
+from paged_bench.core.request import FinishReason, Request
 from paged_bench.errors import EngineError, crash_message
-from paged_bench.request import FinishReason, Request
 from paged_bench.routers.base import Router
 
 log = logging.getLogger(__name__)

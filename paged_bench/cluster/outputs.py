@@ -15,9 +15,9 @@ import numpy as np
 
 from paged_bench.cluster.loop import ClusterRun
 from paged_bench.cluster.summary import decode_ttft_ms
-from paged_bench.engine import STEP_COLUMNS, EngineResult
-from paged_bench.outputs import REQUEST_COLUMNS, _write_csv, column_texts, request_rows, step_rows, write_run
-from paged_bench.records import RequestRecords
+from paged_bench.core.engine import STEP_COLUMNS, EngineResult
+from paged_bench.results.records import RequestRecords
+from paged_bench.results.run_files import REQUEST_COLUMNS, _write_csv, column_texts, request_rows, step_rows, write_run
 
 
 def _request_table(run: ClusterRun, records: RequestRecords) -> tuple[tuple[str, ...], Iterable[tuple]]:

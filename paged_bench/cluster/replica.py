@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from paged_bench.engine import Engine
+from paged_bench.core.engine import Engine
+from paged_bench.core.request import Request
 from paged_bench.errors import EngineError
-from paged_bench.request import Request
 from paged_bench.routers.base import ReplicaView
 
 Role = Literal["colocated", "prefill", "decode"]

@@ -29,8 +29,8 @@ import numpy as np
 
 from paged_bench.cluster.loop import ClusterRun
 from paged_bench.cluster.replica import Replica
-from paged_bench.engine import STEP_COLUMNS, EngineResult, StepRecords
-from paged_bench.metrics import (
+from paged_bench.core.engine import STEP_COLUMNS, EngineResult, StepRecords
+from paged_bench.results.metrics import (
     LATENCIES,
     PERCENTILES,
     SPREADS,
@@ -39,8 +39,8 @@ from paged_bench.metrics import (
     request_figures,
     summarize,
 )  # fmt: skip
-from paged_bench.records import RequestRecords
-from paged_bench.step_records import SUMMED_COLUMNS, summed_over_replicas
+from paged_bench.results.records import RequestRecords
+from paged_bench.results.step_series import SUMMED_COLUMNS, summed_over_replicas
 
 PER_REPLICA = ("completed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "prefix_cache_hit_rate",
                "num_preemptions", "kv_reserved_slots_peak")  # fmt: skip

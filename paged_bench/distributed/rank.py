@@ -17,14 +17,14 @@ from typing import Any
 import torch
 
 from paged_bench.backends.request_state import RequestState, RequestStates
+from paged_bench.core.plan import StepPlan
 from paged_bench.model.batch import StepBatch, build_batch, warmup_batch
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.forward import Comm, forward
 from paged_bench.model.ops_torch import DTYPES, TorchOps
 from paged_bench.model.runner import swap_copies
-from paged_bench.model.tp_shard import rank_config, shard_state, tp_shard
 from paged_bench.model.weights import fuse, make_state
-from paged_bench.step import StepPlan
+from paged_bench.sizing.tp_shard import rank_config, shard_state, tp_shard
 
 
 @dataclass(frozen=True)

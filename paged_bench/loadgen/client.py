@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 
+from paged_bench.core.request import Request
 from paged_bench.loadgen.config import TargetConfig
-from paged_bench.request import Request
 
 
 @dataclass

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from paged_bench.core.request import Request
 from paged_bench.model.tokenizers import plain_ids
-from paged_bench.request import Request
 
 TRIES = 10  # vLLM's max_retry
 

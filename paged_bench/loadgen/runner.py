@@ -31,10 +31,10 @@ from typing import Any
 
 import httpx
 
-from paged_bench.allocators.base import KVLayout
-from paged_bench.arrivals import feed
-from paged_bench.build import Bench
-from paged_bench.engine import EngineResult, StepRecords
+from paged_bench.core.arrivals import feed
+from paged_bench.core.engine import EngineResult, StepRecords
+from paged_bench.core.kv.base import KVLayout
+from paged_bench.core.request import FinishReason, Request
 from paged_bench.errors import ConfigError, one_line
 from paged_bench.loadgen.client import Outcome, request_body, send
 from paged_bench.loadgen.config import TargetConfig
@@ -42,8 +42,8 @@ from paged_bench.loadgen.prometheus import ttft_totals
 from paged_bench.loadgen.prompts import chat_texts
 from paged_bench.loadgen.spawn import check_server_section, spawned_server
 from paged_bench.model.tokenizers import serving_tokenizer, text_token_count
-from paged_bench.records import RequestOutput, RequestRecords, text_digest
-from paged_bench.request import FinishReason, Request
+from paged_bench.results.records import RequestOutput, RequestRecords, text_digest
+from paged_bench.run.bench import Bench
 
 ENGINE_ONLY_FIGURES = (
     "kv_live_slots_peak", "kv_reserved_slots_peak", "kv_utilization_mean", "kv_waste_pct", "kv_bytes_per_token",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from paged_bench.backends.request_state import RequestState
-from paged_bench.step import StepPlan
+from paged_bench.core.plan import StepPlan
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from paged_bench.errors import ConfigError, check, check_choice, check_int, check_number
-from paged_bench.tokenizer import ByteTokenizer
+from paged_bench.model.tokenizers import ByteTokenizer
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 

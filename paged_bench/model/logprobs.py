@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from paged_bench.request import Request
-from paged_bench.step import ReqId, StepPlan
+from paged_bench.core.plan import ReqId, StepPlan
+from paged_bench.core.request import Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,7 @@ class LogprobSink:
                 self.prompt_logprobs.append(token_logprob(row, target, self.num_logprobs))
 
 
-@dataclass(eq=False)  # no slots: they would shadow the compiled base's fields (paged_bench.native)
+@dataclass(eq=False)  # no slots: they would shadow the compiled base's fields (paged_bench.native.guard)
 class LogprobsRequest(Request):
     """A ``Request`` that wants log-probabilities: its sink (whether to score its prompt is
     ``Request.want_prompt_logprobs``, read by the paged allocator)."""

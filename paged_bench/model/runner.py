@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from paged_bench.allocators.base import Allocator
 from paged_bench.backends.base import Backend
 from paged_bench.backends.request_state import RequestState, RequestStates
+from paged_bench.core.kv.base import Allocator
+from paged_bench.core.plan import StepOutput, StepPlan
 from paged_bench.errors import EngineError, check, check_int
 from paged_bench.model.batch import StepBatch, build_batch, warmup_batch
 from paged_bench.model.config import ModelConfig, resolve_model
@@ -25,7 +26,6 @@ from paged_bench.model.logprobs import LogprobSinks, PromptRows
 from paged_bench.model.sampling import is_greedy, sample_batch
 from paged_bench.model.tokenizers import load_tokenizer
 from paged_bench.model.weights import Weights, fuse, make_state
-from paged_bench.step import StepOutput, StepPlan
 
 
 def adopt_model(backend: Backend, cfg: ModelConfig, model_path: str | None, kv_dtype: str) -> None:

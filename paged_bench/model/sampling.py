@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from paged_bench.step import ReqId, SamplingParams
+from paged_bench.core.plan import ReqId, SamplingParams
 
 GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS
 _SEED_SPACE = 2**64

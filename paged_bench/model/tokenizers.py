@@ -1,14 +1,126 @@
-"""The tokenizer a checkpoint ships with (through ``transformers``, from the local folder
-only), behind the same ``encode``/``decode`` interface as the built-in byte tokenizer; and
-which tokenizer the server speaks (``server.tokenizer``)."""
+"""Tokenizers, behind one ``encode``/``decode`` interface, and which one the server speaks
+(``server.tokenizer``).
+
+Built in, for backends without a checkpoint of their own (random-weight models, the
+simulator), so that text workloads and the HTTP server work without downloads:
+
+- ``ByteTokenizer``: UTF-8 bytes are tokens 0-255, then BOS and EOS (vocabulary 258).
+- ``BPETokenizer``: a real subword byte-level BPE (16,384 merges-and-bytes + BOS and EOS),
+  trained once with the ``tokenizers`` library on text every Python install carries (the
+  standard library's English docs, ``pydoc_data/topics.py``, then its ``.py`` sources, in
+  sorted order, up to a fixed budget) and cached as a ``tokenizer.json`` under the user cache
+  dir (``$PAGED_BENCH_CACHE``, else ``$XDG_CACHE_HOME/paged_bench``, else ``~/.cache/paged_bench``).
+  Training takes about a second; the same Python and ``tokenizers`` versions give the same
+  tokenizer, byte for byte (the cache file's name carries both).
+
+A checkpoint's own (``HFTokenizer``) is read through ``transformers``, from its local folder only.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from paged_bench.errors import ConfigError, one_line
-from paged_bench.tokenizer import ByteTokenizer
+from paged_bench.results.whole_files import write_whole
+
+
+class ByteTokenizer:
+    bos_token_id = 256
+    eos_token_id = 257
+    vocab_size = 258
+    max_token_bytes = 1  # the most UTF-8 bytes of text one token covers
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
+
+
+BPE_MERGED_VOCAB = 16384  # bytes + merges; BOS and EOS come after them
+BPE_TRAINING_CHARS = 8_000_000  # ~1 s of training on one core
+BOS, EOS = "<|bos|>", "<|eos|>"
+
+
+class BPETokenizer:
+    """A ``tokenizers.Tokenizer`` behind the ``encode``/``decode`` interface of the byte one."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+        self.vocab_size = tok.get_vocab_size()
+        self.bos_token_id = tok.token_to_id(BOS)
+        self.eos_token_id = tok.token_to_id(EOS)
+        # byte-level: a token's string has one character per byte it covers (special tokens
+        # are matched in text as written), so a text has at least len(utf-8) / this many tokens
+        self.max_token_bytes = max(len(token) for token in tok.get_vocab(with_added_tokens=True))
+        # the batch calls let go of the GIL while they work (``encode`` holds it throughout):
+        # a long prompt tokenized in a worker thread then leaves the server's event loop running
+        self._encode_batch = getattr(tok, "encode_batch_fast", tok.encode_batch)
+
+    def encode(self, text: str) -> list[int]:
+        return self._encode_batch([text], add_special_tokens=False)[0].ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tok.decode(token_ids, skip_special_tokens=True)
+
+
+def cache_dir() -> Path:
+    if os.environ.get("PAGED_BENCH_CACHE"):
+        return Path(os.environ["PAGED_BENCH_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "paged_bench"
+
+
+def _training_text(budget: int) -> Iterator[str]:
+    """The standard library's English docs first, then its sources, sorted: the same text on
+    every install of one Python version."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    docs = stdlib / "pydoc_data" / "topics.py"
+    sources = sorted(p for p in stdlib.rglob("*.py") if not {"test", "tests", "site-packages"} & set(p.parts))
+    sent = 0
+    for path in ([docs] if docs.is_file() else []) + sources:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        yield text
+        sent += len(text)
+        if sent >= budget:
+            return
+
+
+def train_bpe(merged_vocab: int = BPE_MERGED_VOCAB, budget: int = BPE_TRAINING_CHARS) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=merged_vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(_training_text(budget), trainer)
+    tok.add_special_tokens([BOS, EOS])  # after the merges: ids merged_vocab and merged_vocab + 1
+    return tok
+
+
+def bpe_tokenizer(directory: Path | None = None) -> BPETokenizer:
+    """The built-in BPE: read from the cache, or trained once and cached (atomically, so
+    concurrent first uses are safe)."""
+    from tokenizers import Tokenizer
+    from tokenizers import __version__ as tokenizers_version
+
+    directory = directory or cache_dir()
+    version = f"py{sys.version_info.major}.{sys.version_info.minor}-tokenizers{tokenizers_version}"
+    path = directory / f"bpe-{BPE_MERGED_VOCAB}-{version}.json"
+    if path.is_file():
+        return BPETokenizer(Tokenizer.from_file(str(path)))
+    tok = train_bpe()
+    directory.mkdir(parents=True, exist_ok=True)
+    write_whole(path, tok.to_str())
+    return BPETokenizer(tok)
+
 
 _FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
@@ -66,8 +178,6 @@ def serving_tokenizer(choice: str, backend_tokenizer: Any, vocab_size: int) -> A
     model's vocabulary holds it (the simulator's does), else the byte tokenizer (the small
     random-weight models' 258-token vocabulary). ``bpe`` / ``byte`` ask for one by name; its
     ids must fit the model's vocabulary."""
-    from paged_bench.tokenizer import BPE_MERGED_VOCAB, bpe_tokenizer
-
     if choice not in TOKENIZER_CHOICES:
         raise ConfigError("server.tokenizer", choice, ", ".join(TOKENIZER_CHOICES))
     if choice == "auto":

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from paged_bench.errors import ConfigError, PagedBenchError, check, one_line
-from paged_bench.files import folder_name
+from paged_bench.results.whole_files import folder_name
 
 START, END = "<!-- report:start -->", "<!-- report:end -->"
 
@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _report(runs, out: Path, name: str, args) -> str:
     from paged_bench.cli.catalog import experiment_description
-    from paged_bench.report.build import build_report
+    from paged_bench.report.document import build_report
 
     metrics = _metrics(args.metrics, runs)
     title = runs and (runs[0].config.get("experiment_name") or name)
@@ -51,7 +51,7 @@ def _metrics(option: str | None, runs) -> list[str] | None:
     error, not a column that silently never shows."""
     if not option:
         return None
-    from paged_bench.report.build import unknown_metrics
+    from paged_bench.report.document import unknown_metrics
     from paged_bench.report.tables import METRICS
 
     wanted = [m.strip() for m in option.split(",") if m.strip()]

@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 
 from paged_bench.errors import PagedBenchError
-from paged_bench.files import write_whole
-from paged_bench.flat import display_key, flatten
+from paged_bench.results.whole_files import write_whole
+from paged_bench.run.flat import display_key, flatten
 
 CONFIG_FILE = "config.yaml"
 RUN_INFO = "run_info.json"  # the run's status, error, choices, name, start and end

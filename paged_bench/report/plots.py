@@ -18,10 +18,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from paged_bench.flat import display_key
 from paged_bench.report.load import Run, RunSet
 from paged_bench.report.tables import figures, metric
-from paged_bench.step_records import cluster_columns
+from paged_bench.results.step_series import cluster_columns
+from paged_bench.run.flat import display_key
 
 MAX_PANELS = 12
 

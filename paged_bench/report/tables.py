@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from paged_bench.flat import display_key
 from paged_bench.report.load import Run, RunSet, derived_figures
+from paged_bench.run.flat import display_key
 
 
 @dataclass(frozen=True)

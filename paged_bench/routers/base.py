@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
 
-from paged_bench.request import Request
+from paged_bench.core.request import Request
 
 
 class ReplicaView(ABC):

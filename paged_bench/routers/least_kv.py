@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from paged_bench.request import Request
+from paged_bench.core.request import Request
 from paged_bench.routers.base import ReplicaView, Router
 
 

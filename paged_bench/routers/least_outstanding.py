@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from paged_bench.request import Request
+from paged_bench.core.request import Request
 from paged_bench.routers.base import ReplicaView, Router, least_loaded
 
 

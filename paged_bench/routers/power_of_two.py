@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from paged_bench.core.request import Request
 from paged_bench.errors import check_int
-from paged_bench.request import Request
 from paged_bench.routers.base import ReplicaView, Router
 
 

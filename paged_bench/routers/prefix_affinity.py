@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from paged_bench.core.request import Request
 from paged_bench.errors import check, check_int, check_number
-from paged_bench.request import Request
 from paged_bench.routers.base import ReplicaView, Router
 
 

@@ -25,8 +25,8 @@ from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from paged_bench.core.request import FinishReason, Request
 from paged_bench.model.logprobs import LogprobSink, LogprobsRequest, TokenLogprob
-from paged_bench.request import FinishReason, Request
 from paged_bench.serve import errors, schemas
 from paged_bench.serve.engine_loop import EngineLoop, Stream
 from paged_bench.serve.prom import CONTENT_TYPE, ServerMetrics

@@ -22,9 +22,9 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from paged_bench.engine import Engine
+from paged_bench.core.engine import Engine
+from paged_bench.core.request import FinishReason, Request
 from paged_bench.model.logprobs import LogprobsRequest
-from paged_bench.request import FinishReason, Request
 
 log = logging.getLogger("paged_bench.serve")
 

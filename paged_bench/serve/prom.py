@@ -14,9 +14,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from paged_bench.engine import Engine
-from paged_bench.metrics import request_latency
-from paged_bench.request import Request
+from paged_bench.core.engine import Engine
+from paged_bench.core.request import Request
+from paged_bench.results.metrics import request_latency
 from paged_bench.serve.engine_loop import EngineLoop
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

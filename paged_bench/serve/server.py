@@ -26,12 +26,12 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from paged_bench.build import build_engine, check_top_level
 from paged_bench.cluster.spec import cluster_spec
-from paged_bench.config import check_settings, compose_config
-from paged_bench.engine import Engine
+from paged_bench.core.engine import Engine
 from paged_bench.errors import ConfigError, check, check_int, check_number
 from paged_bench.model.tokenizers import TOKENIZER_CHOICES, serving_tokenizer
+from paged_bench.run.bench import build_engine, check_top_level
+from paged_bench.run.compose import check_settings, compose_config
 from paged_bench.serve.api import OpenAIServer, create_app
 from paged_bench.serve.engine_loop import EngineLoop
 from paged_bench.serve.limits import Guard, GuardConfig, bounded_head_protocol

@@ -71,7 +71,7 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
 
 def _plots(run_dir: Path) -> None:
     try:
-        from paged_bench.report.build import run_plots
+        from paged_bench.report.document import run_plots
 
         run_plots(run_dir)
     except Exception as e:  # noqa: BLE001  (a plot is not worth a run)

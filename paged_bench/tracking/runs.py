@@ -3,7 +3,7 @@
 Tracking reads everything from the folder the job wrote (``config.yaml``, ``run_info.json``,
 ``summary.json``, ``steps.csv``, the artifacts), never from the job's memory, so a run is
 logged the same way whether its own command logs it right after it ends, the sweep's process
-logs it, or ``python -m paged_bench.sync`` uploads it later. ``upload_run`` makes one
+logs it, or ``python -m paged_bench.tracking.sync`` uploads it later. ``upload_run`` makes one
 ``create_run`` (started at the job's start), one ``log_batch`` for params, summary metrics and
 step-wise series, the artifacts, the tag that says the upload is complete, and
 ``set_terminated`` with the job's status: a run is never left RUNNING by a job, and a run
@@ -23,9 +23,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from paged_bench.flat import flatten
 from paged_bench.report.load import RUN_INFO, RunFileError, read_json, read_yaml, run_outcome
-from paged_bench.step_records import cluster_wide
+from paged_bench.results.step_series import cluster_wide
+from paged_bench.run.flat import flatten
 
 # a job's status -> MLflow's
 RUN_STATUS = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
@@ -166,7 +166,7 @@ def _step_metrics_of(path: Path, start_ms: int, max_points: int) -> list:
 def _note(summary: Mapping[str, Any]) -> str | None:
     if not summary:
         return None
-    from paged_bench.outputs import format_summary
+    from paged_bench.results.run_files import format_summary
 
     return "```\n" + format_summary(summary) + "\n```"
 

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import paged_bench.tracking  # noqa: F401  (telemetry off before mlflow is imported)
 from paged_bench.errors import check, one_line
-from paged_bench.files import folder_name
+from paged_bench.results.whole_files import folder_name
 
 RUNS_DIR = "runs"
 DB_FILE = "mlflow.db"
@@ -269,7 +269,7 @@ def report_failure(error: BaseException, where: str) -> None:
         return
     _failure = one_line(error)
     print(f"warning: MLflow tracking failed ({_failure}); tracking is off for this process, "
-          f"the results are on disk in {where} (python -m paged_bench.sync uploads them)", file=sys.stderr)  # fmt: skip
+          f"the results are on disk in {where} (python -m paged_bench.tracking.sync uploads them)", file=sys.stderr)  # fmt: skip
 
 
 def reset_failure() -> None:

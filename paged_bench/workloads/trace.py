@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from paged_bench.clock import HORIZON_S
+from paged_bench.core.clock import HORIZON_S
+from paged_bench.core.request import Request
 from paged_bench.errors import ConfigError, check, check_int, check_number
-from paged_bench.memory import check_requests_fit
-from paged_bench.request import Request
+from paged_bench.run.memory import check_requests_fit
 from paged_bench.workloads.base import Workload, WorkloadContext, check_max_concurrency, random_prompts
 from paged_bench.workloads.trace_files import (
     SUFFIXES,

@@ -5,7 +5,7 @@ or a stale build)."""
 
 from __future__ import annotations
 
-from paged_bench import native
+from paged_bench.native import guard as native
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -14,7 +14,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not benchmarks:
         return
     terminalreporter.section("figures (extra_info)")
-    core = "compiled" if native.is_compiled("paged_bench.schedulers.base") else "interpreted"
+    core = "compiled" if native.is_compiled("paged_bench.core.scheduler.base") else "interpreted"
     terminalreporter.write_line(f"engine core: {core}")
     for bench in benchmarks:
         figures = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in bench.extra_info.items())

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import pytest
 
-from paged_bench.allocators.paged import PagedAllocator
 from paged_bench.backends.sim import SimBackend
-from paged_bench.build import build
-from paged_bench.clock import VirtualClock
-from paged_bench.engine import Engine
-from paged_bench.request import Request
-from paged_bench.schedulers.continuous import ContinuousScheduler
-from paged_bench.step import StepOutput
+from paged_bench.core.clock import VirtualClock
+from paged_bench.core.engine import Engine
+from paged_bench.core.kv.paged import PagedAllocator
+from paged_bench.core.plan import StepOutput
+from paged_bench.core.request import Request
+from paged_bench.core.scheduler.continuous import ContinuousScheduler
+from paged_bench.run.bench import build
 from tests.conftest import compose_config
 
 NANO_VLLM_US_PER_SEQ_STEP = (0.59, 0.75)  # block size 256, this machine, outside the project

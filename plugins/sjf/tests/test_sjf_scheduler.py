@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from paged_bench_sjf.scheduler import SJFScheduler
 
-from paged_bench import registry
-from paged_bench.clock import make_clock
-from paged_bench.engine import Engine
+from paged_bench.core.clock import make_clock
+from paged_bench.core.engine import Engine
+from paged_bench.core.request import Request
 from paged_bench.errors import ConfigError
-from paged_bench.request import Request
+from paged_bench.run import registry
 from paged_bench.workloads.base import WorkloadContext
 
 MAX_MODEL_LEN = 512

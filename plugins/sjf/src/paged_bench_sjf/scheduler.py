@@ -17,10 +17,10 @@ import math
 
 import numpy as np
 
-from paged_bench.allocators.base import Allocator
+from paged_bench.core.kv.base import Allocator
+from paged_bench.core.request import Request, RequestStatus
+from paged_bench.core.scheduler.base import Scheduler
 from paged_bench.errors import check, check_number
-from paged_bench.request import Request, RequestStatus
-from paged_bench.schedulers.base import Scheduler
 
 _RESUMING = (RequestStatus.PREEMPTED, RequestStatus.SWAPPED)
 

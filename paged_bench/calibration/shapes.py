@@ -1,0 +1,210 @@
+"""Calibration's step shapes, and how each is timed: as a run meets it.
+
+A ``Shape`` is one step a real backend runs (decodes at a context, prompt chunks after cached
+tokens, or both); ``shape_rounds`` times every shape once a round, each after the steps a run
+puts before it, and ``typical_seconds`` of its rounds is what the fit takes it to cost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from paged_bench.backends.base import Backend
+from paged_bench.core.kv.paged import PagedAllocator
+from paged_bench.core.plan import NewRequestData, StepPlan
+from paged_bench.core.request import Request
+from paged_bench.costmodel.step_work import StepWork, scattered_blocks, step_work
+from paged_bench.errors import ConfigError
+from paged_bench.model.config import ModelConfig
+
+BLOCK_SIZE = 16
+WARM_STEPS = 3  # untimed steps a timed one follows (decodes of the batch, or of the lead-in)
+TIMED_STEPS = 3  # a decode batch's steps timed in a row, per round (their median)
+# an engine with nothing to run sleeps until the next arrival (tens of ms at the seeds' 25
+# req/s); the step it then starts finds its weights and code evicted from the caches by
+# whatever ran meanwhile: on this 2-core VM +0.3-0.5 ms on a 3-7 ms prompt step
+IDLE_SECONDS = 0.02
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One timed step: ``decodes`` sequences decoding at context ``context``, plus ``prefills``
+    chunks of ``chunk`` new tokens (after ``context`` cached ones); ``scattered``: their K/V on
+    blocks taken in a random order from the whole pool, as a run's frees leave its tables,
+    instead of consecutive ones."""
+
+    decodes: int
+    prefills: int
+    chunk: int
+    context: int
+    scattered: bool = False
+
+
+def default_shapes(max_len: int = 512) -> list[Shape]:
+    """Decode batches, prefill chunks, and the mixed steps continuous batching runs most: a
+    prompt chunk beside a batch of decodes. Chunks go up to ``max_len`` (long prompts are
+    prefilled in one chunk of up to ``max_num_batched_tokens``)."""
+    ctxs = [c for c in (16, 128, 384) if c < max_len]
+    chunks = [n for n in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if n < max_len]
+    shapes = [Shape(b, 0, 0, c) for b, c in itertools.product((1, 2, 4, 8, 16, 32), ctxs)]
+    shapes += [Shape(0, p, n, 0) for p, n in itertools.product((1, 2, 4), chunks) if p * n <= 1024]
+    shapes += [Shape(0, 1, n, c) for n, c in ((64, 128), (128, 256), (512, 512)) if n + c < max_len]
+    mixed = itertools.product((1, 4, 8, 16), (32, 96, 512, 2048), (16, 128))
+    shapes += [Shape(b, 1, n, c) for b, n, c in mixed if n + c < max_len and (n <= 96 or b in (1, 8))]
+    # long contexts (what long prompts leave): decodes, and chunks of a prompt after earlier
+    # chunks, alone, two at once, and beside decodes (an eager attention's score matrices
+    # then outgrow the caches)
+    longs = [c for c in (1024, 3072) if c + 512 < max_len]
+    decode_longs = [c for c in (1024, 2048, 3072) if c + 512 < max_len]
+    shapes += [Shape(b, 0, 0, c) for b, c in itertools.product((1, 2, 4, 16), decode_longs)]
+    # one sequence decoding at every context a long prompt leaves, densely: a long-prompt
+    # workload runs little else (99% of the Azure window's steps), and with three points one
+    # noisy one tilted the fitted K/V rate (the Azure median ITL 10-14% slow)
+    shapes += [Shape(1, 0, 0, c) for c in (512, 768, 1280, 1536, 1792, 2560) if c + 512 < max_len]
+    shapes += [Shape(b, p, 512, c) for b, p, c in itertools.product((0, 8), (1, 2), longs) if b or p == 1]
+    # K/V scattered over the pool, as preemption and a long run's frees leave it: a step on
+    # scattered blocks cost 5-13% more than on consecutive ones at 3 x 1,024 tokens
+    # (benchmarks/numpy_memory.py)
+    scattered = itertools.product((1, 4, 16), (128, 1536))
+    shapes += [Shape(b, 0, 0, c, scattered=True) for b, c in scattered if c < max_len]
+    shapes += [Shape(4, 1, 96, 128, scattered=True)] if 96 + 128 < max_len else []
+    return shapes
+
+
+def _plan(
+    shape: Shape, allocator: PagedAllocator, rng: np.random.Generator, vocab: int, first_id: int = 0
+) -> tuple[StepPlan, list[Request]]:
+    reqs, rows = [], []
+    specs = [(shape.context, 1)] * shape.decodes + [(shape.context, shape.chunk)] * shape.prefills
+    for i, (ctx, n) in enumerate(specs):
+        req = Request(first_id + i, 0.0, rng.integers(0, vocab, ctx + n).tolist(), 1)
+        if not allocator.allocate_slots(req, ctx + n):
+            raise ConfigError("calibration shape", shape, "fewer tokens than the calibration pool holds")
+        req.num_computed_tokens = ctx
+        reqs.append(req)
+        rows.append((NewRequestData.from_request(req, allocator.block_table(req)), n))
+    return StepPlan.starting(rows), reqs
+
+
+def _continuing(plan: StepPlan) -> StepPlan:
+    """``plan`` once its decoding requests are running: a run's decode rows are requests the
+    backend already holds (only a prompt's first chunk brings a new one), and setting up a
+    new request's state costs what a decode step of it never pays."""
+    return plan._replace(new_reqs=tuple(new for new, n in zip(plan.new_reqs, plan.num_new_tokens) if n > 1))
+
+
+def time_shapes(
+    backend: Backend, model: ModelConfig, dtype: str, shapes: Sequence[Shape], repeats: int = 3
+) -> list[tuple[StepWork, float]]:
+    """``shape_rounds``' samples after ``repeats`` rounds."""
+    *_, samples = itertools.islice(shape_rounds(backend, model, dtype, shapes), repeats)
+    return samples
+
+
+def shape_rounds(
+    backend: Backend, model: ModelConfig, dtype: str, shapes: Sequence[Shape]
+) -> Iterator[list[tuple[StepWork, float]]]:
+    """After each round over every shape, the samples so far: (work, seconds:
+    ``typical_seconds`` of the rounds) of ``backend.execute`` for each shape, then for each
+    ``is_idle_probe`` shape the same after an idle gap (its work ``cold``).
+
+    The repeats are rounds over every shape rather than back-to-back runs of one, so that a
+    burst of load from elsewhere on a shared machine spreads over the shapes instead of
+    skewing the few it lands on (a skewed shape bends the whole fit).
+
+    Each shape is timed as a run meets it, since that changes its cost by as much as its
+    shape does: its decoding requests already running (``_continuing``), after the steps a run
+    puts before it: a decode batch after ``WARM_STEPS`` of the same batch (a run decodes step
+    after step: one warm step left a one-sequence decode 10% slower than in a run), then the
+    median of ``TIMED_STEPS`` in a row; a step with a prompt chunk after ``WARM_STEPS`` decode
+    steps (``lead_in``: prompts arrive amid decodes), not after itself (which finds its
+    activations and K/V still in cache)."""
+    need = (
+        2
+        * max(s.decodes + s.prefills for s in shapes)
+        * -(-max(s.context + max(s.chunk, 1) for s in shapes) // BLOCK_SIZE)
+    )
+    allocator = PagedAllocator(num_blocks=need + 1, block_size=BLOCK_SIZE, prefix_caching=False, swap_blocks=0)
+    backend.bind(allocator)  # the pool both allocators hand out (tables come with the plans)
+    rng = np.random.default_rng(0)
+    shuffled = _shuffled(need + 1, rng) if any(s.scattered for s in shapes) else allocator
+    times: list[list[float]] = [[] for _ in shapes]
+    works: list[StepWork] = []
+    idle: dict[int, list[float]] = {i: [] for i, s in enumerate(shapes) if is_idle_probe(s)}
+    for round_no in itertools.count():
+        for i, shape in enumerate(shapes):
+            blocks = shuffled if shape.scattered else allocator
+            plan, reqs = _plan(shape, blocks, rng, model.vocab_size)
+            backend.execute(plan)  # first touch of this shape's K/V and buffers; its requests start
+            timed = _continuing(plan)
+            if shape.prefills:
+                lead_plan, lead_reqs = _plan(lead_in(shape), blocks, rng, model.vocab_size, len(reqs))
+                backend.execute(lead_plan)
+                for _ in range(WARM_STEPS - 1):
+                    backend.execute(_continuing(lead_plan))
+                reqs += lead_reqs
+                times[i].append(_seconds(backend, timed))
+                if i in idle:  # again, after the engine idled as it does waiting for arrivals
+                    for _ in range(WARM_STEPS):
+                        backend.execute(_continuing(lead_plan))
+                    time.sleep(IDLE_SECONDS)
+                    idle[i].append(_seconds(backend, timed))
+            else:
+                for _ in range(WARM_STEPS):
+                    backend.execute(timed)
+                times[i].append(float(np.median([_seconds(backend, timed) for _ in range(TIMED_STEPS)])))
+            for req in reqs:
+                blocks.free(req)
+            backend.execute(StepPlan(finished_req_ids=tuple(r.request_id for r in reqs)))  # the backend lets them go
+            if round_no == 0:
+                works.append(shape_work(plan, model, dtype))
+        warm = [(work, typical_seconds(t)) for work, t in zip(works, times)]
+        yield warm + [(replace(works[i], cold=True), typical_seconds(t)) for i, t in idle.items()]
+
+
+def shape_work(plan: StepPlan, model: ModelConfig, dtype: str) -> StepWork:
+    """The work of a shape's first ``_plan`` (every row new, its whole table in the plan), as
+    it is timed: warm, whatever the plan says (all of its requests new)."""
+    scattered = scattered_blocks(plan, [new.block_ids for new in plan.new_reqs], BLOCK_SIZE)
+    return replace(step_work(plan, model, dtype, BLOCK_SIZE, scattered=scattered), cold=False)
+
+
+def _shuffled(num_blocks: int, rng: np.random.Generator) -> PagedAllocator:
+    """An allocator over a pool of ``num_blocks`` that hands its blocks out in a random order:
+    every block taken, then freed in a random order (its free queue's order from then on)."""
+    allocator = PagedAllocator(num_blocks=num_blocks, block_size=BLOCK_SIZE, prefix_caching=False, swap_blocks=0)
+    fillers = [Request(-1 - i, 0.0, [0] * BLOCK_SIZE, 1) for i in range(num_blocks)]
+    taken = [f for f in fillers if allocator.allocate_slots(f, BLOCK_SIZE)]
+    for i in rng.permutation(len(taken)):
+        allocator.free(taken[i])
+    return allocator
+
+
+def is_idle_probe(shape: Shape) -> bool:
+    """Shapes also timed after an idle gap: a short prompt alone (what an idle engine starts
+    with), where the cold start is a large share of the step."""
+    return shape.decodes == 0 and shape.context == 0 and shape.chunk <= 128
+
+
+def _seconds(backend: Backend, plan: StepPlan) -> float:
+    start = time.perf_counter()
+    backend.execute(plan)
+    return time.perf_counter() - start
+
+
+def typical_seconds(times: Sequence[float]) -> float:
+    """What a step costs: the median of its timed repeats, the statistic the runs it is
+    compared with report (a lower quartile, tried, predicted a quieter machine than a run's
+    median steps meet: every step shape 5-20% fast)."""
+    return float(np.median(times))
+
+
+def lead_in(shape: Shape) -> Shape:
+    """The decode step a run has just run before a step with a prompt chunk: its decodes (one
+    sequence when it has none)."""
+    return Shape(max(shape.decodes, 1), 0, 0, max(shape.context, 16))

@@ -1,0 +1,115 @@
+"""Step replay: price every step a real run ran with a cost model, step by step.
+
+A calibrated simulator can miss a real run's figures for two reasons: its cost model prices
+steps wrong, or its run schedules different steps (a step that ends earlier admits a request
+sooner, preempts less...). Comparing end-to-end figures mixes both. ``replay`` separates them:
+it runs the real backend once, records every step's plan and measured duration (the engine's
+step: scheduling, ``backend.execute`` and the update), then prices the very same plans with the
+cost model. ``shape_table`` bins the pairs by step shape (decode batch sizes, prefill chunk
+lengths, mixed steps), which shows which kind of step the model gets wrong and by how much.
+
+    python benchmarks/sim_vs_numpy.py --replay --preset FILE
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from paged_bench.backends.request_state import RequestStates
+from paged_bench.core.plan import StepOutput, StepPlan
+from paged_bench.costmodel.roofline import HeapMark, RooflineCost
+from paged_bench.costmodel.step_work import RunTables, out_of_order
+
+
+@dataclass(frozen=True)
+class ReplayedStep:
+    shape: str  # the bin: "decode 4", "prefill 1x<=128", "mixed 3+1x<=64"
+    measured: float  # seconds the engine's step took
+    predicted: float  # seconds the cost model gives its plan
+
+
+@dataclass(frozen=True)
+class Replay:
+    steps: list[ReplayedStep]
+    run_seconds: float  # the run's length (steps, the loop, idling to arrivals)
+    num_preemptions: int
+    # of the decode rows' block tables, the share of next blocks that follow the one before in
+    # the pool: K/V on blocks scattered over the pool costs more to gather than on consecutive
+    # ones (``benchmarks/numpy_memory.py``), which the cost model, pricing bytes, does not see
+    adjacent_blocks: float
+
+
+def shape_of(plan: StepPlan) -> str:
+    """A plan's bin: decode batches by size, prompt chunks by count and length (next power of 2)."""
+    chunks = [n for n in plan.num_new_tokens if n > 1]
+    if not chunks:
+        return f"decode {len(plan.req_ids)}"
+    bound = 1 << (max(chunks) - 1).bit_length()
+    decodes = plan.num_decode_tokens
+    return f"{'mixed ' + str(decodes) + '+' if decodes else 'prefill '}{len(chunks)}x<={bound}"
+
+
+def replay(cfg: Mapping[str, Any], cost: RooflineCost) -> Replay:
+    """Run ``cfg`` (a wall-clock backend) once; price each step it ran with ``cost``."""
+    from paged_bench.run.bench import build
+
+    bench = build(cfg)
+    backend, block_size = bench.backend, bench.engine.allocator.layout.block_size
+    plans: list[StepPlan] = []
+    execute = backend.execute
+
+    def recording(plan: StepPlan) -> StepOutput:  # the same backend, remembering each plan
+        plans.append(plan)
+        return execute(plan)
+
+    backend.execute = recording  # type: ignore[method-assign]
+    try:
+        result = bench.engine.run(bench.requests, max_concurrency=bench.max_concurrency)
+    finally:
+        backend.close()
+    # the engine records a step for every plan it executes, in order
+    heap, tables = HeapMark(), RunTables()  # priced as a run of its own: its heap starts empty
+    steps = [
+        ReplayedStep(shape_of(plan), row.duration, cost.duration(plan, block_size, heap, tables))
+        for plan, row in zip(plans, result.steps.rows(), strict=True)
+    ]
+    return Replay(steps, result.duration, result.num_preemptions, adjacent_blocks(plans))
+
+
+def adjacent_blocks(plans: Sequence[StepPlan]) -> float:
+    """Over every decode row of ``plans``, the share of its table's blocks after the first that
+    are the block before it plus one (1.0 where no table has two blocks)."""
+    states = RequestStates()  # the tables, kept from the plans as a real backend keeps them
+    adjacent = pairs = 0
+    for plan in plans:
+        for state, n in zip(states.apply(plan), plan.num_new_tokens):
+            if n == 1:
+                table = state.block_ids
+                followers = max(len(table) - 1, 0)
+                adjacent += followers - out_of_order(table, 1, len(table))
+                pairs += followers
+    return adjacent / pairs if pairs else 1.0
+
+
+def shape_table(steps: Sequence[ReplayedStep]) -> list[dict[str, Any]]:
+    """Per shape bin: steps, median measured and predicted ms, the median of the per-step
+    errors, and the bin's share of the measured busy time; largest share first."""
+    busy = sum(s.measured for s in steps) or 1.0
+    bins: dict[str, list[ReplayedStep]] = {}
+    for step in steps:
+        bins.setdefault(step.shape, []).append(step)
+    rows = [
+        {
+            "shape": shape,
+            "steps": len(group),
+            "measured_ms": statistics.median(s.measured for s in group) * 1e3,
+            "predicted_ms": statistics.median(s.predicted for s in group) * 1e3,
+            "median_error": statistics.median(s.predicted / s.measured - 1 for s in group if s.measured > 0),
+            "busy_share": sum(s.measured for s in group) / busy,
+        }
+        for shape, group in bins.items()
+    ]
+    return sorted(rows, key=lambda r: -r["busy_share"])

@@ -1,0 +1,353 @@
+"""The scheduler protocol and the iteration-level machinery every policy shares.
+
+Each step, ``schedule`` first gives every running request its next tokens (a decode, or the
+next chunk of an unfinished prefill) under a per-step token budget, then admits waiting
+requests while ``max_batch`` and the budget allow, and returns a frozen ``StepPlan`` for the
+backend (see ``paged_bench.core.plan``). A policy is a few hooks on top:
+
+- ``may_admit``: may this step admit anyone (static batching: only when the batch is empty);
+- ``pick_waiting``: which waiting request goes next (FCFS by default);
+- ``choose_victim``: what to do when a running request cannot get a block (by default the run
+  stops with ``PoolExhaustedError``; a preemptive policy names a victim instead);
+- ``preemption_mode`` and ``admission_reserve_blocks``: how a victim is preempted, and how
+  many blocks admission (and swap-in) leaves free.
+
+The scheduler asks the allocator for room and never touches blocks itself.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, ClassVar, Final, Literal
+
+from mypy_extensions import mypyc_attr
+
+from paged_bench.core.kv.base import Allocator
+from paged_bench.core.plan import NewRequestData, ReqId, StepOutput, StepPlan, new_named_tuple
+from paged_bench.core.request import FinishReason, Request, RequestStatus
+from paged_bench.core.scheduler.plan_draft import PlanDraft
+from paged_bench.errors import EngineError, PoolExhaustedError, check, check_int
+
+# Final: compiled code reads them as constants, not through the module's dict
+RUNNING: Final = RequestStatus.RUNNING
+# a tuple, not a set: membership by identity, where a set hashes the member with Enum's __hash__ (Python code)
+_WAITING_STATES: Final = (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED)
+LENGTH: Final = FinishReason.LENGTH
+_NO_ROWS: Final[frozenset[int]] = frozenset()
+
+
+def _hook_error(sched: Scheduler, hook: str, value: object, allowed: str) -> EngineError:
+    """A policy hook's answer the machinery cannot act on: the run stops, naming the hook."""
+    shown = f"request {value.request_id}" if isinstance(value, Request) else repr(value)[:80]
+    return EngineError(f"scheduler {sched.name!r}: {hook}() returned {shown}, which is {allowed}")
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # every policy subclasses it, plugins too
+class Scheduler:
+    name: ClassVar[str] = ""
+    preemption_mode: Literal["recompute", "swap"] = "recompute"
+    admission_reserve_blocks: int = 0
+    plan_token_ids: bool = True  # new requests carry their tokens (the engine sets the backend's choice)
+
+    def __init__(
+        self,
+        allocator: Allocator,
+        *,  # Any: the config's values, checked below by name (compiled, a wrong type would be a bare TypeError)
+        max_model_len: Any,
+        max_batch: Any,
+        max_num_batched_tokens: Any,
+        chunked_prefill: Any = True,
+        eos_token_id: int | None = None,
+        stop_token_ids: tuple[int, ...] = (),
+    ) -> None:
+        self.allocator = allocator
+        self.max_model_len = check_int("max_model_len", max_model_len)
+        self.max_batch = check_int("max_batch", max_batch)
+        self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens)
+        # as vLLM's SchedulerConfig: a budget below max_batch would silently cap concurrency
+        check(
+            max_num_batched_tokens >= max_batch,
+            "max_num_batched_tokens",
+            max_num_batched_tokens,
+            f">= max_batch={max_batch} (each running sequence needs a token a step)",
+        )
+        check(isinstance(chunked_prefill, bool), "scheduler.chunked_prefill", chunked_prefill, "true or false")
+        check(
+            chunked_prefill or max_num_batched_tokens >= max_model_len,
+            "max_num_batched_tokens",
+            max_num_batched_tokens,
+            f">= max_model_len={max_model_len} when chunked_prefill is off (a prompt must fit one step)",
+        )
+        self.chunked_prefill: bool = chunked_prefill
+        # every id that ends a sequence (a checkpoint may name several): a set, so one test a row
+        self.end_token_ids = frozenset(t for t in (eos_token_id, *stop_token_ids) if t is not None)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order: the tail is the last admitted
+        self.num_preemptions = 0
+        self.recomputed_tokens = 0
+        self.swapped_blocks = 0  # blocks copied between GPU and CPU, either way
+        self._lost: dict[Request, int] = {}  # recompute-preempted request -> tokens it had computed
+        self._scheduled: list[Request] = []  # the last plan's rows, for update()
+        self._finished_ids: list[ReqId] = []  # ended since the last plan was handed out
+        self._preempted_ids: list[ReqId] = []  # preempted in a step that planned nothing to run
+        self._handed_over: list[NewRequestData] = []  # admitted by add_prefilled since the last plan
+
+    # -- policy hooks ---------------------------------------------------------------------
+    # (they return Any: this class is compiled, and a declared type would refuse a policy's
+    # wrong answer with a bare TypeError before the checks below name the hook)
+
+    def may_admit(self, plan: PlanDraft) -> Any:  # a bool
+        """No admissions in a step that preempted (the pool is short)."""
+        return plan.num_preempted == 0
+
+    def pick_waiting(self) -> Any:  # a waiting Request
+        return self.waiting[0]
+
+    def choose_victim(self, req: Request) -> Any:  # a running Request
+        layout = self.allocator.layout
+        raise PoolExhaustedError(
+            f"KV pool exhausted: request {req.request_id} needs another block but all "
+            f"{layout.num_blocks} blocks of {layout.block_size} tokens are held by "
+            f"{len(self.running)} running requests; use scheduler=preemptive or a larger num_blocks"
+        )
+
+    # -- the protocol the engine uses -----------------------------------------------------
+
+    def add_request(self, req: Request, now: float) -> None:
+        if not 0 < req.num_prompt_tokens < self.max_model_len:
+            req.finish(
+                FinishReason.REJECTED,
+                now,
+                f"prompt of {req.num_prompt_tokens} tokens; allowed: 1 to {self.max_model_len - 1} "
+                f"(max_model_len={self.max_model_len})",
+            )
+            return
+        req.max_num_tokens = min(req.num_prompt_tokens + req.max_tokens, self.max_model_len)
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self, now: float) -> StepPlan:
+        draft = PlanDraft(budget=self.max_num_batched_tokens)
+        if self._handed_over:
+            draft.new_reqs += self._handed_over
+            self._handed_over = []
+        self._schedule_running(draft)
+        admit = self.may_admit(draft)
+        if admit not in (True, False):  # numpy's bools and 0/1 too; a forgotten return (None) is refused
+            raise _hook_error(self, "may_admit", admit, "not a bool: return True or False")
+        if admit:
+            self._admit_waiting(draft, now)
+        return self._freeze(draft)
+
+    def update(self, plan: StepPlan, output: StepOutput, now: float) -> list[Request]:
+        """Advance the scheduled requests by the step's output; returns those that finished."""
+        finished = []
+        end_ids = self.end_token_ids
+        sampled: Any = output.token_ids  # numpy's ints too: compiled, list[int] would refuse them
+        stamp: Any = now  # one float object for every row's time (compiled, each append would box its own)
+        for req, n, token in zip(self._scheduled, plan.num_new_tokens, sampled):
+            computed = req.num_computed_tokens + n
+            req.num_computed_tokens = computed
+            tokens = req.token_ids
+            if computed < len(tokens):  # a prefill chunk short of the prompt's end: no sample
+                continue
+            tokens.append(token)
+            req.token_times.append(stamp)
+            # EOS first, as vLLM v1's check_stop since PR #27555 (Oct 2025; before it, length
+            # first): an EOS that is also the last token allowed is a stop
+            if not req.ignore_eos and token in end_ids:  # a benchmark's requests mostly ignore EOS: no set lookup
+                req.finish(FinishReason.STOP, now)
+            elif computed >= req.max_num_tokens - 1:  # now holds max_num_tokens tokens
+                req.finish(LENGTH, now)
+            else:
+                continue
+            finished.append(req)
+        if finished:
+            if len(finished) == 1:  # the common case: one scan in C, not a new list
+                self.running.remove(finished[0])
+            else:
+                self.running = [r for r in self.running if r.status is RUNNING]
+            for req in finished:
+                self.allocator.free(req)
+                self._finished_ids.append(req.request_id)
+        return finished
+
+    def add_prefilled(self, req: Request) -> bool:
+        """Admit a request whose prompt K/V was computed on another replica and moved here
+        (disaggregated prefill): it takes blocks for its prompt, counts the prompt as computed
+        and runs from its next token. False, changing nothing, if the policy admits nobody now
+        (``may_admit``), or ``max_batch`` or the pool (less the admission reserve) has no room."""
+        reserve = self.admission_reserve_blocks if self.running else 0
+        prompt = req.num_prompt_tokens
+        # the policy's admission rule, as at a step's admissions (static: only into an empty batch)
+        if len(self.running) >= self.max_batch or not self.may_admit(PlanDraft(self.max_num_batched_tokens)):
+            return False
+        if not self.allocator.allocate_slots(req, prompt, min_free_blocks=reserve):
+            return False
+        req.num_computed_tokens = prompt
+        req.max_num_tokens = min(prompt + req.max_tokens, self.max_model_len)
+        req.status = RUNNING
+        self.running.append(req)
+        self._handed_over.append(NewRequestData.from_request(req, self.allocator.block_table(req), self.plan_token_ids))
+        return True
+
+    def finish_request(self, req: Request, reason: FinishReason, now: float, error: str | None = None) -> None:
+        """End a request from outside the step loop (client abort, stop string, run error)."""
+        if req.is_finished:
+            return
+        if req.status is RUNNING:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.allocator.free(req)
+        self._lost.pop(req, None)
+        self._finished_ids.append(req.request_id)
+        req.finish(reason, now, error)
+
+    def abort_all(self, reason: FinishReason, now: float, error: str | None = None) -> list[Request]:
+        """End every unfinished request; returns them."""
+        aborted = [*self.running, *self.waiting]
+        for req in aborted:
+            self.finish_request(req, reason, now, error)
+        return aborted
+
+    # -- the machinery --------------------------------------------------------------------
+
+    def _chunk(self, num_tokens: int, budget: int) -> int:
+        """How many of ``num_tokens`` fit this step: all, the budget's worth, or none."""
+        if num_tokens <= budget:
+            return num_tokens
+        return budget if self.chunked_prefill else 0
+
+    def _schedule_running(self, draft: PlanDraft) -> None:
+        """Give every running request its next tokens. The hot path, kept lean on purpose:
+        plain rows (a whole decode or the rest of a prompt, within the budget) are gathered
+        and allocated in one call, up to the first row that needs care; the careful pass
+        takes the rest of the list from there."""
+        running, reqs, nums, budget = self.running, draft.reqs, draft.num_new_tokens, draft.budget
+        ids, starts = draft.req_ids, draft.starts
+        for req in running:
+            computed = req.num_computed_tokens
+            n = len(req.token_ids) - computed
+            if n > budget or (n == 1 and computed < req.num_prompt_tokens):
+                break
+            ids.append(req.request_id)
+            starts.append(computed)
+            nums.append(n)
+            budget -= n
+        num_plain = len(nums)
+        reqs += running[:num_plain]  # the plain rows are the running list's head
+        allocated = self.allocator.allocate_rows(reqs, nums) if num_plain else 0
+        if allocated < num_plain:  # no room for reqs[allocated]: hand it to the careful pass
+            budget += sum(nums[allocated:])
+            del reqs[allocated:], nums[allocated:], draft.req_ids[allocated:], draft.starts[allocated:]
+        draft.budget = budget
+        if allocated < len(running):
+            self._schedule_running_from(draft, allocated)
+
+    def _schedule_running_from(self, draft: PlanDraft, i: int) -> None:
+        """The careful pass, in place over the running list as vLLM v1's: chunks a prompt to
+        the budget, and when a request cannot get its slots preempts victims (the list
+        shifts under the index) until it fits; a request that is itself the victim ends the
+        pass, as in vLLM (the requests after it wait for the next step)."""
+        running, allocate = self.running, self.allocator.allocate_slots
+        while i < len(running) and draft.budget > 0:
+            req = running[i]
+            n = self._chunk(len(req.token_ids) - req.num_computed_tokens, draft.budget)
+            if n:
+                while not allocate(req, n):
+                    victim = self.choose_victim(req)
+                    if getattr(victim, "status", None) is not RUNNING:
+                        raise _hook_error(self, "choose_victim", victim, "not running: return a running request")
+                    if running.index(victim) <= i:
+                        i -= 1  # the victim sat at or before req: the rest shifts left
+                    self._preempt(victim, draft)
+                    if victim is req:
+                        return
+                draft.add(req, n)
+            i += 1
+
+    def _admit_waiting(self, draft: PlanDraft, now: float) -> None:
+        allocator, waiting = self.allocator, self.waiting
+        while waiting and len(self.running) < self.max_batch and draft.budget > 0:
+            req = self.pick_waiting()
+            if getattr(req, "status", None) not in _WAITING_STATES:
+                raise _hook_error(self, "pick_waiting", req, "not waiting: return a waiting request")
+            # an empty engine admits regardless of the reserve, or nothing could ever run
+            reserve = self.admission_reserve_blocks if self.running else 0
+            if req.status is RequestStatus.SWAPPED:
+                n = self._chunk(len(req.token_ids) - req.num_computed_tokens, draft.budget)
+                pairs = allocator.swap_in(req, n, reserve) if n else None
+                if pairs is None:
+                    break
+                draft.swap_in += pairs
+                self.swapped_blocks += len(pairs)
+            else:
+                hit = allocator.lookup_prefix(req)
+                n = self._chunk(len(req.token_ids) - hit.num_tokens, draft.budget)
+                if n == 0 or not allocator.allocate_slots(req, n, hit, reserve):
+                    break
+                req.num_computed_tokens = hit.num_tokens
+                lost = self._lost.pop(req, None)
+                if lost is None:
+                    req.num_cached_tokens = hit.num_tokens
+                else:
+                    self.recomputed_tokens += max(0, lost - hit.num_tokens)
+            if req is waiting[0]:
+                waiting.popleft()
+            else:
+                waiting.remove(req)
+            req.status = RUNNING
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            self.running.append(req)
+            draft.new_reqs.append(NewRequestData.from_request(req, allocator.block_table(req), self.plan_token_ids))
+            draft.add(req, n)
+
+    def _preempt(self, victim: Request, draft: PlanDraft) -> None:
+        """Take ``victim`` off the GPU and put it at the front of the waiting queue."""
+        self.running.remove(victim)
+        draft.unschedule(victim)
+        draft.preempted.append(victim)
+        self.num_preemptions += 1
+        victim.num_preemptions += 1
+        pairs = self.allocator.swap_out(victim) if self.preemption_mode == "swap" else None
+        if pairs is not None:
+            victim.status = RequestStatus.SWAPPED
+            draft.swap_out += pairs
+            self.swapped_blocks += len(pairs)
+        else:  # recompute (also when swap space is full): keep the tokens, drop the K/V
+            self._lost[victim] = victim.num_computed_tokens
+            self.allocator.free(victim)
+            victim.num_computed_tokens = 0
+            victim.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(victim)
+
+    def _freeze(self, draft: PlanDraft) -> StepPlan:
+        reqs, nums = draft.reqs, draft.num_new_tokens
+        self._scheduled = reqs
+        if draft.preempted:
+            self._preempted_ids += [r.request_id for r in draft.preempted]
+        # positional, in StepPlan's field order: built every step, so built the cheap way
+        swaps = draft.swap_out or draft.swap_in
+        plan = new_named_tuple(StepPlan, (
+            tuple(draft.req_ids),
+            tuple(draft.starts),
+            tuple(nums),
+            tuple(draft.new_reqs) if draft.new_reqs else (),
+            self.allocator.take_new_blocks(),
+            frozenset(draft.partial_rows) if draft.partial_rows else _NO_ROWS,
+            nums.count(1) - draft.num_prefill_rows_of_one_token,
+            tuple(draft.swap_out) if swaps else (),
+            tuple(draft.swap_in) if swaps else (),
+            tuple(self._preempted_ids) if self._preempted_ids else (),
+            tuple(self._finished_ids) if self._finished_ids else (),
+        ))  # fmt: skip
+        if reqs or swaps:  # an empty plan is not executed: its news wait for the next one
+            if self._preempted_ids:
+                self._preempted_ids = []
+            if self._finished_ids:
+                self._finished_ids = []
+        return plan

@@ -1,0 +1,56 @@
+"""Continuous batching that survives a dry KV pool by preempting, as vLLM does.
+
+When a running request cannot get a block, a victim is preempted, repeatedly if need be,
+and no one is admitted in that step. ``victim=last_admitted`` (the default, vLLM v1's: the
+running list's tail) takes the request admitted most recently; ``victim=latest_arrival``
+takes the one that arrived last (among equal arrivals, the later admitted). ``mode=recompute``
+frees the victim's blocks and keeps its generated tokens; it is re-prefilled later, and the
+prefix cache may revive its own blocks. ``mode=swap`` copies its blocks to bounded CPU swap
+space and back before it runs again (falling back to recompute when swap space is full).
+``watermark`` keeps that fraction of the pool free (rounded down, as vLLM v1's admission
+watermark) at admission and at swap-in, so that running requests can grow without preempting
+each other; a request admitted into an empty engine ignores it. vLLM v1 recomputes only: swap
+is vLLM v0's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mypy_extensions import mypyc_attr
+
+from paged_bench.core.kv.base import Allocator
+from paged_bench.core.request import Request
+from paged_bench.core.scheduler.base import Scheduler
+from paged_bench.errors import check, check_number
+
+VICTIMS = ("last_admitted", "latest_arrival")
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled with the core (native calls); plugins subclass it
+class PreemptiveScheduler(Scheduler):
+    name = "preemptive"
+
+    def __init__(
+        self,
+        allocator: Allocator,
+        *,  # Any: the config's values, checked below by name (compiled, a wrong type would be a bare TypeError)
+        mode: Any = "recompute",
+        watermark: Any = 0.0,
+        victim: Any = "last_admitted",
+        **kwargs,
+    ) -> None:
+        Scheduler.__init__(self, allocator, **kwargs)  # not super(): compiled, mypyc passes **kwargs to it wrongly
+        check(mode in ("recompute", "swap"), "scheduler.mode", mode, "recompute or swap")
+        check_number("scheduler.watermark", watermark)
+        check(watermark < 1, "scheduler.watermark", watermark, "a fraction of the pool in [0, 1)")
+        check(victim in VICTIMS, "scheduler.victim", victim, " or ".join(VICTIMS))
+        self.preemption_mode = mode
+        self.victim = victim
+        self.admission_reserve_blocks = int(watermark * allocator.layout.num_blocks)
+
+    def choose_victim(self, req: Request) -> Request:
+        if self.victim == "last_admitted":
+            return self.running[-1]
+        # reversed: among equal arrival times, the most recently admitted one goes
+        return max(reversed(self.running), key=lambda r: r.arrival_time)

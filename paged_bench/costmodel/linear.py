@@ -1,0 +1,31 @@
+"""The simulator's default cost model: a step's seconds, linear in what the step does (see
+``paged_bench.backends.sim``). Priced every simulated step, so it is compiled with the engine
+core (``paged_bench.native.guard``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paged_bench.core.plan import StepPlan, total
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """Seconds per unit of work in a step."""
+
+    step_overhead: float
+    per_prefill_token: float
+    per_decode_seq: float
+    per_kv_token: float
+    per_swap_block: float
+
+    def duration(self, plan: StepPlan) -> float:
+        decodes, scheduled = plan.num_decode_tokens, total(plan.num_new_tokens)
+        kv_read = scheduled + total(plan.num_computed_tokens)
+        return (
+            self.step_overhead
+            + self.per_prefill_token * (scheduled - decodes)
+            + self.per_decode_seq * decodes
+            + self.per_kv_token * kv_read
+            + self.per_swap_block * (len(plan.swap_in) + len(plan.swap_out))
+        )
