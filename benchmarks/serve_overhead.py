@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 
 from paged_bench.run.compose import compose_config
-from paged_bench.run.job import JobOutcome, run_job
+from paged_bench.run.job import run_job
+from paged_bench.run.outcome import JobOutcome
 
 WORKLOAD = ("workload=uniform", "workload.prompt_len=64", "workload.output_len=64")
 

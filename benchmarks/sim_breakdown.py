@@ -44,7 +44,7 @@ from paged_bench.results.records import RequestRecords
 from paged_bench.results.run_files import write_run
 from paged_bench.run.bench import build
 from paged_bench.run.compose import compose_config
-from paged_bench.run.job import JobOutcome, capacity_figures, run_info
+from paged_bench.run.outcome import JobOutcome, capacity_figures, run_info
 
 POISSON_20K = ["workload=poisson", "max_batch=32", "workload.rate=14", "workload.num_requests=20000"]
 DECODE = ["workload=poisson", "workload.num_requests=1000", "workload.rate=1000", "workload.prompt_len=16",

@@ -22,8 +22,7 @@ import hydra
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig
 
-from paged_bench.cli import catalog, signals, sweep
-from paged_bench.cli import hydra_job
+from paged_bench.cli import catalog, hydra_job, signals, sweep
 from paged_bench.errors import PagedBenchError
 from paged_bench.results.whole_files import cannot_write
 from paged_bench.run.compose import unknown_override

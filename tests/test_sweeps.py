@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from paged_bench.cli.progress import JobBar, SweepBar
 from paged_bench.cli.sweep_folder import SWEEP_FILE, job_counts
 from paged_bench.cli.sweep_jobs import count_jobs
-from paged_bench.run.job import Progress
+from paged_bench.run.outcome import Progress
 from tests.plugin_support import fake_distribution
 from tests.tracking_support import artifact_paths, cli_env, fresh_store, run_cli, runs_of
 

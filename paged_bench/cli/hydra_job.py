@@ -45,7 +45,8 @@ from paged_bench.report.load import (
 )
 from paged_bench.results.run_files import format_summary
 from paged_bench.results.whole_files import cannot_write
-from paged_bench.run.job import JobOutcome, run_job
+from paged_bench.run.job import run_job
+from paged_bench.run.outcome import JobOutcome
 
 # what a run writes into its folder (outputs.write_run, a cluster's replicas.csv, its config,
 # its plots, a report of it, the server it spawned): never another tool's files

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from paged_bench.run.job import Progress
+from paged_bench.run.outcome import Progress
 
 DELAY_S = 2.0
 

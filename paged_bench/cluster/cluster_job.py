@@ -1,6 +1,6 @@
 """One cluster job, start to finish: config -> replicas behind a router -> run -> files.
 
-``app.run_job`` hands a config here when its ``cluster`` section asks for more than one
+``run.job.run_job`` hands a config here when its ``cluster`` section asks for more than one
 replica; the outcome has the shape of a single engine's (``JobOutcome``), so the command
 line, sweeps and MLflow treat a cluster run like any other.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from paged_bench.cluster.cluster_bench import ClusterBench, build_cluster
 from paged_bench.cluster.loop import ClusterRun
@@ -19,9 +19,7 @@ from paged_bench.cluster.spec import ClusterSpec
 from paged_bench.cluster.summary import cluster_summary, merged_result
 from paged_bench.errors import check
 from paged_bench.results.records import RequestRecords
-
-if TYPE_CHECKING:
-    from paged_bench.run.job import JobOutcome, ProgressCallback
+from paged_bench.run.outcome import JobOutcome, ProgressCallback, capacity_figures, run_info, step_callback
 
 
 def run_cluster_job(
@@ -32,10 +30,8 @@ def run_cluster_job(
     options: Mapping[str, str] | None = None,
     shield: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> JobOutcome:
-    """As ``app.run_job``: what the run measured is summarized and written inside ``shield()``;
+    """As ``run.job.run_job``: what the run measured is summarized and written inside ``shield()``;
     ``options`` label its plugins in ``run_info.json``."""
-    from paged_bench.run.job import step_callback  # app imports us lazily
-
     target = (cfg.get("target") or {}).get("name", "engine")
     check(target == "engine", "target", target,
           "target=engine for a cluster (cluster.replicas > 1 simulates the replicas in-process)")  # fmt: skip
@@ -57,8 +53,6 @@ def _write_outcome(
     run: ClusterRun,
     options: Mapping[str, str] | None,
 ) -> JobOutcome:
-    from paged_bench.run.job import JobOutcome, capacity_figures, run_info  # app imports us lazily
-
     merged = merged_result(run)
     records = RequestRecords.from_requests(merged.requests)
     summary, replicas = cluster_summary(run, merged, records, cfg.get("slo"))
