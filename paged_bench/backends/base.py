@@ -8,15 +8,13 @@ K/V through the allocator's block tables, on the wall clock. A cost-model backen
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from paged_bench.core.kv.base import Allocator
 from paged_bench.core.plan import StepOutput, StepPlan
+from paged_bench.model.config import ModelConfig
 from paged_bench.model.tokenizers import ByteTokenizer
-
-if TYPE_CHECKING:
-    from paged_bench.model.config import ModelConfig
-    from paged_bench.sizing.kv_capacity import KVBudget
+from paged_bench.sizing.kv_capacity import KVBudget
 
 
 class Backend(ABC):

@@ -30,10 +30,13 @@ from paged_bench.calibration.fit import fit, fit_errors
 from paged_bench.calibration.heap_growth import time_heap_growth
 from paged_bench.calibration.matmuls import matmul_rounds
 from paged_bench.calibration.shapes import BLOCK_SIZE, Shape, default_shapes, is_idle_probe, shape_rounds
+from paged_bench.cli.hydra_errors import hydra_error
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.costmodel.roofline import HARDWARE, Hardware, RooflineCost, hardware, measure_cpu, save_preset
 from paged_bench.errors import ConfigError, PagedBenchError, check, check_int, one_line
 from paged_bench.model.config import ModelConfig
+from paged_bench.run import registry
+from paged_bench.run.compose import compose_config
 
 
 def calibrate(
@@ -51,8 +54,6 @@ def calibrate(
     the speed the calibration saw, timed amid its rounds rather than minutes after them (a
     shared VM's speed moves by 20% over minutes; ``benchmarks/sim_vs_numpy.py`` runs its real
     runs there)."""
-    from paged_bench.run import registry
-
     options = dict(cfg["backend"])
     name = options.pop("name")
     backend = registry.create("backend", name, **options)
@@ -155,9 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
-
-    from paged_bench.__main__ import hydra_error
-    from paged_bench.run.compose import compose_config
 
     try:
         cfg = compose_config(*args.overrides)

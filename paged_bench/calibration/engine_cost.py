@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from paged_bench.run.bench import build
+from paged_bench.run.compose import compose_config
+
 FREE_SIM = ("backend=sim", "backend.step_overhead_ms=0", "backend.per_prefill_token_ms=0",
             "backend.per_decode_seq_ms=0", "backend.per_kv_token_us=0", "backend.per_swap_block_ms=0")  # fmt: skip
 
@@ -32,9 +35,6 @@ def measure_engine_cost(
     batch_sizes: Sequence[int] = (1, 4, 16, 32), output_len: int = 64, repeats: int = 3
 ) -> EngineCost:
     """The engine's wall seconds per step, median of ``repeats`` runs per batch size, fitted as a line."""
-    from paged_bench.run.bench import build
-    from paged_bench.run.compose import compose_config
-
     seconds = []
     for batch in batch_sizes:
         cfg = compose_config(*FREE_SIM, "workload=uniform", f"workload.num_requests={batch}", "workload.rate=inf",

@@ -22,6 +22,7 @@ from paged_bench.backends.request_state import RequestStates
 from paged_bench.core.plan import StepOutput, StepPlan
 from paged_bench.costmodel.roofline import HeapMark, RooflineCost
 from paged_bench.costmodel.step_work import RunTables, out_of_order
+from paged_bench.run.bench import build
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,6 @@ def shape_of(plan: StepPlan) -> str:
 
 def replay(cfg: Mapping[str, Any], cost: RooflineCost) -> Replay:
     """Run ``cfg`` (a wall-clock backend) once; price each step it ran with ``cost``."""
-    from paged_bench.run.bench import build
-
     bench = build(cfg)
     backend, block_size = bench.backend, bench.engine.allocator.layout.block_size
     plans: list[StepPlan] = []

@@ -14,8 +14,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from paged_bench.cli.catalog import experiment_description
 from paged_bench.errors import ConfigError, PagedBenchError, check, one_line
+from paged_bench.report.document import build_report, unknown_metrics
+from paged_bench.report.load import REPORT_DIR, find_runs
+from paged_bench.report.mlflow_source import fetch_experiment
+from paged_bench.report.tables import METRICS
 from paged_bench.results.whole_files import folder_name
+from paged_bench.tracking import store
 
 START, END = "<!-- report:start -->", "<!-- report:end -->"
 
@@ -34,9 +40,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _report(runs, out: Path, name: str, args) -> str:
-    from paged_bench.cli.catalog import experiment_description
-    from paged_bench.report.document import build_report
-
     metrics = _metrics(args.metrics, runs)
     title = runs and (runs[0].config.get("experiment_name") or name)
     rep = build_report(runs, out, title=title, description=experiment_description(title), metrics=metrics,
@@ -51,9 +54,6 @@ def _metrics(option: str | None, runs) -> list[str] | None:
     error, not a column that silently never shows."""
     if not option:
         return None
-    from paged_bench.report.document import unknown_metrics
-    from paged_bench.report.tables import METRICS
-
     wanted = [m.strip() for m in option.split(",") if m.strip()]
     unknown = unknown_metrics(wanted, runs)
     if unknown or not wanted:
@@ -64,9 +64,6 @@ def _metrics(option: str | None, runs) -> list[str] | None:
 
 def _fetch(name: str, dest: Path, tracking_uri: str | None) -> list:
     """The runs of experiment ``name``; a store that is down or refuses is one line, as in ``sync``."""
-    from paged_bench.report.mlflow_source import fetch_experiment
-    from paged_bench.tracking import store
-
     store.check_uri(tracking_uri, "--tracking-uri")
     try:
         return fetch_experiment(name, dest, tracking_uri)
@@ -127,8 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not args.paths and not args.experiment:
         _parser().error("give a run or sweep directory, or --experiment NAME")
-    from paged_bench.report.load import REPORT_DIR, find_runs
-
     several = len(args.paths) + len(args.experiment) > 1
     sections, taken = [], set()
     try:

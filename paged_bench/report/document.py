@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paged_bench.report.load import Run, RunSet
+from paged_bench.report.load import Run, RunSet, load_run
 from paged_bench.report.plots import make_plots
 from paged_bench.report.tables import (
     DEFAULT_METRICS,
@@ -129,6 +129,4 @@ def _outcome(run: Run) -> str:
 
 def run_plots(run_dir: Path) -> list[Path]:
     """One run's plots in ``<run>/plots``: KV over time, TTFT CDF, preemptions (if any)."""
-    from paged_bench.report.load import load_run
-
     return make_plots(RunSet.of([load_run(run_dir)]), [], run_dir / "plots")

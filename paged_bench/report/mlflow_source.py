@@ -9,14 +9,13 @@ from pathlib import Path
 
 from paged_bench.errors import PagedBenchError
 from paged_bench.report.load import Run, load_run
+from paged_bench.tracking import store
+from paged_bench.tracking.runs import KIND_TAG, PARENT_TAG
 
 FILES = ("config.yaml", "summary.json", "run_info.json", "requests.csv", "steps.csv")
 
 
 def fetch_experiment(name: str, dest: Path, tracking_uri: str | None = None) -> list[Run]:
-    from paged_bench.tracking import store
-    from paged_bench.tracking.runs import KIND_TAG, PARENT_TAG
-
     uri = store.resolve_uri(tracking_uri)
     store.check_store_to_read(uri)
     client = store.client(uri)

@@ -18,6 +18,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from paged_bench.cli.hydra_errors import hydra_error
 from paged_bench.errors import PagedBenchError
 
 
@@ -25,7 +26,13 @@ from paged_bench.errors import PagedBenchError
 def main(cfg: DictConfig) -> None:
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
-        from paged_bench.serve.server import ServerConfig, build_app, listen_socket, listen_url, serve  # after Hydra
+        from paged_bench.serve.server import (  # fastapi's import: after Hydra (--help)
+            ServerConfig,
+            build_app,
+            listen_socket,
+            listen_url,
+            serve,
+        )
 
         sock = listen_socket(ServerConfig.from_mapping(config.get("server")))  # before the engine, as vLLM
         app, server_cfg = build_app(config)
@@ -51,8 +58,6 @@ def cli() -> None:
     try:
         main()
     except (HydraException, ValueError, TypeError) as e:  # Hydra refuses some command lines with the latter two
-        from paged_bench.__main__ import hydra_error
-
         line = hydra_error(e)
         if line is None:  # not Hydra's: a bug, with its traceback
             raise

@@ -27,7 +27,9 @@ from typing import Any
 
 import paged_bench.tracking  # noqa: F401  (telemetry off before mlflow is imported)
 from paged_bench.errors import one_line
+from paged_bench.report.document import run_plots
 from paged_bench.tracking import store
+from paged_bench.tracking.runs import Link, complete_upload, finish_sweep, start_sweep, upload_run
 
 IDLE_ENV = "PAGED_BENCH_TRACKING_IDLE_S"
 DEFAULT_IDLE_S = 600.0
@@ -53,8 +55,6 @@ class Session:
 
 
 def _run(request: dict[str, Any]) -> dict[str, Any]:
-    from paged_bench.tracking.runs import Link, complete_upload, upload_run
-
     run_dir = Path(request["run_dir"])
     if request.get("plots"):  # first: a run whose store fails still gets its plots
         _plots(run_dir)
@@ -71,16 +71,12 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
 
 def _plots(run_dir: Path) -> None:
     try:
-        from paged_bench.report.document import run_plots
-
         run_plots(run_dir)
     except Exception as e:  # noqa: BLE001  (a plot is not worth a run)
         print(f"warning: plots of {run_dir} failed: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 def _sweep_start(request: dict[str, Any]) -> dict[str, Any]:
-    from paged_bench.tracking.runs import Link, start_sweep
-
     client = store.client(request["uri"])
     exp = store.experiment_id(client, request["experiment"], request["uri"])
     run_id = start_sweep(client, exp, request["run_name"], request["tags"], request["params"], request["experiment"])
@@ -88,8 +84,6 @@ def _sweep_start(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _sweep_finish(request: dict[str, Any]) -> dict[str, Any]:
-    from paged_bench.tracking.runs import finish_sweep
-
     link = request["link"]
     finish_sweep(store.client(link["uri"]), link["run_id"], request["status"],
                  [Path(p) for p in request["artifacts"]], request["tags"])  # fmt: skip

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from paged_bench.report.load import RUN_INFO, RunFileError, read_json, read_yaml, run_outcome
+from paged_bench.results.run_files import format_summary
 from paged_bench.results.step_series import cluster_wide
 from paged_bench.run.flat import flatten
 
@@ -166,8 +167,6 @@ def _step_metrics_of(path: Path, start_ms: int, max_points: int) -> list:
 def _note(summary: Mapping[str, Any]) -> str | None:
     if not summary:
         return None
-    from paged_bench.results.run_files import format_summary
-
     return "```\n" + format_summary(summary) + "\n```"
 
 

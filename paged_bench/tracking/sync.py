@@ -41,6 +41,7 @@ from paged_bench.tracking.runs import (
     uploaded,
     uploads_of,
 )  # fmt: skip
+from paged_bench.tracking.uploader import wait_for_helper
 
 
 @dataclass
@@ -180,8 +181,6 @@ def _uri_for(option: str | None, recorded: str | None) -> str:
 
 
 def sync(paths: list[Path], tracking_uri: str | None = None) -> tuple[Tally, list[str]]:
-    from paged_bench.tracking.uploader import wait_for_helper
-
     wait_for_helper()  # what a killed command handed over is being logged right now
     unreadable: list[RunFileError] = []
     sweeps, singles = _groups(paths, unreadable)
