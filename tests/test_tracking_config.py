@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from paged_bench.run.tracking_settings import TrackingSettings
 from paged_bench.errors import ERROR_CHARS, ConfigError, one_line
+from paged_bench.run.tracking_settings import TrackingSettings
 from paged_bench.tracking import store
 from tests.conftest import compose_config
 from tests.tracking_support import run_cli

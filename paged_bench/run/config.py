@@ -30,6 +30,8 @@ MIRRORED_KNOBS = ("num_blocks", "block_size", "max_model_len")
 # its per-step cap: an option file may set a lower value (a narrower policy), never a higher one
 CAPPED_KNOBS = ("max_batch", "max_num_batched_tokens")
 CLOCKS = ("auto", "virtual", "wall")
+# what the engine passes a plugin of a kind besides its section's options (not the user's to set)
+ENGINE_PASSES = {"scheduler": ("max_model_len", "eos_token_id", "stop_token_ids")}
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ class RunSettings:
                 check(key == "name", f"target.{key}", value,
                       "no option with target=engine (the in-process engine); target=openai sends to a server")  # fmt: skip
         name = target.get("name", "engine") if isinstance(target, Mapping) else "engine"
-        return cls(cfg.get("seed"), cfg.get("clock", "auto"), cfg.get("slo") or {}, name)
+        return cls(given(cfg, "seed"), cfg.get("clock", "auto"), cfg.get("slo") or {}, name)
 
 
 @dataclass(frozen=True)
@@ -123,9 +125,15 @@ class TopLevel:
 def check_top_level(cfg: Mapping[str, Any]) -> TopLevel:
     """``cfg``'s top level, typed; ConfigError for an unknown key or the first bad value."""
     check_settings(cfg)
-    cache = CacheSettings(cfg.get("block_size"), cfg.get("num_blocks"))
-    scheduler = SchedulerSettings(cfg.get("max_batch"), cfg.get("max_num_batched_tokens"), cfg.get("max_model_len"))
+    cache = CacheSettings(given(cfg, "block_size"), cfg.get("num_blocks"))
+    scheduler = SchedulerSettings(given(cfg, "max_batch"), given(cfg, "max_num_batched_tokens"),
+                                  given(cfg, "max_model_len"))  # fmt: skip
     return TopLevel(scheduler, cache, RunSettings.from_config(cfg))
+
+
+def given(cfg: Mapping[str, Any], key: str) -> Any:
+    """``key``'s value as the config gives it (None where it has none), for a dataclass to check."""
+    return cfg.get(key)
 
 
 @dataclass(frozen=True)
@@ -147,7 +155,7 @@ class PluginChoice:
         class takes (``num_positional``: arguments the engine passes it by position), their
         values by its schema, which also reads ``internal``: values the engine passes it."""
         plugin = registry.load(kind, name)
-        registry.check_option_names(kind, name, plugin, num_positional, options)
+        registry.check_option_names(kind, name, plugin, num_positional, options, ENGINE_PASSES.get(kind, ()))
         return cls(kind, name, plugin, dict(options), registry.checked_options(plugin, {**options, **(internal or {})}))
 
     def with_options(self, **derived: Any) -> PluginChoice:
@@ -161,7 +169,7 @@ class PluginChoice:
 
     def build(self, *args: Any, **internal: Any) -> Any:
         """The plugin, built from its checked options and ``internal`` (values the engine passes)."""
-        registry.check_option_names(self.kind, self.name, self.plugin, len(args), internal, tuple(internal))
+        registry.check_option_names(self.kind, self.name, self.plugin, len(args), internal, ENGINE_PASSES.get(self.kind, ()))
         return registry.construct(self.kind, self.name, self.plugin, *args, **self.options, **internal)
 
 
