@@ -174,7 +174,8 @@ def _engine_on(backend: Backend, config: BenchConfig, copies: int) -> tuple[Engi
     _check_one_sequence_fits(config, num_blocks, budget)
     allocator = allocator_choice.build()
     _check_allocator_state(allocator, allocator_choice.name)
-    _check_layout_follows(config, allocator.layout, num_blocks, allocator_choice.name)  # so the checks above hold for it
+    # the pool it made is the one the checks above were about
+    _check_layout_follows(config, allocator.layout, num_blocks, allocator_choice.name)
     backend.bind(allocator)
 
     scheduler = config.plugins["scheduler"].build(allocator, max_model_len=config.scheduler.model_len,

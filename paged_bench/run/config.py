@@ -169,7 +169,8 @@ class PluginChoice:
 
     def build(self, *args: Any, **internal: Any) -> Any:
         """The plugin, built from its checked options and ``internal`` (values the engine passes)."""
-        registry.check_option_names(self.kind, self.name, self.plugin, len(args), internal, ENGINE_PASSES.get(self.kind, ()))
+        passes = ENGINE_PASSES.get(self.kind, ())
+        registry.check_option_names(self.kind, self.name, self.plugin, len(args), internal, passes)
         return registry.construct(self.kind, self.name, self.plugin, *args, **self.options, **internal)
 
 
@@ -210,8 +211,8 @@ def _check_mirrors(top: TopLevel, sections: Mapping[str, tuple[str, dict[str, An
     name, backend = sections["backend"]
     cap = backend.get("max_batch")
     if isinstance(cap, int) and top.scheduler.max_batch > cap:
-        raise ConfigError("max_batch", top.scheduler.max_batch, f"at most {cap} with backend={name} (backend.max_batch: "
-                                                                f"it serves {cap} request(s) at a time)")  # fmt: skip
+        raise ConfigError("max_batch", top.scheduler.max_batch,
+                          f"at most {cap} with backend={name} (backend.max_batch: it serves {cap} request(s) at a time)")
 
 
 @dataclass(frozen=True)
@@ -235,8 +236,9 @@ class BenchConfig:
         _check_mirrors(top, sections, cfg)
         plugins = {kind: PluginChoice.from_section(kind, *sections[kind]) for kind in ("workload", "backend", "allocator")}
         # the scheduler takes the allocator by position, and its schema reads the top level's max_model_len
+        internal = {"max_model_len": top.scheduler.max_model_len}
         plugins["scheduler"] = PluginChoice.from_section("scheduler", *sections["scheduler"], num_positional=1,
-                                                         internal={"max_model_len": top.scheduler.max_model_len})  # fmt: skip
+                                                         internal=internal)  # fmt: skip
         return cls(top.scheduler, top.cache, top.run, {kind: plugins[kind] for kind in PLUGIN_KINDS}, dict(cfg))
 
     @property

@@ -43,7 +43,8 @@ class SchedulerOptions(PluginOptions):
         # as vLLM's SchedulerConfig: a budget below max_batch would silently cap concurrency
         check(self.max_num_batched_tokens >= self.max_batch, "max_num_batched_tokens", self.max_num_batched_tokens,
               f">= max_batch={self.max_batch} (each running sequence needs a token a step)")  # fmt: skip
-        check(isinstance(self.chunked_prefill, bool), "scheduler.chunked_prefill", self.chunked_prefill, "true or false")
+        chunked = self.chunked_prefill
+        check(isinstance(chunked, bool), "scheduler.chunked_prefill", chunked, "true or false")
         if self.max_model_len != "auto":
             check(self.chunked_prefill or self.max_num_batched_tokens >= self.max_model_len, "max_num_batched_tokens",
                   self.max_num_batched_tokens, f">= max_model_len={self.max_model_len} when chunked_prefill is off "

@@ -201,8 +201,8 @@ def check_option_names(kind: str, name: str, cls: type, num_positional: int, opt
             raise ConfigError(f"{kind}.{key}", options[key], f"{kind} {name!r} takes {takes}")
 
 
-# the class each schema reads the options of, as an entry point names it ("module:Class"): a
-# backend's is not imported to be looked up (torch's takes seconds)
+# the class each schema reads the options of, named as an entry point names it ("module:Class"),
+# so that this table imports no backend (torch takes seconds to import)
 SCHEMAS: dict[str, type[PluginOptions]] = {
     "paged_bench.core.scheduler.base:Scheduler": SchedulerOptions,
     "paged_bench.core.scheduler.preemptive:PreemptiveScheduler": PreemptiveOptions,
