@@ -1,6 +1,7 @@
 """A run's config, typed and checked once where it is read (``run.config``, ``run.plugin_options``,
 ``run.backend_options``): every check's one line, the defaults, what the engine derives later
-(``max_model_len=auto``) checked again, the built-in schemas applied to a plugin derived from
+(``max_model_len=auto``) checked once known, the checks across options made as the engine
+builds (after the pool's memory check), the built-in schemas applied to a plugin derived from
 a built-in class, and a value every job of a sweep refuses, refused before the first job runs."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.scheduler.continuous import ContinuousScheduler
 from paged_bench.errors import ConfigError, PluginError
-from paged_bench.run import registry
+from paged_bench.run import memory, registry
 from paged_bench.run.backend_options import NumpyOptions, SimOptions, TorchOptions
 from paged_bench.run.bench import build, build_engine, typed
 from paged_bench.run.config import BenchConfig, CacheSettings, RunSettings, SchedulerSettings
@@ -35,11 +36,11 @@ LIMITS = {"max_batch": 4, "max_num_batched_tokens": 64}
     (lambda: RunSettings(slo={"bogus": 1}), "slo.bogus=1 is not allowed: one of ttft_ms, tpot_ms, e2el_ms"),
     (lambda: RunSettings(slo=[1]), "slo=[1] is not allowed: a mapping with keys ttft_ms, tpot_ms, e2el_ms"),
     (lambda: SchedulerOptions(max_batch=0, max_num_batched_tokens=64), "max_batch=0 is not allowed: an integer >= 1"),
-    (lambda: SchedulerOptions(max_batch=16, max_num_batched_tokens=8),
+    (lambda: SchedulerOptions(max_batch=16, max_num_batched_tokens=8).verify(),
      "max_num_batched_tokens=8 is not allowed: >= max_batch=16 (each running sequence needs a token a step)"),
     (lambda: SchedulerOptions(**LIMITS, chunked_prefill="maybe"),
      "scheduler.chunked_prefill='maybe' is not allowed: true or false"),
-    (lambda: SchedulerOptions(**LIMITS, chunked_prefill=False, max_model_len=256),
+    (lambda: SchedulerOptions(**LIMITS, chunked_prefill=False, max_model_len=256).verify(),
      "max_num_batched_tokens=64 is not allowed: >= max_model_len=256 when chunked_prefill is off"),
     (lambda: PreemptiveOptions(**LIMITS, mode="evict"), "scheduler.mode='evict' is not allowed: recompute or swap"),
     (lambda: PreemptiveOptions(**LIMITS, watermark=1.0),
@@ -106,17 +107,27 @@ def test_a_schemas_defaults_are_its_plugins(schema):
     assert defaults and all(params[f] == v for f, v in defaults.items()), (defaults, params)
 
 
-def test_max_model_len_auto_is_checked_again_once_the_model_says(config):
+def test_max_model_len_auto_is_checked_once_the_model_says(config):
     # no chunking: a prompt must fit one step, which only the model's context says for auto
     cfg = BenchConfig.from_config(config("max_model_len=auto", "scheduler.chunked_prefill=false",
                                          "max_num_batched_tokens=1024"))  # fmt: skip
     assert cfg.scheduler.max_model_len == "auto"
+    cfg.verify()  # what can be known before the backend is built
     with pytest.raises(ConfigError, match=r"^max_num_batched_tokens=1024 is not allowed: >= max_model_len=2048 when"):
-        cfg.with_model_len(2048)
+        cfg.with_model_len(2048).verify()
     with pytest.raises(ConfigError, match=r"^max_num_batched_tokens=1024 is not allowed: >= max_model_len=2048 when"):
         build_engine(cfg)
     resolved = BenchConfig.from_config(config("max_model_len=auto", "allocator=contiguous")).with_model_len(2048)
     assert resolved.scheduler.model_len == 2048 and resolved.plugins["allocator"].options["max_model_len"] == 2048
+
+
+def test_a_run_too_big_for_memory_is_told_so_before_its_budget_is_checked(config, monkeypatch):
+    # max_batch=10^9 beside the default token budget: the knob set, and why (memory), named first
+    monkeypatch.setattr(memory, "available_memory", lambda: 2**30)
+    with pytest.raises(ConfigError, match=r"^max_batch=1000000000 is not allowed: a KV pool of max_batch full"):
+        build(config("max_batch=1000000000"))
+    with pytest.raises(ConfigError, match=r"^max_num_batched_tokens=8192 is not allowed: >= max_batch=1000000000"):
+        BenchConfig.from_config(config("max_batch=1000000000")).verify()
 
 
 @pytest.mark.parametrize("overrides, expected", [

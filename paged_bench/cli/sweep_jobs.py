@@ -170,7 +170,9 @@ def _refuse_what_no_job_can_run(config: DictConfig, jobs: list[list[str]]) -> No
         if not (job_config := _job_config(config, overrides)):
             return  # it does not compose: its launcher says why
         try:
-            build_workload(BenchConfig.from_config(job_config))
+            job = BenchConfig.from_config(job_config)
+            job.verify()
+            build_workload(job)
         except ConfigError as e:
             refused = refused or e
             continue

@@ -168,9 +168,12 @@ class PluginChoice:
         return replace(self, options={**self.options, **given}, checked=checked)
 
     def build(self, *args: Any, **internal: Any) -> Any:
-        """The plugin, built from its checked options and ``internal`` (values the engine passes)."""
+        """The plugin, built from its checked options and ``internal`` (values the engine passes),
+        once its options are verified against each other."""
         passes = ENGINE_PASSES.get(self.kind, ())
         registry.check_option_names(self.kind, self.name, self.plugin, len(args), internal, passes)
+        if self.checked is not None:
+            self.checked.verify()
         return registry.construct(self.kind, self.name, self.plugin, *args, **self.options, **internal)
 
 
@@ -240,6 +243,13 @@ class BenchConfig:
         plugins["scheduler"] = PluginChoice.from_section("scheduler", *sections["scheduler"], num_positional=1,
                                                          internal=internal)  # fmt: skip
         return cls(top.scheduler, top.cache, top.run, {kind: plugins[kind] for kind in PLUGIN_KINDS}, dict(cfg))
+
+    def verify(self) -> None:
+        """The checks the engine makes across a plugin's options as it builds it, made now (a
+        sweep's, before its first job): those that need the backend's model wait for it."""
+        for choice in self.plugins.values():
+            if choice.checked is not None:
+                choice.checked.verify()
 
     @property
     def choices(self) -> dict[str, str]:

@@ -23,7 +23,12 @@ from paged_bench.errors import MAX_TOKENS, check, check_choice, check_int, check
 @dataclass(frozen=True, kw_only=True)
 class PluginOptions:
     """Base of a built-in plugin's options schema: its fields are the options its class takes
-    (and values the engine passes it that its checks read)."""
+    (and values the engine passes it that its checks read). ``__post_init__`` checks each
+    value; ``verify`` checks them against each other, as the plugin is built."""
+
+    def verify(self) -> None:
+        """Checks across options that the engine makes as it builds the plugin, once the pool is
+        sized and checked (a run too big for memory is told so first, naming the knob the user set)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,15 +45,19 @@ class SchedulerOptions(PluginOptions):
     def __post_init__(self) -> None:
         check_int("max_batch", self.max_batch)
         check_int("max_num_batched_tokens", self.max_num_batched_tokens)
-        # as vLLM's SchedulerConfig: a budget below max_batch would silently cap concurrency
-        check(self.max_num_batched_tokens >= self.max_batch, "max_num_batched_tokens", self.max_num_batched_tokens,
-              f">= max_batch={self.max_batch} (each running sequence needs a token a step)")  # fmt: skip
         chunked = self.chunked_prefill
         check(isinstance(chunked, bool), "scheduler.chunked_prefill", chunked, "true or false")
+
+    def verify(self) -> None:
+        """The step's token budget holds a token for each running sequence, as vLLM's
+        ``SchedulerConfig`` checks (a budget below max_batch would silently cap concurrency),
+        and without chunking a whole prompt (once max_model_len is known)."""
+        tokens = self.max_num_batched_tokens
+        check(tokens >= self.max_batch, "max_num_batched_tokens", tokens,
+              f">= max_batch={self.max_batch} (each running sequence needs a token a step)")  # fmt: skip
         if self.max_model_len != "auto":
-            check(self.chunked_prefill or self.max_num_batched_tokens >= self.max_model_len, "max_num_batched_tokens",
-                  self.max_num_batched_tokens, f">= max_model_len={self.max_model_len} when chunked_prefill is off "
-                  "(a prompt must fit one step)")  # fmt: skip
+            check(self.chunked_prefill or tokens >= self.max_model_len, "max_num_batched_tokens", tokens,
+                  f">= max_model_len={self.max_model_len} when chunked_prefill is off (a prompt must fit one step)")  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

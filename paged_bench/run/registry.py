@@ -245,7 +245,8 @@ def create(kind: str, name: str, *args: Any, internal: tuple[str, ...] = (), **o
     ``internal`` names options the framework passes itself, not the user's config."""
     cls = load(kind, name)
     check_option_names(kind, name, cls, len(args), options, internal)
-    checked_options(cls, options)
+    if (checked := checked_options(cls, options)) is not None:
+        checked.verify()
     return construct(kind, name, cls, *args, **options)
 
 
