@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from paged_bench.cli.track import check_sweep, check_tracking
 from paged_bench.errors import ERROR_CHARS, ConfigError, one_line
+from paged_bench.run.tracking_settings import TrackingSettings
 from paged_bench.tracking import store
 from tests.conftest import compose_config
 from tests.tracking_support import run_cli
@@ -40,7 +40,7 @@ FILE_STORES = ["/tmp/fstore", "file:///tmp/fstore", "relative/folder"]
 def test_bad_tracking_settings_name_the_key_and_what_is_allowed(override, message, monkeypatch):
     monkeypatch.delenv(store.URI_ENV, raising=False)
     with pytest.raises(ConfigError) as e:
-        check_tracking(compose_config(override))
+        TrackingSettings.from_config(compose_config(override))
     assert str(e.value).startswith(message)
 
 
@@ -51,7 +51,7 @@ def test_good_tracking_settings_pass(monkeypatch):
             ("tracking.uri=http://127.0.0.1:5000",), ("tracking.enabled=false", "tracking.uri=/a/folder"),
             ("tracking.uri=postgresql+psycopg2://u@h/db",), ("tracking.uri=HTTPS://h",)]  # fmt: skip
     for overrides in good:
-        check_tracking(compose_config(*overrides))
+        TrackingSettings.from_config(compose_config(*overrides))
 
 
 @pytest.mark.parametrize("uri", FILE_STORES)
@@ -69,11 +69,11 @@ def test_a_file_store_is_refused_unless_mlflow_is_told_to_open_it(uri, monkeypat
 
 def test_each_jobs_own_tracking_settings_are_checked_before_the_sweep():
     config = compose_config()
-    check_sweep(config, [["max_batch=4"], ["max_batch=8", "tracking.step_metrics=5"]])
+    TrackingSettings.for_jobs(config, [["max_batch=4"], ["max_batch=8", "tracking.step_metrics=5"]])
     with pytest.raises(ConfigError, match="tracking.step_metrics='abc'"):
-        check_sweep(config, [["tracking.step_metrics=5"], ["tracking.step_metrics=abc"]])
+        TrackingSettings.for_jobs(config, [["tracking.step_metrics=5"], ["tracking.step_metrics=abc"]])
     with pytest.raises(ConfigError, match="experiment_name=7"):
-        check_sweep(config, [["experiment_name=7"]])
+        TrackingSettings.for_jobs(config, [["experiment_name=7"]])
 
 
 def test_a_run_with_a_bad_setting_stops_before_it_runs(tmp_path):

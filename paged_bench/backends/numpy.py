@@ -18,7 +18,6 @@ from typing import Any
 from threadpoolctl import threadpool_limits
 
 from paged_bench.core.kv.base import Allocator
-from paged_bench.errors import check_int
 from paged_bench.model import heap
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.ops_numpy import NumpyOps
@@ -36,7 +35,7 @@ class NumpyBackend(ModelBackend):
         seed: int = 0,
         threads: int | None = 1,
     ) -> None:
-        self.threads = None if threads is None else check_int("backend.threads", threads)
+        self.threads = threads  # its options are checked where the config is read (run.backend_options)
         self._limits: Any = None
         self._holding = False  # freed memory held for reuse (model.heap) while bound
         super().__init__(model=model, model_path=model_path, seed=seed)

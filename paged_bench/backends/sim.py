@@ -24,24 +24,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from paged_bench.backends.base import Backend
 from paged_bench.core.kv.base import Allocator
 from paged_bench.core.plan import StepOutput, StepPlan
 from paged_bench.costmodel.linear import LinearCost
-from paged_bench.costmodel.roofline import HeapMark, RooflineCost, hardware, load_preset
+from paged_bench.costmodel.roofline import HeapMark, RooflineCost, load_preset
+from paged_bench.costmodel.roofline import hardware as hardware_preset  # the option below shadows its name
 from paged_bench.costmodel.step_work import RunTables
-from paged_bench.costmodel.tp_link import link_preset
-from paged_bench.errors import check, check_choice, check_int, check_number
-from paged_bench.model.config import DTYPE_BYTES, resolve_model
-from paged_bench.sizing.kv_capacity import KVBudget, check_utilization
-from paged_bench.sizing.tp_shard import KEY as TP_KEY
+from paged_bench.model.config import resolve_model
+from paged_bench.sizing.kv_capacity import KVBudget
 
 DEFAULT_VOCAB = 32000  # the ids a linear-cost run's workloads draw (a roofline takes its model's)
-
-
-_hardware = hardware  # the option below shadows the function's name
 
 
 class SimBackend(Backend):
@@ -59,7 +54,7 @@ class SimBackend(Backend):
         per_kv_token_us: float = 1.0,
         per_swap_block_ms: float = 0.05,
         vocab_size: int | None = None,
-        cost_model: str = "linear",
+        cost_model: Literal["linear", "roofline"] = "linear",
         hardware: str = "h100",
         model: str | Mapping[str, Any] = "llama-3-8b",
         model_path: str | None = None,
@@ -69,43 +64,31 @@ class SimBackend(Backend):
         interconnect: str | None = None,
         gpu_memory_utilization: float = 0.9,
     ) -> None:
-        super().__init__()
-        self.vocab_size = DEFAULT_VOCAB if vocab_size is None else check_int("backend.vocab_size", vocab_size, 2)
-        check(cost_model in ("linear", "roofline"), "backend.cost_model", cost_model, "linear or roofline")
-        tp = check_int(TP_KEY, tensor_parallel_size)
-        self.gpu_memory_utilization = check_utilization(gpu_memory_utilization)
+        super().__init__()  # its options are checked where the config is read (run.backend_options.SimOptions)
+        self.vocab_size = DEFAULT_VOCAB if vocab_size is None else vocab_size
+        tp = tensor_parallel_size
+        self.gpu_memory_utilization = float(gpu_memory_utilization)
         self.roofline: RooflineCost | None = None
         self._heap = HeapMark()  # the run's heap, for a calibrated preset that prices its growth
         self._tables = RunTables()  # the run's block tables, for one that prices scattered K/V
-        # the roofline's names are checked whatever the cost model reads: a typo is never ignored
-        device = _hardware(hardware)
-        if dtype is not None:
-            check_choice("backend.dtype", dtype, DTYPE_BYTES)
-        if interconnect is not None:
-            link_preset(interconnect)
         if preset:
             self.roofline = replace(load_preset(preset), tp=tp, interconnect=interconnect)
         elif cost_model == "roofline":
             cfg = resolve_model(model, model_path)
-            self.roofline = RooflineCost(cfg, device, dtype or cfg.dtype, tp, interconnect)
-        check(self.roofline is not None or tp == 1, TP_KEY, tp, "1 with cost_model=linear (use cost_model=roofline)")
+            self.roofline = RooflineCost(cfg, hardware_preset(hardware), dtype or cfg.dtype, tp, interconnect)
         self.num_devices = tp
         if self.roofline is not None:
             self.model_config = self.roofline.model  # its context bounds max_model_len, as a served model's
             # the ids a workload draws are the model's (a client's prompts for its server)
-            model_vocab = self.roofline.model.vocab_size
-            check(vocab_size in (None, model_vocab), "backend.vocab_size", vocab_size,
-                  f"null with a roofline: its model's, {model_vocab} (another: backend.model="
-                  f"{{preset:NAME,vocab_size:N}})")  # fmt: skip
-            self.vocab_size = model_vocab
+            self.vocab_size = self.roofline.model.vocab_size
             self.kv_bytes_per_token = self.roofline.shard.kv_bytes_per_token_all_ranks(self.roofline.dtype)
         self._block_size = 16
         self.cost = LinearCost(
-            check_number("backend.step_overhead_ms", step_overhead_ms) / 1e3,
-            check_number("backend.per_prefill_token_ms", per_prefill_token_ms) / 1e3,
-            check_number("backend.per_decode_seq_ms", per_decode_seq_ms) / 1e3,
-            check_number("backend.per_kv_token_us", per_kv_token_us) / 1e6,
-            check_number("backend.per_swap_block_ms", per_swap_block_ms) / 1e3,
+            float(step_overhead_ms) / 1e3,
+            float(per_prefill_token_ms) / 1e3,
+            float(per_decode_seq_ms) / 1e3,
+            float(per_kv_token_us) / 1e6,
+            float(per_swap_block_ms) / 1e3,
         )
 
     def kv_budget(self, max_num_batched_tokens: int, max_num_seqs: int) -> KVBudget | None:

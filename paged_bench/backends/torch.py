@@ -29,12 +29,12 @@ from paged_bench.core.kv.base import Allocator
 from paged_bench.core.plan import StepOutput, StepPlan
 from paged_bench.distributed.group import TPGroup
 from paged_bench.distributed.rank import Bind, ModelSpec, Step
-from paged_bench.errors import check, check_int, counted
+from paged_bench.errors import check, counted
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.ops_torch import DTYPES, TorchOps, pick_device, pick_dtype
 from paged_bench.model.runner import ModelBackend
 from paged_bench.model.weights import Weights
-from paged_bench.run.threads import cpu_share, job_threads
+from paged_bench.run.threads import cpu_share
 from paged_bench.sizing.tp_shard import KEY as TP_KEY
 
 
@@ -54,10 +54,11 @@ class TorchBackend(ModelBackend):
     ) -> None:
         self.device = pick_device(device)
         self.compute_dtype = pick_dtype(dtype, self.device)
-        self.num_devices = check_int(TP_KEY, tensor_parallel_size)
-        self.threads = job_threads("backend.threads", threads)
-        if threads is None:  # the job's share of the cores, split over its ranks
-            self.threads = max(1, cpu_share() // self.num_devices)
+        # its options are checked where the config is read (run.backend_options.TorchOptions); its
+        # device, dtype and ranks are checked here, against the machine's
+        self.num_devices = tensor_parallel_size
+        # null: the job's share of the cores, split over its ranks
+        self.threads = max(1, cpu_share() // self.num_devices) if threads is None else threads
         if self.device.type == "cpu" and self.num_devices > 1 and self.num_devices * self.threads > cpu_share():
             # legal, and a way to study TP's traffic, but the timings are then the cores' queue
             cores = "one core" if cpu_share() == 1 else f"{cpu_share()} cores"

@@ -219,11 +219,6 @@ def _options(group: str) -> dict[str, tuple[object, str | None]]:
     return out
 
 
-def config_options(group: str) -> set[str]:
-    """The options ``group=<option>`` accepts: built-in YAML files and plugin-shipped ones."""
-    return set(_options(group))
-
-
 def _plugin_of(group: str, option: str, options: dict) -> str | None:
     """The plugin that ``group=<option>`` selects: its ``name:``, or else that of the option it
     extends (the last option in its defaults list, which Hydra merges last)."""

@@ -33,7 +33,7 @@ from omegaconf.errors import OmegaConfBaseException
 from paged_bench.cli import signals, sweep_folder
 from paged_bench.cli.progress import JobBar, echo
 from paged_bench.cli.sweep_jobs import chdir_refused, override_keys, unswept_params
-from paged_bench.cli.track import check_tracking, track_job
+from paged_bench.cli.track import track_job
 from paged_bench.errors import PagedBenchError
 from paged_bench.report.load import (
     CONFIG_FILE,
@@ -47,6 +47,8 @@ from paged_bench.results.run_files import format_summary
 from paged_bench.results.whole_files import cannot_write
 from paged_bench.run.job import run_job
 from paged_bench.run.outcome import JobOutcome
+from paged_bench.run.tracking_settings import TrackingSettings
+from paged_bench.tracking.store import resolve_uri
 
 # what a run writes into its folder (outputs.write_run, a cluster's replicas.csv, its config,
 # its plots, a report of it, the server it spawned): never another tool's files
@@ -69,6 +71,7 @@ class Job:
     chdir: bool = False  # hydra.job.chdir: Hydra changed into the job's folder (refused)
     overrides: list[str] = field(default_factory=list)  # its command line's, less the store's and Hydra's
     config: dict[str, Any] | None = None  # resolved, once it is
+    tracking: TrackingSettings | None = None  # read from it, once they are checked
 
     @classmethod
     def current(cls) -> Job:
@@ -167,9 +170,9 @@ def _record_what_it_can(job: Job, started: float, status: str, error: str | None
         _record(job, started, status, error, **extra)
 
 
-def _end(config: dict[str, Any], job: Job, started: float, status: str, error: str | None) -> None:
+def _end(job: Job, started: float, status: str, error: str | None) -> None:
     _record(job, started, status, error)
-    _track(config, job)
+    _track(job)
 
 
 def _unwritable(e: BaseException, job: Job) -> str | None:
@@ -181,8 +184,11 @@ def _unwritable(e: BaseException, job: Job) -> str | None:
     return cannot_write(e) if os.path.commonpath([path, folder]) == folder else None
 
 
-def _track(config: dict[str, Any], job: Job) -> None:
-    track_job(config, job.run_dir, job.sweep_dir if job.multirun else None)
+def _track(job: Job) -> None:
+    """Log the job as its tracking settings say; a job whose settings were refused is not
+    logged by its own process (a sweep's process logs every job folder as the sweep ends)."""
+    if job.tracking is not None:
+        track_job(job.tracking, job.run_dir, job.sweep_dir if job.multirun else None)
 
 
 def _thread_lock_for_tqdm() -> None:
@@ -215,8 +221,7 @@ def run(cfg: DictConfig) -> None:
         if (message := _unwritable(e, job)) is None:
             raise
         _record_what_it_can(job, started, "failed", message)
-        if job.config is not None:  # logged with what it wrote, as a job that failed otherwise is
-            _track(job.config, job)
+        _track(job)  # logged with what it wrote, as a job that failed otherwise is
         _fail(message, 1, job)
 
 
@@ -226,8 +231,6 @@ def _store_of(config: Mapping[str, Any]) -> dict[str, str]:
     uri = (config.get("tracking") or {}).get("uri")
     if not isinstance(uri, str) or not uri:
         return {}
-    from paged_bench.tracking.store import resolve_uri
-
     return {TRACKING_URI_KEY: resolve_uri(uri)}
 
 
@@ -275,7 +278,7 @@ def _run(cfg: DictConfig, job: Job, started: float) -> None:
     job.config = config
     bar = JobBar(enabled=not job.multirun or in_sweep_process, nested=job.multirun)
     try:
-        check_tracking(config)  # found after the run, a bad setting would cost its tracking
+        job.tracking = TrackingSettings.from_config(config)  # found after the run, a bad one would cost its tracking
         with signals.stop_on_signals(signals.WITH_CTRL_C):
             # what the engine measured is written whole: a signal meanwhile waits for it
             outcome = run_job(config, job.run_dir, bar if bar.shown else None, options=job.options,
@@ -284,7 +287,7 @@ def _run(cfg: DictConfig, job: Job, started: float) -> None:
         bar.close()
         if job.multirun:  # the sweep's table in MLflow shows which combination failed
             _record_what_it_can(job, started, "failed", str(e))
-            _track(config, job)
+            _track(job)
         else:  # a command refused: not logged, now or by a later sync (its folder keeps the record)
             _record_what_it_can(job, started, "failed", str(e), refused=True)
         return _fail(str(e), e.exit_code, job)
@@ -292,10 +295,10 @@ def _run(cfg: DictConfig, job: Job, started: float) -> None:
         bar.close()
         if isinstance(e, KeyboardInterrupt):
             _record_what_it_can(job, started, "interrupted", _interrupted_before_measuring(job, e))
-            _track(config, job)
+            _track(job)
         elif _unwritable(e, job) is None:  # (a folder that cannot be written is recorded by run)
             _record_what_it_can(job, started, "failed", f"{type(e).__name__}: {e}")
-            _track(config, job)
+            _track(job)
         raise
     bar.close()
     if job.multirun:
@@ -306,7 +309,7 @@ def _run(cfg: DictConfig, job: Job, started: float) -> None:
             print(format_summary(outcome.summary, f"{choices} -> {outcome.run_dir}"), flush=True)
         except BrokenPipeError:  # `| head`: the reader is gone; the run is still logged
             quiet_stdout()
-    _end(config, job, started, outcome.status, outcome.error)
+    _end(job, started, outcome.status, outcome.error)
     if signals.received() is not None and outcome.status != "interrupted":
         raise KeyboardInterrupt  # it came as the job wrote what it measured: recorded as it ended, now stop
     if outcome.error:

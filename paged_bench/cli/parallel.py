@@ -16,7 +16,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from paged_bench.errors import ConfigError
+from paged_bench.cli import signals
+from paged_bench.errors import ConfigError, PagedBenchError
+from paged_bench.run import registry
 from paged_bench.run.threads import PARALLEL_JOBS_ENV, cpu_count
 
 
@@ -52,9 +54,6 @@ def _job_backends(config: DictConfig, jobs: list[list[str]]) -> list[tuple[str, 
 def _wall_clock(backend: str, config: DictConfig) -> bool:
     if OmegaConf.select(config, "clock") == "wall":
         return True
-    from paged_bench.errors import PagedBenchError
-    from paged_bench.run import registry
-
     try:
         return registry.load("backend", backend).clock == "wall"
     except PagedBenchError:  # an option named unlike its plugin: the job will tell
@@ -68,8 +67,6 @@ def _joblib_workers_note_signals() -> None:
     what they measured."""
     from joblib import register_parallel_backend
     from joblib._parallel_backends import LokyBackend
-
-    from paged_bench.cli import signals
 
     class NotingLokyBackend(LokyBackend):
         def configure(self, *args: Any, **kwargs: Any) -> int:

@@ -37,8 +37,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from paged_bench.cli import signals
 from paged_bench.cli import sweep_folder as folder
+from paged_bench.cli.catalog import experiment_description
+from paged_bench.cli.progress import SweepBar
 from paged_bench.cli.sweep_jobs import check_jobs, count_jobs, safe_overrides, value_text
-from paged_bench.report.load import REPORT_DIR
+from paged_bench.errors import PagedBenchError
+from paged_bench.report.document import build_report
+from paged_bench.report.load import REPORT_DIR, Run, load_run
+from paged_bench.run.tracking_settings import TrackingSettings
+from paged_bench.tracking import store, uploader
 from paged_bench.tracking.runs import SWEEP_DIR_TAG
 
 
@@ -48,8 +54,8 @@ class _Sweep:
     total: int | None
     experiment: str
     link: dict[str, str] | None  # the parent run (tracking.runs.Link as a dict), None when untracked
-    bar: Any  # progress.SweepBar | None
-    settings: dict[str, Any] = field(default_factory=dict)  # tracking.*
+    bar: SweepBar | None
+    tracking: TrackingSettings = field(default_factory=TrackingSettings)
     submitted: set[Path] = field(default_factory=set)  # job folders handed to the tracking helper
 
 
@@ -68,12 +74,11 @@ def _start(config: DictConfig) -> None:
     sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
     _refuse_busy(sweep_dir)  # before anything else: a sweep refused touches nothing
     total = count_jobs(config)
-    check_jobs(config, total)
+    tracking = check_jobs(config, total)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     if _claim(sweep_dir):  # an earlier sweep's folder: its report must not pass for this one's
         shutil.rmtree(sweep_dir / REPORT_DIR, ignore_errors=True)
-    experiment = OmegaConf.select(config, "experiment_name") or "paged_bench"
-    settings = OmegaConf.to_container(config.tracking, resolve=True) if "tracking" in config else {}
+    experiment = tracking.experiment
     # +experiment=NAME -> param experiment (MLflow keys take no +/~)
     spec = {str(o.get_key_element()).lstrip("+~"): value_text(o) for o in safe_overrides(config)}
     spec = {k: v for k, v in spec.items() if not k.startswith("tracking.")}  # the store is no param
@@ -85,12 +90,10 @@ def _start(config: DictConfig) -> None:
     info["id"] = uuid.uuid4().hex  # what this sweep's jobs record, to be told from an earlier sweep's
     # what every job shares (e.g. +experiment=...): a job's name is what is left, its own settings
     info["shared_keys"] = [o.get_key_element() for o in safe_overrides(config) if not o.is_sweep_override()]
-    link = _open_parent(settings, info) if settings.get("enabled", True) else None
+    link = _open_parent(tracking, info) if tracking.enabled else None
     info["tracking"] = link
     folder.write_info(sweep_dir, info)
-    from paged_bench.cli.progress import SweepBar
-
-    _active = _Sweep(sweep_dir, total, experiment, link, SweepBar(sweep_dir, total, folder.job_counts), settings)
+    _active = _Sweep(sweep_dir, total, experiment, link, SweepBar(sweep_dir, total, folder.job_counts), tracking)
     _outcome = None
     atexit.register(_at_exit)
 
@@ -139,14 +142,12 @@ def _stop_local_workers() -> None:
             pass
 
 
-def _open_parent(settings: dict[str, Any], info: dict[str, Any]) -> dict[str, str] | None:
+def _open_parent(tracking: TrackingSettings, info: dict[str, Any]) -> dict[str, str] | None:
     """The parent run, created by this process's tracking helper; None if the store failed."""
-    from paged_bench.tracking import store, uploader
-
     if store.failure():
         return None
     try:
-        reply = uploader.shared().request("sweep_start", uri=store.resolve_uri(settings.get("uri")),
+        reply = uploader.shared().request("sweep_start", uri=store.resolve_uri(tracking.uri),
                                           experiment=info["experiment"], run_name=info["run_name"],
                                           tags=info["tags"], params=info["params"])  # fmt: skip
     except uploader.UploadError as e:  # a sweep runs without tracking rather than not at all
@@ -164,16 +165,11 @@ def submit_job(run_dir: Path) -> None:
 def _submit(sweep: _Sweep, run_dir: Path) -> None:
     if sweep.link is None:
         return
-    from paged_bench.cli.track import wants_plots
-    from paged_bench.tracking import uploader
-
     sweep.submitted.add(run_dir.resolve())
     try:
-        uploader.shared().request("run", wait=False, run_dir=str(run_dir.resolve()), settings=sweep.settings,
-                                  plots=wants_plots(sweep.settings, True), parent=sweep.link)  # fmt: skip
+        uploader.shared().request("run", wait=False, run_dir=str(run_dir.resolve()), settings=sweep.tracking.section(),
+                                  plots=sweep.tracking.wants_plots(True), parent=sweep.link)  # fmt: skip
     except uploader.UploadError as e:
-        from paged_bench.tracking import store
-
         store.report_failure(e, str(run_dir))
 
 
@@ -227,8 +223,6 @@ def _launcher_tags(config: DictConfig) -> dict[str, str]:
 
 def _close_parent(sweep: _Sweep, status: str, files: list[Path], tags: dict[str, str]) -> None:
     """Wait for the jobs' uploads, then attach the summary to the parent and close it."""
-    from paged_bench.tracking import store, uploader
-
     tags[SWEEP_DIR_TAG] = str(sweep.sweep_dir)
     try:
         uploader.shared().request("sweep_finish", link=sweep.link, status=status,
@@ -248,9 +242,6 @@ def _summarize(sweep: _Sweep) -> tuple[int, int, int, list[Path]]:
     if not runs:  # none started (Hydra refused the batch, or a signal came first): nothing to show
         return failed, jobs, not_run, []
     try:
-        from paged_bench.cli.catalog import experiment_description
-        from paged_bench.report.document import build_report
-
         report = build_report(runs, sweep.sweep_dir / REPORT_DIR, title=sweep.experiment,
                               description=experiment_description(sweep.experiment))  # fmt: skip
     except Exception as e:  # noqa: BLE001  (the parent run must still be closed)
@@ -264,12 +255,9 @@ def _summarize(sweep: _Sweep) -> tuple[int, int, int, list[Path]]:
     return failed, jobs, not_run, report.files
 
 
-def _job_runs(sweep_dir: Path) -> list[Any]:
-    """This sweep's jobs as runs to report (``report.load.Run``), numbered as launched (a job
-    folder need not be named by its number); one that cannot be read is left out, said so."""
-    from paged_bench.errors import PagedBenchError
-    from paged_bench.report.load import load_run
-
+def _job_runs(sweep_dir: Path) -> list[Run]:
+    """This sweep's jobs as runs to report, numbered as launched (a job folder need not be
+    named by its number); one that cannot be read is left out, said so."""
     runs = []
     for run_dir in folder.job_dirs(sweep_dir):
         try:

@@ -1,7 +1,8 @@
 """Which jobs a sweep's config makes, and what is refused before the first of them runs: a
 sweep of no jobs, a sweep over experiments that are sweeps themselves, jobs whose tracking
-settings are bad or that would oversubscribe the cores. Hydra's basic sweeper expands the
-overrides; this reads them as it does."""
+settings are bad, a value every job refuses (each job's config is read as its run will read
+it, ``run.config.BenchConfig``), jobs that would oversubscribe the cores. Hydra's basic
+sweeper expands the overrides; this reads them as it does."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ import sys
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from paged_bench.cli import parallel
+from paged_bench.cluster.spec import cluster_spec
+from paged_bench.errors import ConfigError
+from paged_bench.run.bench import build_workload
+from paged_bench.run.compose import check_settings, unknown_override
+from paged_bench.run.config import BenchConfig
+from paged_bench.run.tracking_settings import TrackingSettings
 
 
 def sweep_overrides(config: DictConfig) -> list[Any]:
@@ -49,14 +58,11 @@ def count_jobs(config: DictConfig) -> int | None:
         return None
 
 
-def check_jobs(config: DictConfig, total: int | None) -> None:
-    """Before any job: every job's tracking settings are checked, and jobs side by side learn
-    their share of the cores (a sweep that would oversubscribe them for wall-clock backends
-    stops here). Hydra only warns about a callback's exceptions, so this one exits."""
-    from paged_bench.cli import parallel
-    from paged_bench.cli.track import check_sweep
-    from paged_bench.errors import ConfigError
-
+def check_jobs(config: DictConfig, total: int | None) -> TrackingSettings:
+    """Before any job: every job's tracking settings are checked (the sweep's own are returned),
+    and jobs side by side learn their share of the cores (a sweep that would oversubscribe them
+    for wall-clock backends stops here). Hydra only warns about a callback's exceptions, so
+    this one exits."""
     try:
         jobs = job_overrides(config) if total is not None else []
     except Exception:  # noqa: BLE001  (the sweeper reports bad overrides itself)
@@ -67,21 +73,20 @@ def check_jobs(config: DictConfig, total: int | None) -> None:
         _refuse_experiments_that_sweep(config, jobs)
         _refuse_unknown_keys(config, jobs)
         _refuse_routers_without_a_cluster(config, jobs)
-        check_sweep(config, jobs)  # every job's tracking settings, before the first job
+        tracking, *_ = TrackingSettings.for_jobs(config, jobs)  # every job's, before the first job
         _refuse_sweeping_the_record(config)
         _refuse_what_no_job_can_run(config, jobs)
         parallel.prepare(config, jobs, total)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(e.exit_code) from e
+    return tracking
 
 
 def chdir_refused() -> Exception:
     """``hydra.job.chdir=true``: relative paths (the default MLflow store, the sweep's folder, a
     trace's) were read from each job's folder: every job made a store of its own there, and a
     sweep's jobs were logged twice. Each job's files go to its folder without it."""
-    from paged_bench.errors import ConfigError
-
     return ConfigError("hydra.job.chdir", True, "false (paged_bench writes each job's files into its folder itself; "
                        "run from there, relative paths such as the default MLflow store's were the folder's)")  # fmt: skip
 
@@ -93,8 +98,6 @@ def _refuse_chdir(config: DictConfig) -> None:
 
 def _refuse_no_jobs(config: DictConfig, total: int | None) -> None:
     """A sweep of no jobs (``max_batch='range(4,4)'``) would end as a success that measured nothing."""
-    from paged_bench.errors import ConfigError
-
     if total != 0:
         return
     empty = [o for o in safe_overrides(config) if o.is_sweep_override() and not list(o.sweep_string_iterator())]
@@ -105,8 +108,6 @@ def _refuse_no_jobs(config: DictConfig, total: int | None) -> None:
 def _refuse_experiments_that_sweep(config: DictConfig, jobs: list[list[str]]) -> None:
     """Swept over (``+experiment=a,b``), an experiment whose config is a sweep would run as one
     job of its defaults: the basic sweeper reads the params of the command line's config only."""
-    from paged_bench.errors import ConfigError
-
     swept = [o for o in safe_overrides(config) if o.is_sweep_override() and o.key_or_group == "experiment"]
     if not swept:
         return
@@ -121,8 +122,6 @@ def _refuse_experiments_that_sweep(config: DictConfig, jobs: list[list[str]]) ->
 def _refuse_unknown_keys(config: DictConfig, jobs: list[list[str]]) -> None:
     """A misspelled key (``max_bach=2,4``, or ``+max_bach=...``): every job would fail with it,
     after the sweep's folder and MLflow parent run were made. The first job's config tells."""
-    from paged_bench.run.compose import check_settings, unknown_override
-
     if not jobs:
         return
     try:
@@ -138,9 +137,6 @@ def _refuse_routers_without_a_cluster(config: DictConfig, jobs: list[list[str]])
     """A sweep over routers (``router=a,b``), or with one, on one replica: every job but round
     robin's would fail at its start with the same line (a router needs a cluster), after the
     first ones ran."""
-    from paged_bench.cluster.spec import cluster_spec
-    from paged_bench.errors import ConfigError
-
     routers = [o for o in safe_overrides(config) if o.key_or_group.split(".")[0] == "router"]
     for overrides in jobs if routers else ():
         try:
@@ -155,8 +151,6 @@ def _refuse_sweeping_the_record(config: DictConfig) -> None:
     """``experiment_name`` or a ``tracking`` setting swept: its jobs measure the same thing, so
     the sweep's table shows identical rows told apart by nothing, and a sweep is one parent run
     in one MLflow experiment (``experiment_name=a,b``: both jobs went to the parent's)."""
-    from paged_bench.errors import ConfigError
-
     for o in safe_overrides(config):
         key = o.key_or_group.lstrip("+~")
         swept = o.is_sweep_override() and len(set(o.sweep_string_iterator())) > 1
@@ -167,19 +161,18 @@ def _refuse_sweeping_the_record(config: DictConfig) -> None:
 
 def _refuse_what_no_job_can_run(config: DictConfig, jobs: list[list[str]]) -> None:
     """A value every job refuses (``-m max_batch=2,4 workload.rate=-1``): each job failed with
-    the same line, after the sweep's folder and a FAILED parent run were made. Jobs are checked
-    in order until one passes (the first, most often); one that only some jobs refuse is left to
-    them, and the sweep's table shows which."""
-    from paged_bench.errors import ConfigError
-    from paged_bench.run.bench import build_workload, check_top_level
-
+    the same line, after the sweep's folder and a FAILED parent run were made. Each job's
+    config is read as its run reads it (every value checked, its plugins loaded, none built but
+    its workload), in order until one passes (the first, most often); a value that only some
+    jobs refuse is left to them, and the sweep's table shows which."""
     refused = None
     for overrides in jobs:
         if not (job_config := _job_config(config, overrides)):
             return  # it does not compose: its launcher says why
         try:
-            check_top_level(job_config)
-            build_workload(job_config)
+            job = BenchConfig.from_config(job_config)
+            job.verify()
+            build_workload(job)
         except ConfigError as e:
             refused = refused or e
             continue

@@ -1,7 +1,7 @@
 """From a resolved config with a ``cluster`` section to a cluster ready to run.
 
-Every replica is built by the single-engine build path from the same config (its own
-scheduler, pool and backend); the workload is built once. The router is the ``router``
+Every replica is built by the single-engine build path from the same typed config, read
+once (its own scheduler, pool and backend); the workload is built once. The router is the ``router``
 config group's option (``round_robin`` when none is chosen); a disaggregated cluster has
 one router object for arrivals (over the prefill replicas) and one for hand-overs (over the
 decode replicas).
@@ -24,14 +24,8 @@ from paged_bench.errors import ConfigError, check
 from paged_bench.model.config import DTYPE_BYTES, resolve_model
 from paged_bench.routers.base import Router
 from paged_bench.run import registry
-from paged_bench.run.bench import (
-    PLUGIN_KINDS,
-    build_engine,
-    build_workload,
-    check_top_level,
-    plugin_section,
-    workload_requests,
-)
+from paged_bench.run.bench import build_engine, build_workload, typed, workload_requests
+from paged_bench.run.config import BenchConfig
 from paged_bench.sizing.kv_capacity import KVBudget
 
 
@@ -48,28 +42,27 @@ class ClusterBench:
         return sum(replica.engine.backend.num_devices for replica in self.cluster.replicas)
 
 
-def _kv_bytes_per_token(cfg: Mapping[str, Any], engine: Engine) -> int:
+def _kv_bytes_per_token(config: BenchConfig, engine: Engine) -> int:
     """What one token's K/V weighs on the link: the backend's model, else the sim's ``model``."""
     if engine.backend.kv_bytes_per_token is not None:
         return engine.backend.kv_bytes_per_token
-    backend = cfg["backend"]
+    backend = config.plugins["backend"]
+    model, model_path, dtype = (backend.options.get(key) for key in ("model", "model_path", "dtype"))
     # with neither, resolve_model's default is the tiny test model: transfers 64x too cheap
-    check(backend.get("model") is not None or backend.get("model_path") is not None, "backend", backend["name"],
+    check(model is not None or model_path is not None, "backend", backend.name,
           "a backend whose K/V size is known: one that sets kv_bytes_per_token, or takes a model or model_path "
           "option")  # fmt: skip
-    model = resolve_model(backend.get("model"), backend.get("model_path"))
-    dtype = backend.get("dtype")
+    shape = resolve_model(model, model_path)
     check(dtype is None or dtype in DTYPE_BYTES, "backend.dtype", dtype, ", ".join(DTYPE_BYTES))
-    return model.kv_bytes_per_token(dtype)
+    return shape.kv_bytes_per_token(dtype)
 
 
-def _check_backend(cfg: Mapping[str, Any], spec: ClusterSpec) -> None:
+def _check_backend(config: BenchConfig, spec: ClusterSpec) -> None:
     """Before any replica is built (a real model loads once per replica): one simulated
     timeline needs a virtual clock, and a hand-over needs K/V that need not be copied (the
     cluster prices the transfer; it does not move a real model's K/V)."""
-    name, _ = plugin_section(cfg, "backend")
-    backend = registry.load("backend", name)
-    clock = cfg.get("clock", "auto")
+    name, backend = config.plugins["backend"].name, config.plugins["backend"].plugin
+    clock = config.run.clock
     if clock == "auto":
         check(backend.clock == "virtual", "backend", name, f"a backend on virtual time for {spec.num_replicas} replicas "
               "(backend=sim, or clock=virtual): replicas share one simulated timeline")  # fmt: skip
@@ -83,16 +76,17 @@ def _check_backend(cfg: Mapping[str, Any], spec: ClusterSpec) -> None:
               "backend plugin, which sets computes_kv = False)")  # fmt: skip
 
 
-def build_cluster(cfg: Mapping[str, Any], spec: ClusterSpec) -> ClusterBench:
-    check_top_level(cfg)
-    choices = {kind: plugin_section(cfg, kind)[0] for kind in PLUGIN_KINDS}
-    router_name, router_options = router_choice(cfg)
+def build_cluster(cfg: BenchConfig | Mapping[str, Any], spec: ClusterSpec) -> ClusterBench:
+    """The cluster ``spec`` describes, each replica built from the same config, read once."""
+    config = typed(cfg)
+    choices = config.choices
+    router_name, router_options = router_choice(config.source)
     choices["router"] = router_name
-    _check_backend(cfg, spec)
+    _check_backend(config, spec)
     # the first replica's memory check counts every replica's pool; each later one's counts
     # itself alone (the memory then free already lacks the ones built): N copies checked
     # against what N-1 left refused a cluster that fit, after minutes of building replicas
-    built = [build_engine(cfg, copies=spec.num_replicas if i == 0 else 1) for i in range(spec.num_replicas)]
+    built = [build_engine(config, copies=spec.num_replicas if i == 0 else 1) for i in range(spec.num_replicas)]
     engines = [engine for engine, _ in built]
     if spec.disaggregated:
         roles = ["prefill"] * spec.num_prefill + ["decode"] * spec.num_decode
@@ -109,14 +103,14 @@ def build_cluster(cfg: Mapping[str, Any], spec: ClusterSpec) -> ClusterBench:
 
     if spec.disaggregated:
         try:
-            kv_bytes = _kv_bytes_per_token(cfg, engines[0])
+            kv_bytes = _kv_bytes_per_token(config, engines[0])
         except ConfigError as e:
             raise ConfigError(e.key, e.value, f"{e.allowed} (the K/V size prices a hand-over's transfer)") from e
         cluster = Cluster(replicas, router("prefill"), router("decode"), spec.link, kv_bytes)
     else:
         cluster = Cluster(replicas, router())
     _, kv_budget = built[0]
-    workload = build_workload(cfg)
+    workload = build_workload(config)
     check(workload.max_concurrency is None, "workload.max_concurrency", workload.max_concurrency,
           "null in a cluster run (arrivals are replayed open-loop at their times)")  # fmt: skip
     return ClusterBench(cluster, workload_requests(workload, engines[0].backend), spec, choices, kv_budget)

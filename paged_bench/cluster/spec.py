@@ -18,7 +18,7 @@ from typing import Any
 from paged_bench.cluster.link import Link, make_link
 from paged_bench.errors import ConfigError, check, check_int
 from paged_bench.run import registry
-from paged_bench.run.bench import plugin_section
+from paged_bench.run.config import plugin_section
 
 DEFAULT_ROUTER = "round_robin"
 KEYS = ("replicas", "prefill_replicas", "decode_replicas", "link", "link_bandwidth_gbs", "link_latency_us")

@@ -36,7 +36,7 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
         print(note, file=sys.stderr)
     bench = build(cfg)
     on_step = step_callback(on_progress, len(bench.requests))
-    target = (cfg.get("target") or {}).get("name", "engine")
+    target = bench.config.run.target
     remote = None
     try:
         if target == "engine":
@@ -53,14 +53,14 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
     finally:
         bench.backend.close()
     with shield():
-        return _write_outcome(cfg, run_dir, bench, result, remote, target, options)
+        return _write_outcome(run_dir, bench, result, remote, target, options)
 
 
-def _write_outcome(cfg: Mapping[str, Any], run_dir: Path, bench: Bench, result: EngineResult, remote: Any,
-                   target: str, options: Mapping[str, str] | None) -> JobOutcome:  # fmt: skip
+def _write_outcome(run_dir: Path, bench: Bench, result: EngineResult, remote: Any, target: str,
+                   options: Mapping[str, str] | None) -> JobOutcome:  # fmt: skip
     try:
         records = RequestRecords.from_requests(result.requests) if remote is None else remote.records
-        summary = summarize(result, cfg.get("slo"), records)
+        summary = summarize(result, bench.config.run.slo, records)
     except Exception:
         # a figure failed to compute (a bug): what the engine measured, step by step, still reaches
         # the disk before the error is reported

@@ -4,11 +4,12 @@ instead of a MemoryError traceback or the OOM killer minutes later."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from paged_bench.errors import ConfigError, check_int
+from paged_bench.backends.base import Backend
+from paged_bench.errors import ConfigError
+from paged_bench.run.config import CacheSettings
 
 # the allocator's tables per block of either pool (free queue, ref counts, hashes, swap map):
 # ~300 B measured with PagedAllocator(num_blocks=2_000_000), which also makes 2,000,000 swap
@@ -43,24 +44,25 @@ def _gib(need: float, available: int) -> str:
     return f"{need / 2**30:,.1f} GiB needed, {available / 2**30:,.1f} GiB available"
 
 
-def check_kv_pool_fits(cfg: Mapping[str, Any], options: Mapping[str, Any], backend: Any, copies: int = 1) -> None:
-    """The allocator ``options`` describe a KV pool that fits, ``copies`` times over (a cluster's
+def check_kv_pool_fits(cache: CacheSettings, max_batch: int, num_blocks: int, swap_blocks: int | None,
+                       backend: Backend, copies: int = 1) -> None:  # fmt: skip
+    """A KV pool of ``num_blocks`` blocks (sized by ``cache``, or for ``max_batch`` sequences) and
+    ``swap_blocks`` of swap space (None: as many) fits, ``copies`` times over (a cluster's
     replicas each hold one); else the knob that sized it is named."""
     available = available_memory()
     if available is None:
         return
-    blocks, block_size = int(options["num_blocks"]), int(options.get("block_size") or cfg["block_size"])
-    swap = options.get("swap_blocks")
-    swap_blocks = blocks if swap is None else check_int("allocator.swap_blocks", swap, 0)
+    blocks, block_size = num_blocks, cache.block_size
+    swap = blocks if swap_blocks is None else swap_blocks
     per_block = BOOKKEEPING_BYTES_PER_BLOCK
     kv = (backend.kv_bytes_per_token or 0) if backend.clock == "wall" else 0  # real models hold K/V
     on_host = str(getattr(backend, "device", "cpu")).startswith("cpu")
-    one = (blocks + swap_blocks) * per_block + (blocks * on_host + swap_blocks) * block_size * kv
+    one = (blocks + swap) * per_block + (blocks * on_host + swap) * block_size * kv
     if one * copies <= available:
         return
     pool = blocks * (per_block + on_host * block_size * kv)  # the same pool without its swap space
-    if swap is not None and pool * copies <= available:
-        raise ConfigError("allocator.swap_blocks", swap, f"swap space that fits in memory beside the pool "
+    if swap_blocks is not None and pool * copies <= available:
+        raise ConfigError("allocator.swap_blocks", swap_blocks, f"swap space that fits in memory beside the pool "
                           f"({_gib(one * copies, available)}): at most about "
                           f"{(available // copies - pool) // (per_block + block_size * kv):,}")  # fmt: skip
     if one <= available:
@@ -68,10 +70,10 @@ def check_kv_pool_fits(cfg: Mapping[str, Any], options: Mapping[str, Any], backe
                           f"each: {_gib(one * copies, available)}): at most about {available // one:,}, or fewer "
                           "num_blocks")  # fmt: skip
     most = available // (2 * per_block + (1 + on_host) * block_size * kv)
-    if cfg.get("num_blocks") in (None, "auto"):
-        raise ConfigError("max_batch", cfg["max_batch"], f"a KV pool of max_batch full sequences that fits in memory "
+    if cache.auto_sized:
+        raise ConfigError("max_batch", max_batch, f"a KV pool of max_batch full sequences that fits in memory "
                           f"({blocks:,} blocks: {_gib(one, available)}); set a smaller max_batch or num_blocks <= {most:,}")  # fmt: skip
-    raise ConfigError("num_blocks", cfg["num_blocks"], f"a KV pool that fits in memory ({_gib(one, available)}): at most about {most:,}")  # fmt: skip
+    raise ConfigError("num_blocks", cache.num_blocks, f"a KV pool that fits in memory ({_gib(one, available)}): at most about {most:,}")  # fmt: skip
 
 
 def check_requests_fit(num_requests: int, prompt_tokens: float, *, count_key: str, count: Any, lengths_key: str,

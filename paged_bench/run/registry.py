@@ -14,11 +14,20 @@ import functools
 import importlib
 import inspect
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, fields
 from importlib.metadata import EntryPoint, distributions, entry_points
 from typing import Any
 
 from paged_bench.errors import ConfigError, PagedBenchError, PluginError, crash_message, one_line
+from paged_bench.run.backend_options import NumpyOptions, SimOptions, TorchOptions
+from paged_bench.run.plugin_options import (
+    ContiguousOptions,
+    PagedOptions,
+    PluginOptions,
+    PreemptiveOptions,
+    SchedulerOptions,
+)
 
 KINDS = {
     "workload": ("paged_bench.workloads", "paged_bench.workloads.base:Workload"),
@@ -167,18 +176,21 @@ def accepted_options(cls: type, num_positional: int = 0) -> list[str]:
 
 def _init_parameters(klass: type, init: Any) -> list[inspect.Parameter]:
     """``klass.__init__``'s parameters after self. A compiled class's ``__init__`` is a C slot
-    that takes ``*args, **kwargs``: its real signature is the class's own."""
+    that takes ``*args, **kwargs``: its real signature is the class's own, in which mypyc marks
+    every parameter positional-only when one is a float with a default (its signature counts
+    the hidden argument that says a default was taken); the compiled ``__init__`` takes them by
+    name all the same (``PreemptiveScheduler``'s ``watermark``)."""
     if inspect.isfunction(init):
         return list(inspect.signature(init).parameters.values())[1:]
-    return list(inspect.signature(klass).parameters.values())
+    params = inspect.signature(klass).parameters.values()
+    return [p.replace(kind=p.POSITIONAL_OR_KEYWORD) if p.kind is p.POSITIONAL_ONLY else p for p in params]
 
 
-def create(kind: str, name: str, *args: Any, internal: tuple[str, ...] = (), **options: Any) -> Any:
-    """Build plugin ``name`` of ``kind`` from its config options (unknown ones are an error).
-
-    ``internal`` names options the framework passes itself, not the user's config."""
-    cls = load(kind, name)
-    allowed = accepted_options(cls, len(args))
+def check_option_names(kind: str, name: str, cls: type, num_positional: int, options: Mapping[str, object],
+                       internal: tuple[str, ...] = ()) -> None:  # fmt: skip
+    """Every key of ``options`` is an option ``cls`` takes (``internal``: those the framework
+    passes itself, not the user's config, which a plugin must take too)."""
+    allowed = accepted_options(cls, num_positional)
     for key in options:
         if key in internal and key not in allowed:  # the plugin's signature, not the user's config
             raise PluginError(f"{_plugin(kind, name, _entry(kind, name))} does not take {key}, which paged_bench "
@@ -187,6 +199,60 @@ def create(kind: str, name: str, *args: Any, internal: tuple[str, ...] = (), **o
             shown = [o for o in allowed if o not in internal]
             takes = ", ".join(shown) or "no options (a plugin's options are its __init__'s keyword arguments)"
             raise ConfigError(f"{kind}.{key}", options[key], f"{kind} {name!r} takes {takes}")
+
+
+# the class each schema reads the options of, named as an entry point names it ("module:Class"),
+# so that this table imports no backend (torch takes seconds to import)
+SCHEMAS: dict[str, type[PluginOptions]] = {
+    "paged_bench.core.scheduler.base:Scheduler": SchedulerOptions,
+    "paged_bench.core.scheduler.preemptive:PreemptiveScheduler": PreemptiveOptions,
+    "paged_bench.core.kv.paged:PagedAllocator": PagedOptions,
+    "paged_bench.core.kv.contiguous:ContiguousAllocator": ContiguousOptions,
+    "paged_bench.backends.sim:SimBackend": SimOptions,
+    "paged_bench.backends.numpy:NumpyBackend": NumpyOptions,
+    "paged_bench.backends.torch:TorchBackend": TorchOptions,
+}
+
+
+def schema_of(cls: type) -> type[PluginOptions] | None:
+    """The options schema of the nearest of our classes ``cls`` is or derives from, if any: a
+    plugin derived from one has the options that class takes checked by its schema, and checks
+    its own; a plugin with no such base checks all of its own."""
+    for klass in cls.__mro__:
+        schema = SCHEMAS.get(f"{klass.__module__}:{klass.__qualname__}")
+        if schema is not None:
+            return schema
+    return None
+
+
+def checked_options(cls: type, options: Mapping[str, object]) -> PluginOptions | None:
+    """``options`` as ``cls``'s schema reads them, checked (ConfigError naming the first bad
+    one); None without a schema, or when they leave out one the schema needs: the plugin's
+    constructor then says which (an option file that forgot ``max_batch: ${max_batch}``)."""
+    schema = schema_of(cls)
+    if schema is None:
+        return None
+    read = {f.name: options[f.name] for f in fields(schema) if f.name in options}
+    if any(f.default is MISSING and f.default_factory is MISSING and f.name not in read for f in fields(schema)):
+        return None
+    return schema(**read)
+
+
+def create(kind: str, name: str, *args: Any, internal: tuple[str, ...] = (), **options: Any) -> Any:
+    """Build plugin ``name`` of ``kind`` from its config options, checked: unknown ones are an
+    error, and values our classes take are checked by their schemas.
+
+    ``internal`` names options the framework passes itself, not the user's config."""
+    cls = load(kind, name)
+    check_option_names(kind, name, cls, len(args), options, internal)
+    if (checked := checked_options(cls, options)) is not None:
+        checked.verify()
+    return construct(kind, name, cls, *args, **options)
+
+
+def construct(kind: str, name: str, cls: type, *args: Any, **options: Any) -> Any:
+    """Build plugin ``name`` of ``kind``, its class ``cls``, from options already checked
+    (``create`` checks them; ``run.config`` checks a run's once, where it reads the config)."""
     if left := _abstract_left(cls, _base(kind)):  # in the words Python uses for an interpreted base
         raise PluginError(f"{_plugin(kind, name, _entry(kind, name))} failed to build: TypeError: Can't instantiate "
                           f"abstract class {cls.__name__} with abstract methods {', '.join(left)}")  # fmt: skip

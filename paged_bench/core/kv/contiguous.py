@@ -13,34 +13,34 @@ capacity figures): that is what slabs cost when the memory is not a multiple of 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from paged_bench.core.kv.base import KVLayout
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.request import Request
-from paged_bench.errors import MAX_TOKENS, check, check_int
 
 
 class ContiguousAllocator(PagedAllocator):
     name = "contiguous"
 
-    def __init__(self, *, num_blocks: int, block_size: int, max_model_len: int, prefix_hash: str = "builtin") -> None:
-        check_int("num_blocks", num_blocks)
-        check_int("block_size", block_size, 1, MAX_TOKENS)
-        check_int("max_model_len", max_model_len)
+    def __init__(
+        self,
+        *,  # checked before they get here, where the config is read (paged_bench.run.plugin_options)
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        prefix_hash: Literal["builtin", "sha256"] = "builtin",
+    ) -> None:
         self.blocks_per_slab = -(-max_model_len // block_size)
+        # at least one slab: the engine refuses a pool that cannot hold one max_model_len sequence
         num_slabs = num_blocks // self.blocks_per_slab
-        check(
-            num_slabs >= 1,
-            "num_blocks",
-            num_blocks,
-            f"at least one max_model_len={max_model_len} slab: num_blocks x block_size >= {max_model_len}",
-        )
         # the pool's unit is the slab; the layout's unit stays the block
         super().__init__(
             num_blocks=num_slabs,
             block_size=self.blocks_per_slab * block_size,
             prefix_caching=False,
             swap_blocks=0,
-            prefix_hash=prefix_hash,  # checked, unused: a slab is never shared
+            prefix_hash=prefix_hash,  # unused: a slab is never shared
         )
         self.layout = KVLayout(num_blocks, block_size, 0)
         self._tail_blocks = num_blocks - num_slabs * self.blocks_per_slab  # free for ever: no slab fits there

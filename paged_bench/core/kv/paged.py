@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Hashable, Iterable
-from typing import Any, Final
+from typing import Final, Literal
 
 from mypy_extensions import mypyc_attr
 
@@ -28,7 +28,6 @@ from paged_bench.core.kv.base import NO_HIT, Allocator, AllocatorCounters, KVLay
 from paged_bench.core.kv.block_pool import BlockPool, DeferredRun
 from paged_bench.core.kv.prefix_hash import NO_EXTRA_KEYS, PREFIX_HASHES
 from paged_bench.core.request import Request
-from paged_bench.errors import MAX_TOKENS, check, check_choice, check_int
 
 _NEVER: Final = 1 << 62
 _NO_NEW_BLOCKS: Final[dict[int | str, tuple[int, ...]]] = {}  # shared by every plan without new blocks: read-only
@@ -64,20 +63,15 @@ class PagedAllocator(Allocator):
 
     def __init__(
         self,
-        *,  # Any: the config's values, checked below by name (compiled, a wrong type would be a bare TypeError)
-        num_blocks: Any,
-        block_size: Any,
-        prefix_caching: Any = True,
-        swap_blocks: Any = None,
-        prefix_hash: Any = "builtin",
-        defer_unshared: Any = True,
+        *,  # checked before they get here, where the config is read (paged_bench.run.plugin_options)
+        num_blocks: int,
+        block_size: int,
+        prefix_caching: bool = True,
+        swap_blocks: int | None = None,
+        prefix_hash: Literal["builtin", "sha256"] = "builtin",
+        defer_unshared: bool = True,
     ) -> None:
-        check_int("num_blocks", num_blocks)
-        check_int("block_size", block_size, 1, MAX_TOKENS)
-        check(isinstance(prefix_caching, bool), "allocator.prefix_caching", prefix_caching, "true or false")
-        check_choice("allocator.prefix_hash", prefix_hash, PREFIX_HASHES, " or ")
-        check(isinstance(defer_unshared, bool), "allocator.defer_unshared", defer_unshared, "true or false")
-        swap = num_blocks if swap_blocks is None else check_int("allocator.swap_blocks", swap_blocks, 0)
+        swap = num_blocks if swap_blocks is None else swap_blocks
         self.layout = KVLayout(num_blocks, block_size, swap)
         self.pool_block_slots: int = block_size  # slots per pool block: a slab for contiguous
         self.prefix_caching: bool = prefix_caching

@@ -26,7 +26,7 @@ from paged_bench.core.kv.base import Allocator
 from paged_bench.core.plan import NewRequestData, ReqId, StepOutput, StepPlan, new_named_tuple
 from paged_bench.core.request import FinishReason, Request, RequestStatus
 from paged_bench.core.scheduler.plan_draft import PlanDraft
-from paged_bench.errors import EngineError, PoolExhaustedError, check, check_int
+from paged_bench.errors import EngineError, PoolExhaustedError
 
 # Final: compiled code reads them as constants, not through the module's dict
 RUNNING: Final = RequestStatus.RUNNING
@@ -52,33 +52,19 @@ class Scheduler:
     def __init__(
         self,
         allocator: Allocator,
-        *,  # Any: the config's values, checked below by name (compiled, a wrong type would be a bare TypeError)
-        max_model_len: Any,
-        max_batch: Any,
-        max_num_batched_tokens: Any,
-        chunked_prefill: Any = True,
+        *,  # checked before they get here, where the config is read (paged_bench.run.plugin_options)
+        max_model_len: int,
+        max_batch: int,
+        max_num_batched_tokens: int,
+        chunked_prefill: bool = True,
         eos_token_id: int | None = None,
         stop_token_ids: tuple[int, ...] = (),
     ) -> None:
         self.allocator = allocator
-        self.max_model_len = check_int("max_model_len", max_model_len)
-        self.max_batch = check_int("max_batch", max_batch)
-        self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens)
-        # as vLLM's SchedulerConfig: a budget below max_batch would silently cap concurrency
-        check(
-            max_num_batched_tokens >= max_batch,
-            "max_num_batched_tokens",
-            max_num_batched_tokens,
-            f">= max_batch={max_batch} (each running sequence needs a token a step)",
-        )
-        check(isinstance(chunked_prefill, bool), "scheduler.chunked_prefill", chunked_prefill, "true or false")
-        check(
-            chunked_prefill or max_num_batched_tokens >= max_model_len,
-            "max_num_batched_tokens",
-            max_num_batched_tokens,
-            f">= max_model_len={max_model_len} when chunked_prefill is off (a prompt must fit one step)",
-        )
-        self.chunked_prefill: bool = chunked_prefill
+        self.max_model_len = max_model_len
+        self.max_batch = max_batch
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunked_prefill = chunked_prefill
         # every id that ends a sequence (a checkpoint may name several): a set, so one test a row
         self.end_token_ids = frozenset(t for t in (eos_token_id, *stop_token_ids) if t is not None)
         self.waiting: deque[Request] = deque()

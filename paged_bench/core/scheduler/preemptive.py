@@ -15,14 +15,13 @@ is vLLM v0's.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Literal
 
 from mypy_extensions import mypyc_attr
 
 from paged_bench.core.kv.base import Allocator
 from paged_bench.core.request import Request
 from paged_bench.core.scheduler.base import Scheduler
-from paged_bench.errors import check, check_number
 
 VICTIMS = ("last_admitted", "latest_arrival")
 
@@ -34,17 +33,20 @@ class PreemptiveScheduler(Scheduler):
     def __init__(
         self,
         allocator: Allocator,
-        *,  # Any: the config's values, checked below by name (compiled, a wrong type would be a bare TypeError)
-        mode: Any = "recompute",
-        watermark: Any = 0.0,
-        victim: Any = "last_admitted",
-        **kwargs,
+        *,  # checked before they get here, where the config is read (paged_bench.run.plugin_options)
+        max_model_len: int,
+        max_batch: int,
+        max_num_batched_tokens: int,
+        chunked_prefill: bool = True,
+        mode: Literal["recompute", "swap"] = "recompute",
+        watermark: float = 0.0,
+        victim: Literal["last_admitted", "latest_arrival"] = "last_admitted",
+        eos_token_id: int | None = None,
+        stop_token_ids: tuple[int, ...] = (),
     ) -> None:
-        Scheduler.__init__(self, allocator, **kwargs)  # not super(): compiled, mypyc passes **kwargs to it wrongly
-        check(mode in ("recompute", "swap"), "scheduler.mode", mode, "recompute or swap")
-        check_number("scheduler.watermark", watermark)
-        check(watermark < 1, "scheduler.watermark", watermark, "a fraction of the pool in [0, 1)")
-        check(victim in VICTIMS, "scheduler.victim", victim, " or ".join(VICTIMS))
+        super().__init__(allocator, max_model_len=max_model_len, max_batch=max_batch,
+                         max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=chunked_prefill,
+                         eos_token_id=eos_token_id, stop_token_ids=stop_token_ids)  # fmt: skip
         self.preemption_mode = mode
         self.victim = victim
         self.admission_reserve_blocks = int(watermark * allocator.layout.num_blocks)
