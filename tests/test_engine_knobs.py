@@ -14,8 +14,9 @@ from paged_bench.costmodel.roofline import RooflineCost, hardware, load_preset, 
 from paged_bench.errors import ConfigError, EngineError
 from paged_bench.model.config import PRESETS, resolve_model
 from paged_bench.run import memory
-from paged_bench.run.bench import build_engine, build_workload, check_top_level
+from paged_bench.run.bench import build_engine, build_workload
 from paged_bench.run.compose import compose_config
+from paged_bench.run.config import check_top_level
 from paged_bench.run.job import run_job
 from paged_bench.workloads.base import WorkloadContext
 from tests.test_cli import cli

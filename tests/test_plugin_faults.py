@@ -237,7 +237,7 @@ def test_a_plugin_class_without_a_name_takes_its_entry_points(monkeypatch):
 
 def test_an_option_file_without_a_name_or_a_backend_of_unknown_kv_size_is_one_line(config):
     from paged_bench.errors import ConfigError
-    from paged_bench.run.bench import plugin_section
+    from paged_bench.run.config import plugin_section
 
     with pytest.raises(ConfigError) as e:  # read as "router={'tie_break': 'kv'} is not allowed: a router option"
         plugin_section({"router": {"tie_break": "kv"}}, "router")

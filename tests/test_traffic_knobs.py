@@ -7,7 +7,8 @@ import pytest
 
 from paged_bench.errors import ConfigError
 from paged_bench.loadgen.config import TargetConfig
-from paged_bench.run.bench import build_workload, check_top_level
+from paged_bench.run.bench import build_workload
+from paged_bench.run.config import check_top_level
 from paged_bench.workloads.base import WorkloadContext
 
 

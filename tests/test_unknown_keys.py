@@ -9,8 +9,8 @@ from importlib import resources
 import pytest
 
 from paged_bench.errors import ConfigError
-from paged_bench.run.bench import check_top_level
 from paged_bench.run.compose import check_settings, compose_config, settings
+from paged_bench.run.config import check_top_level
 from tests.test_cli_edges import command, one_error_line
 
 MAX_BACH = "max_bach=4 is not allowed: not a key of paged_bench's config (did you mean max_batch?); its keys are "

@@ -23,9 +23,7 @@ from paged_bench.core.kv.base import Allocator, AllocatorCounters, KVLayout
 from paged_bench.core.request import Request
 from paged_bench.errors import MAX_TOKENS, ConfigError, PluginError
 from paged_bench.model.tokenizers import serving_tokenizer
-
-# check_top_level and plugin_section: what the server and plugin tests read of a config, from here
-from paged_bench.run.config import BenchConfig, check_top_level, plugin_section  # noqa: F401
+from paged_bench.run.config import BenchConfig
 from paged_bench.run.memory import check_kv_pool_fits
 from paged_bench.run.plugin_options import PagedOptions
 from paged_bench.sizing.kv_capacity import KVBudget

@@ -30,7 +30,7 @@ from paged_bench.cluster.spec import cluster_spec
 from paged_bench.core.engine import Engine
 from paged_bench.errors import ConfigError, check, check_int, check_number
 from paged_bench.model.tokenizers import TOKENIZER_CHOICES, serving_tokenizer
-from paged_bench.run.bench import build_engine, check_top_level
+from paged_bench.run.bench import build_engine
 from paged_bench.run.compose import check_settings, compose_config
 from paged_bench.serve.api import OpenAIServer, create_app
 from paged_bench.serve.engine_loop import EngineLoop
@@ -133,7 +133,6 @@ def build_app(cfg: Mapping[str, Any]) -> tuple[FastAPI, ServerConfig]:
           "one replica: the server runs one engine (a cluster is simulated by python -m paged_bench)")  # fmt: skip
     check_settings(cfg, "serve")  # then the engine's own, without the server's section
     engine_cfg = {**{k: v for k, v in cfg.items() if k != "server"}, "clock": "wall"}
-    check_top_level(engine_cfg)
     built, _ = build_engine(engine_cfg)  # no workload: clients bring the requests
     engine = Engine(built.scheduler, built.backend, built.clock, max_step_records=MAX_STEP_RECORDS)
     backend = built.backend
@@ -197,6 +196,9 @@ def listen_socket(cfg: ServerConfig) -> socket.socket:
             raise ConfigError("server.port", cfg.port, f"a port this process may listen on at {cfg.host} "
                               f"({e.strerror}; 0 takes any free port)") from None  # fmt: skip
         raise ConfigError("server.host", cfg.host, f"a name or address of this machine ({e.strerror})") from None
+    # listening from here on: a client that connects once the URL is printed waits in the
+    # backlog while the engine is built, rather than being refused
+    sock.listen(2048)
     return sock
 
 
