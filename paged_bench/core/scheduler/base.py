@@ -146,7 +146,6 @@ class Scheduler:
         finished = []
         end_ids = self.end_token_ids
         sampled: Any = output.token_ids  # numpy's ints too: compiled, list[int] would refuse them
-        stamp: Any = now  # one float object for every row's time (compiled, each append would box its own)
         for req, n, token in zip(self._scheduled, plan.num_new_tokens, sampled):
             computed = req.num_computed_tokens + n
             req.num_computed_tokens = computed
@@ -154,7 +153,7 @@ class Scheduler:
             if computed < len(tokens):  # a prefill chunk short of the prompt's end: no sample
                 continue
             tokens.append(token)
-            req.token_times.append(stamp)
+            req.token_times.append(now)
             # EOS first, as vLLM v1's check_stop since PR #27555 (Oct 2025; before it, length
             # first): an EOS that is also the last token allowed is a stop
             if not req.ignore_eos and token in end_ids:  # a benchmark's requests mostly ignore EOS: no set lookup
