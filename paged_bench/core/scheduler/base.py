@@ -24,7 +24,7 @@ from mypy_extensions import mypyc_attr
 
 from paged_bench.core.kv.base import Allocator
 from paged_bench.core.plan import NewRequestData, ReqId, StepOutput, StepPlan, new_named_tuple
-from paged_bench.core.request import FinishReason, Request, RequestStatus
+from paged_bench.core.request import FinishReason, Request, RequestStatus, check_stop
 from paged_bench.core.scheduler.plan_draft import PlanDraft
 from paged_bench.errors import EngineError, PoolExhaustedError, check, check_int
 
@@ -32,7 +32,6 @@ from paged_bench.errors import EngineError, PoolExhaustedError, check, check_int
 RUNNING: Final = RequestStatus.RUNNING
 # a tuple, not a set: membership by identity, where a set hashes the member with Enum's __hash__ (Python code)
 _WAITING_STATES: Final = (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED)
-LENGTH: Final = FinishReason.LENGTH
 _NO_ROWS: Final[frozenset[int]] = frozenset()
 
 
@@ -122,7 +121,7 @@ class Scheduler:
                 f"(max_model_len={self.max_model_len})",
             )
             return
-        req.max_num_tokens = min(req.num_prompt_tokens + req.max_tokens, self.max_model_len)
+        req.cap_length(self.max_model_len)
         self.waiting.append(req)
 
     def has_unfinished(self) -> bool:
@@ -147,22 +146,14 @@ class Scheduler:
         end_ids = self.end_token_ids
         sampled: Any = output.token_ids  # numpy's ints too: compiled, list[int] would refuse them
         for req, n, token in zip(self._scheduled, plan.num_new_tokens, sampled):
-            computed = req.num_computed_tokens + n
-            req.num_computed_tokens = computed
-            tokens = req.token_ids
-            if computed < len(tokens):  # a prefill chunk short of the prompt's end: no sample
+            req.num_computed_tokens += n
+            if req.num_computed_tokens < len(req.token_ids):  # a prefill chunk short of the prompt's end: no sample
                 continue
-            tokens.append(token)
-            req.token_times.append(now)
-            # EOS first, as vLLM v1's check_stop since PR #27555 (Oct 2025; before it, length
-            # first): an EOS that is also the last token allowed is a stop
-            if not req.ignore_eos and token in end_ids:  # a benchmark's requests mostly ignore EOS: no set lookup
-                req.finish(FinishReason.STOP, now)
-            elif computed >= req.max_num_tokens - 1:  # now holds max_num_tokens tokens
-                req.finish(LENGTH, now)
-            else:
-                continue
-            finished.append(req)
+            req.append_token(token, now)
+            reason = check_stop(req, end_ids)
+            if reason is not None:
+                req.finish(reason, now)
+                finished.append(req)
         if finished:
             if len(finished) == 1:  # the common case: one scan in C, not a new list
                 self.running.remove(finished[0])
@@ -173,7 +164,7 @@ class Scheduler:
                 self._finished_ids.append(req.request_id)
         return finished
 
-    def add_prefilled(self, req: Request) -> bool:
+    def add_prefilled(self, req: Request, now: float) -> bool:
         """Admit a request whose prompt K/V was computed on another replica and moved here
         (disaggregated prefill): it takes blocks for its prompt, counts the prompt as computed
         and runs from its next token. False, changing nothing, if the policy admits nobody now
@@ -185,9 +176,8 @@ class Scheduler:
             return False
         if not self.allocator.allocate_slots(req, prompt, min_free_blocks=reserve):
             return False
-        req.num_computed_tokens = prompt
-        req.max_num_tokens = min(prompt + req.max_tokens, self.max_model_len)
-        req.status = RUNNING
+        req.cap_length(self.max_model_len)
+        req.admit(prompt, now)
         self.running.append(req)
         self._handed_over.append(NewRequestData.from_request(req, self.allocator.block_table(req), self.plan_token_ids))
         return True
@@ -283,12 +273,13 @@ class Scheduler:
                     break
                 draft.swap_in += pairs
                 self.swapped_blocks += len(pairs)
+                computed = req.num_computed_tokens  # its K/V comes back whole
             else:
                 hit = allocator.lookup_prefix(req)
                 n = self._chunk(len(req.token_ids) - hit.num_tokens, draft.budget)
                 if n == 0 or not allocator.allocate_slots(req, n, hit, reserve):
                     break
-                req.num_computed_tokens = hit.num_tokens
+                computed = hit.num_tokens
                 lost = self._lost.pop(req, None)
                 if lost is None:
                     req.num_cached_tokens = hit.num_tokens
@@ -298,9 +289,7 @@ class Scheduler:
                 waiting.popleft()
             else:
                 waiting.remove(req)
-            req.status = RUNNING
-            if req.first_scheduled_time is None:
-                req.first_scheduled_time = now
+            req.admit(computed, now)
             self.running.append(req)
             draft.new_reqs.append(NewRequestData.from_request(req, allocator.block_table(req), self.plan_token_ids))
             draft.add(req, n)
@@ -311,17 +300,14 @@ class Scheduler:
         draft.unschedule(victim)
         draft.preempted.append(victim)
         self.num_preemptions += 1
-        victim.num_preemptions += 1
         pairs = self.allocator.swap_out(victim) if self.preemption_mode == "swap" else None
         if pairs is not None:
-            victim.status = RequestStatus.SWAPPED
             draft.swap_out += pairs
             self.swapped_blocks += len(pairs)
         else:  # recompute (also when swap space is full): keep the tokens, drop the K/V
             self._lost[victim] = victim.num_computed_tokens
             self.allocator.free(victim)
-            victim.num_computed_tokens = 0
-            victim.status = RequestStatus.PREEMPTED
+        victim.preempt(swapped=pairs is not None)
         self.waiting.appendleft(victim)
 
     def _freeze(self, draft: PlanDraft) -> StepPlan:
