@@ -188,18 +188,8 @@ class Engine:
             error = crash_message(e)
             log.exception("the run stopped: %s", error)
         if error is not None:
-            now = clock.now()
             reason = FinishReason.ABORT if interrupted else FinishReason.ERROR
-            sched.abort_all(reason, now, error)
-            for req in arrivals.pending():
-                req.finish(reason, now, f"not submitted: {error}")
-            # an interrupt or a crash can land mid-step, after a request left the scheduler's
-            # lists and before its blocks were freed: free whatever any request still holds
-            # (idempotent), and end whoever no list holds any more
-            self.allocator.free_all(arrivals.requests)
-            for req in arrivals.requests:
-                if not req.is_finished:
-                    req.finish(reason, now, error)
+            sched.abort_all(reason, clock.now(), error, submitted=arrivals.requests, unsent=arrivals.pending())
         return self.result(arrivals.requests, error, interrupted)
 
     def result(self, reqs: list[Request], error: str | None, interrupted: bool) -> EngineResult:

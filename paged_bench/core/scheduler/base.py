@@ -18,6 +18,7 @@ The scheduler asks the allocator for room and never touches blocks itself.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from typing import Any, ClassVar, Final, Literal
 
 from mypy_extensions import mypyc_attr
@@ -186,7 +187,7 @@ class Scheduler:
         """End a request from outside the step loop (client abort, stop string, run error)."""
         if req.is_finished:
             return
-        if req.status is RUNNING:
+        if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
@@ -195,12 +196,28 @@ class Scheduler:
         self._finished_ids.append(req.request_id)
         req.finish(reason, now, error)
 
-    def abort_all(self, reason: FinishReason, now: float, error: str | None = None) -> list[Request]:
-        """End every unfinished request; returns them."""
-        aborted = [*self.running, *self.waiting]
-        for req in aborted:
+    def abort_all(
+        self,
+        reason: FinishReason,
+        now: float,
+        error: str | None = None,
+        submitted: Iterable[Request] = (),
+        unsent: Iterable[Request] = (),
+    ) -> None:
+        """End every unfinished request with ``reason`` and free every block, so that the pool is
+        whole: the requests the scheduler holds, any of ``submitted`` (what the caller added) that
+        no list of its holds any more, and ``unsent``, which never reached it (their error says
+        so). A run cut short mid-step (an interrupt, a crash) can leave a request between a list
+        and the freeing of its blocks; ``Allocator.free_all`` frees what any request still holds
+        and recounts what such a step may have torn."""
+        for req in [*self.running, *self.waiting]:
             self.finish_request(req, reason, now, error)
-        return aborted
+        for req in unsent:
+            req.finish(reason, now, f"not submitted: {error}")
+        submitted = list(submitted)
+        self.allocator.free_all(submitted)
+        for req in submitted:
+            self.finish_request(req, reason, now, error)
 
     # -- the machinery --------------------------------------------------------------------
 
