@@ -38,7 +38,7 @@ class _Seq:
     """One request's block table and where it stands. (A plain class, not a dataclass:
     compiled, a dataclass's generated __init__ runs interpreted, and one is made per admission.)"""
 
-    __slots__ = ("blocks", "cache_at", "capacity", "hashes", "num_cached", "num_slots", "on_cpu", "plain_below", "run")
+    __slots__ = ("blocks", "cache_at", "capacity", "hashes", "num_cached", "num_slots", "on_cpu", "run")
 
     def __init__(self, blocks: list[int], num_slots: int, num_cached: int, cache_at: int, hashes: list[Hashable],
                  block_slots: int) -> None:  # fmt: skip
@@ -47,15 +47,10 @@ class _Seq:
         self.capacity = len(blocks) * block_slots
         self.num_cached = num_cached  # leading blocks already indexed in the prefix cache
         self.cache_at = cache_at  # slots at which the next block is full and can be cached
-        self.plain_below = 0  # totals below this need neither a new block nor caching: the hot path
         self.on_cpu = False
         self.hashes = hashes  # the request's hash chain (the allocator's list)
         # while its chain's root is known to no other chain: its blocks past the root, unhashed
         self.run: DeferredRun | None = None
-
-    def replan(self) -> None:
-        """After its capacity or ``cache_at`` moved: the total from which a row needs care."""
-        self.plain_below = min(self.capacity + 1, self.cache_at)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # contiguous and allocator plugins subclass it
@@ -130,24 +125,6 @@ class PagedAllocator(Allocator):
         # _admit checked the room; a new table goes whole into the plan, so no announcement
         return self._grow(req, seq, req.num_computed_tokens + hit.num_tokens + num_new_tokens, 0, announce=False)
 
-    def allocate_rows(self, reqs: list[Request], nums: list[int]) -> int:
-        # allocate_slots for running requests, inlined for the plain rows (neither a new block
-        # nor a full block to index): the hot path, every row of every step
-        seqs, filled = self._seqs, 0
-        for req, n in zip(reqs, nums):
-            seq = seqs[req]
-            total = req.num_computed_tokens + n
-            if total >= seq.plain_below:
-                self._unfilled_slots -= filled
-                filled = 0
-                if not self._grow(req, seq, total, 0):
-                    return reqs.index(req)
-                continue
-            filled += total - seq.num_slots
-            seq.num_slots = total
-        self._unfilled_slots -= filled
-        return len(reqs)
-
     def _grow(self, req: Request, seq: _Seq, total: int, min_free_blocks: int, announce: bool = True) -> bool:
         """Room for ``total`` tokens in the request's table: new blocks past its capacity
         (announced in the plan for a table the backend already knows), full blocks indexed."""
@@ -166,8 +143,6 @@ class PagedAllocator(Allocator):
         seq.num_slots = total
         if total >= seq.cache_at:
             self._cache_full_blocks(req, seq)
-        else:
-            seq.replan()
         return True
 
     def free(self, req: Request) -> None:
@@ -183,7 +158,7 @@ class PagedAllocator(Allocator):
     def free_all(self, reqs: Iterable[Request]) -> None:
         super().free_all([*reqs, *self._seqs])
         # every table is gone, so no tail is unfilled and no block is held: an interrupt inside
-        # allocate_rows can leave the incremental count short of a row it had already advanced,
+        # an allocation can leave the incremental count out of step with a table it had grown,
         # one inside a pool's allocate or release references no table records
         self._unfilled_slots = 0
         self.pool.reclaim()
@@ -306,14 +281,12 @@ class PagedAllocator(Allocator):
             self.pool.cache(seq.blocks[:1], hashes[:1], root)
             seq.run = self.pool.open_run(root, req, seq.blocks)
             seq.num_cached, seq.cache_at = 1, _NEVER
-            seq.replan()
             return
         if len(hashes) < num_full:
             self._extend_hashes(req.token_ids, hashes, num_full)
         self.pool.cache(seq.blocks[first:num_full], hashes[first:num_full], root)
         seq.num_cached = num_full
         seq.cache_at = (num_full + 1) * bs
-        seq.replan()
 
     def _shown(self, root: Hashable) -> bool:
         """Whether a chain with this root may be in the cache; if one is deferred, it is
@@ -334,8 +307,6 @@ class PagedAllocator(Allocator):
             seq.cache_at = 2 * self.pool_block_slots
             if seq.num_slots >= seq.cache_at:
                 self._cache_full_blocks(req, seq)
-            else:
-                seq.replan()
             return
         hashes: list[Hashable] = []
         self._extend_hashes(run.owner, hashes, run.end)
