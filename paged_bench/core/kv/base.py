@@ -96,16 +96,6 @@ class Allocator(ABC):
         same step already hits them.
         """
 
-    def allocate_rows(self, reqs: list[Request], nums: list[int]) -> int:
-        """``allocate_slots(reqs[i], nums[i])`` for running requests in order, stopping at the
-        first that fails; returns how many succeeded. The scheduler's hot path: an allocator
-        may override it with a leaner loop."""
-        allocate = self.allocate_slots
-        for i, (req, n) in enumerate(zip(reqs, nums)):
-            if not allocate(req, n):
-                return i
-        return len(reqs)
-
     @abstractmethod
     def free(self, req: Request) -> None:
         """Release everything ``req`` holds (GPU blocks and swap space). Idempotent."""

@@ -228,42 +228,17 @@ class Scheduler:
         return budget if self.chunked_prefill else 0
 
     def _schedule_running(self, draft: PlanDraft) -> None:
-        """Give every running request its next tokens. The hot path, kept lean on purpose:
-        plain rows (a whole decode or the rest of a prompt, within the budget) are gathered
-        and allocated in one call, up to the first row that needs care; the careful pass
-        takes the rest of the list from there."""
-        running, reqs, nums, budget = self.running, draft.reqs, draft.num_new_tokens, draft.budget
-        ids, starts = draft.req_ids, draft.starts
-        for req in running:
-            computed = req.num_computed_tokens
-            n = len(req.token_ids) - computed
-            if n > budget or (n == 1 and computed < req.num_prompt_tokens):
-                break
-            ids.append(req.request_id)
-            starts.append(computed)
-            nums.append(n)
-            budget -= n
-        num_plain = len(nums)
-        reqs += running[:num_plain]  # the plain rows are the running list's head
-        allocated = self.allocator.allocate_rows(reqs, nums) if num_plain else 0
-        if allocated < num_plain:  # no room for reqs[allocated]: hand it to the careful pass
-            budget += sum(nums[allocated:])
-            del reqs[allocated:], nums[allocated:], draft.req_ids[allocated:], draft.starts[allocated:]
-        draft.budget = budget
-        if allocated < len(running):
-            self._schedule_running_from(draft, allocated)
-
-    def _schedule_running_from(self, draft: PlanDraft, i: int) -> None:
-        """The careful pass, in place over the running list as vLLM v1's: chunks a prompt to
-        the budget, and when a request cannot get its slots preempts victims (the list
-        shifts under the index) until it fits; a request that is itself the victim ends the
-        pass, as in vLLM (the requests after it wait for the next step)."""
-        running, allocate = self.running, self.allocator.allocate_slots
+        """Give every running request its next tokens (a decode, or the next chunk of its
+        prompt), in place over the running list as vLLM v1's scheduler does: when a request
+        cannot get its slots, victims are preempted (the list shifts under the index) until it
+        fits; a request that is itself the victim ends the pass, as in vLLM (the requests after
+        it wait for the next step)."""
+        running, i = self.running, 0
         while i < len(running) and draft.budget > 0:
             req = running[i]
             n = self._chunk(len(req.token_ids) - req.num_computed_tokens, draft.budget)
             if n:
-                while not allocate(req, n):
+                while not self.allocator.allocate_slots(req, n):
                     victim = self.choose_victim(req)
                     if getattr(victim, "status", None) is not RUNNING:
                         raise _hook_error(self, "choose_victim", victim, "not running: return a running request")
