@@ -25,7 +25,7 @@ def admit(alloc: PagedAllocator, r: Request, n: int | None = None) -> int:
     """Admit ``r`` the way the scheduler does; returns the prefix hit in tokens."""
     hit = alloc.lookup_prefix(r)
     n = r.num_tokens - hit.num_tokens if n is None else n
-    assert alloc.allocate_slots(r, n, hit)
+    assert alloc.allocate_slots(r, n, hit) is not None
     r.num_computed_tokens = hit.num_tokens
     return hit.num_tokens
 
@@ -39,7 +39,7 @@ def decode_next(alloc: PagedAllocator, r: Request) -> None:
     """The next step's decode: a sampled token, and room for it (which also indexes the
     blocks the previous step filled, as the scheduler's first pass of a step does)."""
     r.token_ids.append(0)
-    assert alloc.allocate_slots(r, 1)
+    assert alloc.allocate_slots(r, 1) is not None
 
 
 # -- block pool -------------------------------------------------------------------------
@@ -115,19 +115,20 @@ def test_reclaim_makes_a_torn_queue_whole_in_its_order():
 def test_blocks_are_handed_out_on_demand_as_the_sequence_grows():
     alloc = PagedAllocator(num_blocks=10, block_size=4, prefix_caching=False)
     r = req(0, range(6))
-    admit(alloc, r)
+    assert alloc.allocate_slots(r, 6) == tuple(alloc.block_table(r))  # a new table: every block is new
     assert len(alloc.block_table(r)) == 2  # 6 tokens -> 2 blocks of 4
     assert alloc.live_slots == 6 and alloc.reserved_slots == 8
     compute(r, 6)
     r.token_ids.append(99)  # sampled token 7 fits block 2
-    assert alloc.allocate_slots(r, 1)
+    assert alloc.allocate_slots(r, 1) == ()
     assert len(alloc.block_table(r)) == 2
     compute(r, 1)
     r.token_ids.append(99)  # token 8 fills block 2
-    assert alloc.allocate_slots(r, 1)
+    assert alloc.allocate_slots(r, 1) == ()
     compute(r, 1)
-    r.token_ids.append(99)  # token 9 needs block 3
-    assert alloc.allocate_slots(r, 1)
+    r.token_ids.append(99)  # token 9 needs block 3: the blocks appended are returned
+    new = alloc.allocate_slots(r, 1)
+    assert new is not None and len(new) == 1 and alloc.block_table(r)[2:] == list(new)
     assert len(alloc.block_table(r)) == 3 and alloc.live_slots == 9 and alloc.reserved_slots == 12
 
 
@@ -135,17 +136,17 @@ def test_allocation_fails_without_side_effects_when_the_pool_is_short():
     alloc = PagedAllocator(num_blocks=3, block_size=4, prefix_caching=False)
     a, b = req(0, range(8)), req(1, range(5))
     admit(alloc, a)
-    assert not alloc.allocate_slots(b, 5)  # needs 2 blocks, 1 free
+    assert alloc.allocate_slots(b, 5) is None  # needs 2 blocks, 1 free
     assert alloc.num_free_blocks == 1 and alloc.live_slots == 8
-    assert alloc.allocate_slots(b, 4)  # a chunk that fits one block
+    assert alloc.allocate_slots(b, 4) is not None  # a chunk that fits one block
     assert alloc.num_free_blocks == 0
 
 
 def test_min_free_blocks_is_a_watermark_at_admission():
     alloc = PagedAllocator(num_blocks=4, block_size=4, prefix_caching=False)
     r = req(0, range(8))
-    assert not alloc.allocate_slots(r, 8, min_free_blocks=3)
-    assert alloc.allocate_slots(r, 8, min_free_blocks=2)
+    assert alloc.allocate_slots(r, 8, min_free_blocks=3) is None
+    assert alloc.allocate_slots(r, 8, min_free_blocks=2) is not None
 
 
 def test_free_returns_everything_and_leaves_no_leak():
@@ -199,7 +200,7 @@ def test_only_the_uncomputed_blocks_of_a_released_table_are_dropped():
     admit(alloc, a)
     compute(a, 8)  # blocks 0-1 computed
     a.token_ids.extend(range(8, 12))
-    assert alloc.allocate_slots(a, 4)  # block 2 indexed for this step
+    assert alloc.allocate_slots(a, 4) is not None  # block 2 indexed for this step
     alloc.free(a)  # preempted before the step ran
     assert alloc.lookup_prefix(req(1, list(range(12)) + [5])).num_tokens == 8
 
@@ -292,9 +293,9 @@ def test_contiguous_reserves_a_max_model_len_slab_per_request_from_the_same_memo
     compute(r, 10)
     for _ in range(200):  # grows within its slab, never needs another
         r.token_ids.append(0)
-        assert alloc.allocate_slots(r, 1)
+        assert alloc.allocate_slots(r, 1) == ()
         compute(r, 1)
-    assert alloc.block_table(r) == table and alloc.take_new_blocks() == {}
+    assert alloc.block_table(r) == table
 
 
 def test_contiguous_admission_waits_for_a_free_slab():
@@ -302,9 +303,9 @@ def test_contiguous_admission_waits_for_a_free_slab():
     a, b, c = (req(i, range(5)) for i in range(3))
     admit(alloc, a)
     admit(alloc, b)
-    assert not alloc.allocate_slots(c, 5)
+    assert alloc.allocate_slots(c, 5) is None
     alloc.free(a)
-    assert alloc.allocate_slots(c, 5)
+    assert alloc.allocate_slots(c, 5) == tuple(alloc.block_table(c))  # the slab's blocks, as the layout counts them
 
 
 def test_contiguous_needs_room_for_one_slab():
@@ -318,7 +319,7 @@ def test_contiguous_keeps_the_configured_memory_when_it_is_not_a_whole_number_of
     r = req(0, range(10))
     admit(alloc, r)
     assert alloc.reserved_slots == 512 and alloc.num_free_blocks == 8  # the tail is never handed out
-    assert not alloc.allocate_slots(req(1, range(5)), 5)
+    assert alloc.allocate_slots(req(1, range(5)), 5) is None
     alloc.free(r)
     assert alloc.num_free_blocks == 40 and alloc.reserved_slots == 0
 
@@ -329,11 +330,11 @@ def test_a_recomputed_copy_of_a_cached_block_is_indexed_and_outlives_the_first(d
     evicted, the copy still hits."""
     alloc = PagedAllocator(num_blocks=16, block_size=4, defer_unshared=defer_unshared)
     a = Request(0, 0.0, [*range(8), 100], 2)  # two full blocks and one token
-    assert alloc.allocate_slots(a, 9, alloc.lookup_prefix(a))
+    assert alloc.allocate_slots(a, 9, alloc.lookup_prefix(a)) is not None
     b = Request(1, 0.0, list(range(8)), 2)  # the same two blocks: hits the first, recomputes the second
     hit = alloc.lookup_prefix(b)
     assert hit.num_tokens == 4
-    assert alloc.allocate_slots(b, 4, hit)
+    assert alloc.allocate_slots(b, 4, hit) == (alloc.block_table(b)[1],)  # the hit's block is not new
     b.num_computed_tokens = 8
     first_copy = alloc.block_table(a)[1]
     alloc.free(a)  # its second block waits at the free queue's tail, cached
@@ -346,7 +347,7 @@ def test_a_recomputed_copy_of_a_cached_block_is_indexed_and_outlives_the_first(d
 def test_an_interpreted_allocator_on_the_compiled_base_runs_as_the_paged_one_does():
     """A plugin allocator derived from ``Allocator`` itself (interpreted, on a compiled base):
     the compiled scheduler calls its methods and properties, and the base's own methods
-    (``allocate_rows``, ``reserved_slots``) call its overrides. Here it hands every call to a
+    (``free_all``, ``reserved_slots``) call its overrides. Here it hands every call to a
     ``PagedAllocator``, so the run must be the paged run, step for step."""
     from paged_bench.core.kv.base import Allocator
     from tests.test_schedulers import make_engine, reqs
@@ -372,9 +373,6 @@ def test_an_interpreted_allocator_on_the_compiled_base_runs_as_the_paged_one_doe
         def free(self, req):
             self.inner.free(req)
 
-        def take_new_blocks(self):
-            return self.inner.take_new_blocks()
-
         def block_table(self, req):
             return self.inner.block_table(req)
 
@@ -391,6 +389,6 @@ def test_an_interpreted_allocator_on_the_compiled_base_runs_as_the_paged_one_doe
 
     mine = Delegating(PagedAllocator(num_blocks=24, block_size=4))
     ours, theirs = run(mine), run(PagedAllocator(num_blocks=24, block_size=4))
-    assert mine.calls > 24  # every row, through the base's allocate_rows, reached the override
+    assert mine.calls > 24  # every row's allocation reached the override
     assert list(ours.steps.rows()) == list(theirs.steps.rows())
     assert ours.leaks == theirs.leaks == [] and mine.reserved_slots == 0

@@ -67,7 +67,7 @@ def test_a_victim_reviving_its_own_blocks_is_counted_apart():
 def test_prefix_hash_options_find_the_same_hits(prefix_hash):
     alloc = PagedAllocator(num_blocks=16, block_size=4, prefix_hash=prefix_hash)
     a = Request(0, 0.0, list(range(12)), 2)
-    assert alloc.allocate_slots(a, 12, alloc.lookup_prefix(a))
+    assert alloc.allocate_slots(a, 12, alloc.lookup_prefix(a)) is not None
     b = Request(1, 0.0, list(range(8)) + [99, 98, 97, 96, 95], 2)
     assert alloc.lookup_prefix(b).num_tokens == 8
     if prefix_hash == "sha256":  # 32-byte digests over (parent, tokens, extra keys)
@@ -90,7 +90,7 @@ def test_a_budget_below_max_batch_is_refused_as_vllm_does():
 def test_swap_in_keeps_the_watermark_free():
     alloc = PagedAllocator(num_blocks=8, block_size=4, swap_blocks=4)
     r = Request(0, 0.0, list(range(8)), 4)
-    assert alloc.allocate_slots(r, 8)
+    assert alloc.allocate_slots(r, 8) is not None
     r.num_computed_tokens = 8
     assert alloc.swap_out(r) is not None
     r.token_ids.append(0)

@@ -31,7 +31,6 @@ from paged_bench.core.request import Request
 from paged_bench.errors import MAX_TOKENS, check, check_choice, check_int
 
 _NEVER: Final = 1 << 62
-_NO_NEW_BLOCKS: Final[dict[int | str, tuple[int, ...]]] = {}  # shared by every plan without new blocks: read-only
 
 
 class _Seq:
@@ -89,7 +88,6 @@ class PagedAllocator(Allocator):
         self.counters = AllocatorCounters()
         self._seqs: dict[Request, _Seq] = {}
         self._hashes: dict[Request, list[Hashable]] = {}
-        self._new_blocks: dict[int | str, tuple[int, ...]] = {}
         self._unfilled_slots = 0  # empty slots at the tails of GPU tables
 
     # -- the protocol -------------------------------------------------------------------
@@ -115,35 +113,35 @@ class PagedAllocator(Allocator):
 
     def allocate_slots(
         self, req: Request, num_new_tokens: int, hit: PrefixHit = NO_HIT, min_free_blocks: int = 0
-    ) -> bool:
+    ) -> tuple[int, ...] | None:
         seq = self._seqs.get(req)
         if seq is not None:
             return self._grow(req, seq, req.num_computed_tokens + num_new_tokens, min_free_blocks)
         seq = self._admit(req, num_new_tokens, hit, min_free_blocks)
         if seq is None:
-            return False
-        # _admit checked the room; a new table goes whole into the plan, so no announcement
-        return self._grow(req, seq, req.num_computed_tokens + hit.num_tokens + num_new_tokens, 0, announce=False)
+            return None
+        # _admit checked the room for the hit and the new tokens
+        return self._grow(req, seq, req.num_computed_tokens + hit.num_tokens + num_new_tokens, 0)
 
-    def _grow(self, req: Request, seq: _Seq, total: int, min_free_blocks: int, announce: bool = True) -> bool:
-        """Room for ``total`` tokens in the request's table: new blocks past its capacity
-        (announced in the plan for a table the backend already knows), full blocks indexed."""
+    def _grow(self, req: Request, seq: _Seq, total: int, min_free_blocks: int) -> tuple[int, ...] | None:
+        """Room for ``total`` tokens in the request's table: the blocks it needs past its
+        capacity (returned), its full blocks indexed; None if those blocks would leave fewer
+        than ``min_free_blocks`` free."""
+        new: tuple[int, ...] = ()
         if total > seq.capacity:
             bs = self.pool_block_slots
             need = -(-total // bs) - len(seq.blocks)
             if self.pool.num_free - need < min_free_blocks:
-                return False
-            new = self.pool.allocate(need)
+                return None
+            new = tuple(self.pool.allocate(need))
             seq.blocks += new
             seq.capacity += need * bs
             self._unfilled_slots += need * bs
-            if announce:  # a row allocates once a step, so this is its only entry
-                self._new_blocks[req.request_id] = tuple(new)
         self._unfilled_slots -= total - seq.num_slots
         seq.num_slots = total
         if total >= seq.cache_at:
             self._cache_full_blocks(req, seq)
-        return True
+        return new
 
     def free(self, req: Request) -> None:
         seq = self._seqs.pop(req, None)
@@ -153,7 +151,6 @@ class PagedAllocator(Allocator):
             else:
                 self._release(req, seq)
         self._hashes.pop(req, None)
-        self._new_blocks.pop(req.request_id, None)
 
     def free_all(self, reqs: Iterable[Request]) -> None:
         super().free_all([*reqs, *self._seqs])
@@ -172,25 +169,17 @@ class PagedAllocator(Allocator):
         cpu_blocks = self.cpu_pool.allocate(keep)
         pairs = list(zip(seq.blocks[:keep], cpu_blocks))
         self._release(req, seq)
-        self._new_blocks.pop(req.request_id, None)
         seq.blocks, seq.num_slots, seq.on_cpu = cpu_blocks, req.num_computed_tokens, True
         return pairs
 
     def swap_in(self, req: Request, num_new_tokens: int, min_free_blocks: int = 0) -> list[tuple[int, int]] | None:
         cpu = self._seqs.pop(req)
         # back as a new table: allocate_slots takes the pool's room, watermark included
-        if not self.allocate_slots(req, num_new_tokens, NO_HIT, min_free_blocks):
+        if self.allocate_slots(req, num_new_tokens, NO_HIT, min_free_blocks) is None:
             self._seqs[req] = cpu
             return None
         self.cpu_pool.release(cpu.blocks)
         return list(zip(cpu.blocks, self._seqs[req].blocks))
-
-    def take_new_blocks(self) -> dict[int | str, tuple[int, ...]]:
-        out = self._new_blocks
-        if not out:
-            return _NO_NEW_BLOCKS
-        self._new_blocks = {}
-        return out
 
     def cached_prefix_tokens(self, req: Request) -> int:
         known = req in self._hashes

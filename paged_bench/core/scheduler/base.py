@@ -175,7 +175,7 @@ class Scheduler:
         # the policy's admission rule, as at a step's admissions (static: only into an empty batch)
         if len(self.running) >= self.max_batch or not self.may_admit(PlanDraft(self.max_num_batched_tokens)):
             return False
-        if not self.allocator.allocate_slots(req, prompt, min_free_blocks=reserve):
+        if self.allocator.allocate_slots(req, prompt, min_free_blocks=reserve) is None:
             return False
         req.cap_length(self.max_model_len)
         req.admit(prompt, now)
@@ -238,7 +238,8 @@ class Scheduler:
             req = running[i]
             n = self._chunk(len(req.token_ids) - req.num_computed_tokens, draft.budget)
             if n:
-                while not self.allocator.allocate_slots(req, n):
+                new_blocks = self.allocator.allocate_slots(req, n)
+                while new_blocks is None:
                     victim = self.choose_victim(req)
                     if getattr(victim, "status", None) is not RUNNING:
                         raise _hook_error(self, "choose_victim", victim, "not running: return a running request")
@@ -247,7 +248,8 @@ class Scheduler:
                     self._preempt(victim, draft)
                     if victim is req:
                         return
-                draft.add(req, n)
+                    new_blocks = self.allocator.allocate_slots(req, n)
+                draft.add(req, n, new_blocks)
             i += 1
 
     def _admit_waiting(self, draft: PlanDraft, now: float) -> None:
@@ -269,7 +271,7 @@ class Scheduler:
             else:
                 hit = allocator.lookup_prefix(req)
                 n = self._chunk(len(req.token_ids) - hit.num_tokens, draft.budget)
-                if n == 0 or not allocator.allocate_slots(req, n, hit, reserve):
+                if n == 0 or allocator.allocate_slots(req, n, hit, reserve) is None:
                     break
                 computed = hit.num_tokens
                 lost = self._lost.pop(req, None)
@@ -314,7 +316,7 @@ class Scheduler:
             tuple(draft.starts),
             tuple(nums),
             tuple(draft.new_reqs) if draft.new_reqs else (),
-            self.allocator.take_new_blocks(),
+            draft.new_block_ids,
             frozenset(draft.partial_rows) if draft.partial_rows else _NO_ROWS,
             nums.count(1) - draft.num_prefill_rows_of_one_token,
             tuple(draft.swap_out) if swaps else (),

@@ -14,6 +14,7 @@ class PlanDraft:
 
     __slots__ = (
         "budget",
+        "new_block_ids",
         "new_reqs",
         "num_new_tokens",
         "num_prefill_rows_of_one_token",
@@ -33,6 +34,7 @@ class PlanDraft:
         self.starts: list[int] = []  # num_computed_tokens before the step
         self.num_new_tokens: list[int] = []
         self.new_reqs: list[NewRequestData] = []
+        self.new_block_ids: dict[ReqId, tuple[int, ...]] = {}  # blocks appended to known tables
         self.partial_rows: list[int] = []
         self.num_prefill_rows_of_one_token = 0  # one-token rows that are not decodes
         self.swap_out: list[tuple[int, int]] = []
@@ -43,8 +45,11 @@ class PlanDraft:
     def num_preempted(self) -> int:
         return len(self.preempted)
 
-    def add(self, req: Request, n: int) -> None:
-        """Schedule ``n`` new tokens of ``req``, from its ``num_computed_tokens`` on."""
+    def add(self, req: Request, n: int, new_blocks: tuple[int, ...] = ()) -> None:
+        """Schedule ``n`` new tokens of ``req``, from its ``num_computed_tokens`` on, for which
+        its table (known to the backend) grew by ``new_blocks``."""
+        if new_blocks:
+            self.new_block_ids[req.request_id] = new_blocks
         if n == 1 and req.num_computed_tokens < req.num_prompt_tokens:
             self.num_prefill_rows_of_one_token += 1
         if req.num_computed_tokens + n < len(req.token_ids):
@@ -65,4 +70,5 @@ class PlanDraft:
                 if n == 1 and req.num_computed_tokens < req.num_prompt_tokens:
                     self.num_prefill_rows_of_one_token -= 1
                 self.partial_rows = [j - (j > i) for j in self.partial_rows if j != i]
+                self.new_block_ids.pop(req.request_id, None)
                 return
