@@ -30,7 +30,7 @@ from paged_bench.core.kv.prefix_hash import NO_EXTRA_KEYS, PREFIX_HASHES
 from paged_bench.core.request import Request
 from paged_bench.errors import MAX_TOKENS, check, check_choice, check_int
 
-_NEVER: Final = 1 << 62
+_NEVER: Final = 1 << 61  # past any table's slots, and still a machine integer compiled (1 << 62 is boxed)
 
 
 class _Seq:
