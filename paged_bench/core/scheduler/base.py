@@ -305,20 +305,28 @@ class Scheduler:
         self.waiting.appendleft(victim)
 
     def _freeze(self, draft: PlanDraft) -> StepPlan:
+        """The plan the backend gets: the draft's rows as columns, with what changed since
+        the previous plan (admissions, new blocks, swaps, preemptions, finished requests)."""
         reqs, nums = draft.reqs, draft.num_new_tokens
         self._scheduled = reqs
         if draft.preempted:
             self._preempted_ids += [r.request_id for r in draft.preempted]
+        partial_rows, num_decodes = [], 0
+        for i, (req, n) in enumerate(zip(reqs, nums)):
+            if req.num_computed_tokens + n < len(req.token_ids):  # a prompt chunk short of its end
+                partial_rows.append(i)
+            elif n == 1 and req.num_computed_tokens >= req.num_prompt_tokens:
+                num_decodes += 1
         # positional, in StepPlan's field order: built every step, so built the cheap way
         swaps = draft.swap_out or draft.swap_in
         plan = new_named_tuple(StepPlan, (
-            tuple(draft.req_ids),
-            tuple(draft.starts),
+            tuple([req.request_id for req in reqs]),
+            tuple([req.num_computed_tokens for req in reqs]),
             tuple(nums),
             tuple(draft.new_reqs) if draft.new_reqs else (),
             draft.new_block_ids,
-            frozenset(draft.partial_rows) if draft.partial_rows else _NO_ROWS,
-            nums.count(1) - draft.num_prefill_rows_of_one_token,
+            frozenset(partial_rows) if partial_rows else _NO_ROWS,
+            num_decodes,
             tuple(draft.swap_out) if swaps else (),
             tuple(draft.swap_in) if swaps else (),
             tuple(self._preempted_ids) if self._preempted_ids else (),
