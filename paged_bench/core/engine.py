@@ -102,7 +102,7 @@ class Engine:
         start = self.clock.now()
         began = time.perf_counter() if self._timed else 0.0
         plan = sched.schedule(start)
-        if not (plan.req_ids or plan.swap_in or plan.swap_out):  # plan.is_empty, inlined: every step
+        if plan.is_empty:
             if plan.num_preempted:  # everyone was preempted: they are readmitted next step
                 return []
             raise EngineError(
