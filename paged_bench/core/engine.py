@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from paged_bench.core.arrivals import feed
 from paged_bench.core.clock import VirtualClock, WallClock
 from paged_bench.core.kv.base import Allocator, KVLayout
-from paged_bench.core.plan import StepOutput, StepPlan, total
+from paged_bench.core.plan import StepOutput, StepPlan
 from paged_bench.core.request import FinishReason, Request
 from paged_bench.core.scheduler.base import Scheduler
 from paged_bench.core.step_records import STEP_COLUMNS, StepRecords
@@ -129,22 +129,21 @@ class Engine:
             if all(map(_is_token, output.token_ids)):
                 raise
             raise EngineError(_bad_output(self.backend, plan, output)) from None
-        decodes = plan.num_decode_tokens
-        self.steps.append((
-            self.num_steps,
-            end,
-            end - start,
-            len(plan.req_ids),
-            total(plan.num_new_tokens) - decodes,
-            decodes,
-            len(sched.running),
-            len(sched.waiting),
-            live,
-            (self._num_blocks - free_blocks) * self._block_size,
-            free_blocks,
-            len(plan.preempted_req_ids),
-            len(plan.swap_in) + len(plan.swap_out),
-        ))  # fmt: skip
+        self.steps.record(
+            step=self.num_steps,
+            time=end,
+            duration=end - start,
+            batch_size=plan.num_reqs,
+            prefill_tokens=plan.num_prefill_tokens,
+            decode_tokens=plan.num_decode_tokens,
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            kv_live_slots=live,
+            kv_reserved_slots=(self._num_blocks - free_blocks) * self._block_size,
+            kv_free_blocks=free_blocks,
+            preemptions=plan.num_preempted,
+            swapped_blocks=len(plan.swap_in) + len(plan.swap_out),
+        )
         self.num_steps += 1
         return finished
 
