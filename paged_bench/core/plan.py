@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from mypy_extensions import mypyc_attr
 
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from paged_bench.core.request import Request
 
 ReqId = int | str
-new_named_tuple: Final = tuple.__new__  # builds a named tuple from its fields in order, in C
 
 
 class SamplingParams(NamedTuple):
@@ -44,8 +43,8 @@ class SamplingParams(NamedTuple):
 
 
 class NewRequestData(NamedTuple):
-    """Everything a backend needs to start (or restart) a request; sent once. Named tuples,
-    as the plan: immutable, picklable, and cheap to build at every admission."""
+    """Everything a backend needs to start (or restart) a request; sent once. A named tuple, as
+    the plan: immutable and picklable."""
 
     req_id: ReqId
     token_ids: tuple[int, ...]  # every token known now: the prompt, then any generated before a
@@ -57,19 +56,21 @@ class NewRequestData(NamedTuple):
 
     @classmethod
     def from_request(cls, req: Request, block_ids: Iterable[int], with_tokens: bool = True) -> NewRequestData:
-        # positional, in field order, the cheap way (one per admission): a named tuple's own
-        # constructor is Python code
-        sampling = new_named_tuple(SamplingParams, (
-            req.temperature, req.top_p, req.sampling_seed, req.max_num_tokens - req.num_prompt_tokens, req.ignore_eos
-        ))  # fmt: skip
-        return new_named_tuple(cls, (
-            req.request_id,
-            tuple(req.token_ids) if with_tokens else (),
-            req.num_prompt_tokens,
-            tuple(block_ids),
-            req.num_computed_tokens,
-            sampling,
-        ))  # fmt: skip
+        sampling = SamplingParams(
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.sampling_seed,
+            max_tokens=req.max_num_tokens - req.num_prompt_tokens,
+            ignore_eos=req.ignore_eos,
+        )
+        return cls(
+            req_id=req.request_id,
+            token_ids=tuple(req.token_ids) if with_tokens else (),
+            num_prompt_tokens=req.num_prompt_tokens,
+            block_ids=tuple(block_ids),
+            num_computed_tokens=req.num_computed_tokens,
+            sampling=sampling,
+        )
 
 
 class ScheduledRow(NamedTuple):
@@ -82,9 +83,8 @@ class ScheduledRow(NamedTuple):
 
 
 class StepPlan(NamedTuple):
-    """The scheduler's decision for one step (immutable: a named tuple, cheap to build every
-    step). Swap copies (block pairs) are done before the step computes anything: swap-outs
-    first, then swap-ins."""
+    """The scheduler's decision for one step (immutable: a named tuple). Swap copies (block
+    pairs) are done before the step computes anything: swap-outs first, then swap-ins."""
 
     req_ids: tuple[ReqId, ...] = ()
     num_computed_tokens: tuple[int, ...] = ()

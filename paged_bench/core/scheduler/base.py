@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Final, Literal
 from mypy_extensions import mypyc_attr
 
 from paged_bench.core.kv.base import Allocator
-from paged_bench.core.plan import NewRequestData, ReqId, StepOutput, StepPlan, new_named_tuple
+from paged_bench.core.plan import NewRequestData, ReqId, StepOutput, StepPlan
 from paged_bench.core.request import FinishReason, Request, RequestStatus, check_stop
 from paged_bench.core.scheduler.plan_draft import PlanDraft
 from paged_bench.errors import EngineError, PoolExhaustedError, check, check_int
@@ -33,7 +33,6 @@ from paged_bench.errors import EngineError, PoolExhaustedError, check, check_int
 RUNNING: Final = RequestStatus.RUNNING
 # a tuple, not a set: membership by identity, where a set hashes the member with Enum's __hash__ (Python code)
 _WAITING_STATES: Final = (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED)
-_NO_ROWS: Final[frozenset[int]] = frozenset()
 
 
 def _hook_error(sched: Scheduler, hook: str, value: object, allowed: str) -> EngineError:
@@ -309,32 +308,27 @@ class Scheduler:
         the previous plan (admissions, new blocks, swaps, preemptions, finished requests)."""
         reqs, nums = draft.reqs, draft.num_new_tokens
         self._scheduled = reqs
-        if draft.preempted:
-            self._preempted_ids += [r.request_id for r in draft.preempted]
+        self._preempted_ids += [r.request_id for r in draft.preempted]
         partial_rows, num_decodes = [], 0
         for i, (req, n) in enumerate(zip(reqs, nums)):
             if req.num_computed_tokens + n < len(req.token_ids):  # a prompt chunk short of its end
                 partial_rows.append(i)
             elif n == 1 and req.num_computed_tokens >= req.num_prompt_tokens:
                 num_decodes += 1
-        # positional, in StepPlan's field order: built every step, so built the cheap way
-        swaps = draft.swap_out or draft.swap_in
-        plan = new_named_tuple(StepPlan, (
-            tuple([req.request_id for req in reqs]),
-            tuple([req.num_computed_tokens for req in reqs]),
-            tuple(nums),
-            tuple(draft.new_reqs) if draft.new_reqs else (),
-            draft.new_block_ids,
-            frozenset(partial_rows) if partial_rows else _NO_ROWS,
-            num_decodes,
-            tuple(draft.swap_out) if swaps else (),
-            tuple(draft.swap_in) if swaps else (),
-            tuple(self._preempted_ids) if self._preempted_ids else (),
-            tuple(self._finished_ids) if self._finished_ids else (),
-        ))  # fmt: skip
-        if reqs or swaps:  # an empty plan is not executed: its news wait for the next one
-            if self._preempted_ids:
-                self._preempted_ids = []
-            if self._finished_ids:
-                self._finished_ids = []
+        plan = StepPlan(
+            req_ids=tuple([req.request_id for req in reqs]),
+            num_computed_tokens=tuple([req.num_computed_tokens for req in reqs]),
+            num_new_tokens=tuple(nums),
+            new_reqs=tuple(draft.new_reqs),
+            new_block_ids=draft.new_block_ids,
+            partial_rows=frozenset(partial_rows),
+            num_decode_tokens=num_decodes,
+            swap_out=tuple(draft.swap_out),
+            swap_in=tuple(draft.swap_in),
+            preempted_req_ids=tuple(self._preempted_ids),
+            finished_req_ids=tuple(self._finished_ids),
+        )
+        if not plan.is_empty:  # an empty plan is not executed: its news wait for the next one
+            self._preempted_ids = []
+            self._finished_ids = []
         return plan
