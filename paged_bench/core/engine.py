@@ -17,7 +17,7 @@ import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol, SupportsIndex
 
 from paged_bench.core.arrivals import feed
 from paged_bench.core.clock import VirtualClock, WallClock
@@ -111,16 +111,14 @@ class Engine:
             )
         # KV as the step holds it: after scheduling, before finished requests are freed
         live, free_blocks = allocator.live_slots, allocator.num_free_blocks
-        backend: Any = self.backend  # Any: compiled, the declared StepOutput would be checked before our check
-        output = backend.execute(plan)
-        try:
-            if self._timed and not output.duration:
-                output.duration = time.perf_counter() - began
-            well_formed = len(output.token_ids) == len(plan.req_ids) and output.duration >= 0
-        except (AttributeError, TypeError):  # no StepOutput, or a duration that is no number
-            well_formed = False
-        if not well_formed:  # a plugin's: fail, naming it, not skew
+        # called as Python calls it, so that the answer reaches the check below as the plugin gave
+        # it (compiled, a direct call would first check it is a StepOutput: a bare TypeError)
+        execute: Callable[[StepPlan], object] = self.backend.execute
+        output = execute(plan)
+        if not (isinstance(output, StepOutput) and _well_formed(output, plan)):  # a plugin's: fail, naming it
             raise EngineError(_bad_output(self.backend, plan, output))
+        if self._timed and not output.duration:
+            output.duration = time.perf_counter() - began
         end = self.clock.advance(start, output.duration)
         try:
             finished = sched.update(plan, output, end)
@@ -222,21 +220,28 @@ def _duration(steps: StepRecords, reqs: list[Request]) -> float:
     return max([last.time if last is not None else 0.0, *ends])
 
 
-def _is_token(token: Any) -> bool:
-    try:
-        return operator.index(token) >= 0  # an int, numpy's included; a vocabulary index
+def _well_formed(output: StepOutput, plan: StepPlan) -> bool:
+    """One token per row and a duration >= 0 (any int and float: numpy's too)."""
+    try:  # compiled, reading a field checks its declared type: token ids not in a list, a duration that is no number
+        return len(output.token_ids) == plan.num_reqs and output.duration >= 0
     except TypeError:
         return False
 
 
+def _is_token(token: object) -> bool:
+    """An int >= 0 (numpy's too): a vocabulary index."""
+    return isinstance(token, SupportsIndex) and operator.index(token) >= 0
+
+
 def _bad_output(backend: Executor, plan: StepPlan, output: object) -> str:
-    answer: Any = output  # as the plugin filled it (compiled, StepOutput's field types would be checked on reading)
-    if isinstance(output, StepOutput):
-        kinds = "/".join(sorted({type(t).__name__ for t in answer.token_ids}))
-        tokens = counted(len(answer.token_ids), "token") + (f" ({kinds})" if kinds else "")
-        shown = f"{tokens} and a duration of {answer.duration!r} s"
+    # its fields as the plugin filled them (compiled, reading them typed would check their types first)
+    tokens: object = getattr(output, "token_ids", None)
+    duration: object = getattr(output, "duration", None)
+    if isinstance(output, StepOutput) and isinstance(tokens, (list, tuple)):
+        kinds = "/".join(sorted({type(t).__name__ for t in tokens}))
+        shown = counted(len(tokens), "token") + (f" ({kinds})" if kinds else "") + f" and a duration of {duration!r} s"
     else:
-        shown = f"{type(output).__name__}"
+        shown = type(output).__name__
     return (f"backend {backend.name!r} returned {shown} for a step of {counted(len(plan.req_ids), 'row')} (requests "
             "in plan.req_ids): execute() returns a paged_bench.core.plan.StepOutput of one token id (an int >= 0) per row of "
             "the plan and a duration >= 0 s")  # fmt: skip

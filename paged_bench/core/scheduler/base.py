@@ -18,8 +18,8 @@ The scheduler asks the allocator for room and never touches blocks itself.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
-from typing import Any, ClassVar, Final, Literal
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, Final, Literal, SupportsIndex
 
 from mypy_extensions import mypyc_attr
 
@@ -144,7 +144,7 @@ class Scheduler:
         """Advance the scheduled requests by the step's output; returns those that finished."""
         finished = []
         end_ids = self.end_token_ids
-        sampled: Any = output.token_ids  # numpy's ints too: compiled, list[int] would refuse them
+        sampled: Sequence[SupportsIndex] = output.token_ids  # ints of any kind, numpy's too, taken as they are
         for req, n, token in zip(self._scheduled, plan.num_new_tokens, sampled):
             req.num_computed_tokens += n
             if req.num_computed_tokens < len(req.token_ids):  # a prefill chunk short of the prompt's end: no sample
