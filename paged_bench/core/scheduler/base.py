@@ -18,7 +18,7 @@ The scheduler asks the allocator for room and never touches blocks itself.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, Final, Literal, SupportsIndex
 
 from mypy_extensions import mypyc_attr
@@ -29,9 +29,6 @@ from paged_bench.core.request import FinishReason, Request, RequestStatus, check
 from paged_bench.core.scheduler.plan_draft import PlanDraft
 from paged_bench.errors import EngineError, PoolExhaustedError, check, check_int
 
-# Final: compiled code reads them as constants, not through the module's dict
-RUNNING: Final = RequestStatus.RUNNING
-# a tuple, not a set: membership by identity, where a set hashes the member with Enum's __hash__ (Python code)
 _WAITING_STATES: Final = (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED)
 
 
@@ -92,23 +89,47 @@ class Scheduler:
         self._handed_over: list[NewRequestData] = []  # admitted by add_prefilled since the last plan
 
     # -- policy hooks ---------------------------------------------------------------------
-    # (they return Any: this class is compiled, and a declared type would refuse a policy's
-    # wrong answer with a bare TypeError before the checks below name the hook)
 
-    def may_admit(self, plan: PlanDraft) -> Any:  # a bool
+    def may_admit(self, plan: PlanDraft) -> bool:
         """No admissions in a step that preempted (the pool is short)."""
         return plan.num_preempted == 0
 
-    def pick_waiting(self) -> Any:  # a waiting Request
+    def pick_waiting(self) -> Request:
         return self.waiting[0]
 
-    def choose_victim(self, req: Request) -> Any:  # a running Request
+    def choose_victim(self, req: Request) -> Request:
         layout = self.allocator.layout
         raise PoolExhaustedError(
             f"KV pool exhausted: request {req.request_id} needs another block but all "
             f"{layout.num_blocks} blocks of {layout.block_size} tokens are held by "
             f"{len(self.running)} running requests; use scheduler=preemptive or a larger num_blocks"
         )
+
+    # -- their answers, checked: a policy's mistake stops the run, naming the hook ---------
+    # (each is called as Python calls it, through a Callable that returns object, so that a wrong
+    # answer reaches the check as the policy gave it: compiled, a direct call would convert it
+    # to the declared type first and fail with a bare TypeError)
+
+    def _admits(self, draft: PlanDraft) -> bool:
+        may_admit: Callable[[PlanDraft], object] = self.may_admit
+        answer = may_admit(draft)
+        if answer not in (True, False):  # numpy's bools and 0/1 too; a forgotten return (None) is refused
+            raise _hook_error(self, "may_admit", answer, "not a bool: return True or False")
+        return bool(answer)
+
+    def _next_waiting(self) -> Request:
+        pick_waiting: Callable[[], object] = self.pick_waiting
+        req = pick_waiting()
+        if not (isinstance(req, Request) and req.status in _WAITING_STATES):
+            raise _hook_error(self, "pick_waiting", req, "not waiting: return a waiting request")
+        return req
+
+    def _victim_for(self, req: Request) -> Request:
+        choose_victim: Callable[[Request], object] = self.choose_victim
+        victim = choose_victim(req)
+        if not (isinstance(victim, Request) and victim.status is RequestStatus.RUNNING):
+            raise _hook_error(self, "choose_victim", victim, "not running: return a running request")
+        return victim
 
     # -- the protocol the engine uses -----------------------------------------------------
 
@@ -133,10 +154,7 @@ class Scheduler:
             draft.new_reqs += self._handed_over
             self._handed_over = []
         self._schedule_running(draft)
-        admit = self.may_admit(draft)
-        if admit not in (True, False):  # numpy's bools and 0/1 too; a forgotten return (None) is refused
-            raise _hook_error(self, "may_admit", admit, "not a bool: return True or False")
-        if admit:
+        if self._admits(draft):
             self._admit_waiting(draft, now)
         return self._freeze(draft)
 
@@ -158,7 +176,7 @@ class Scheduler:
             if len(finished) == 1:  # the common case: one scan in C, not a new list
                 self.running.remove(finished[0])
             else:
-                self.running = [r for r in self.running if r.status is RUNNING]
+                self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
             for req in finished:
                 self.allocator.free(req)
                 self._finished_ids.append(req.request_id)
@@ -172,7 +190,7 @@ class Scheduler:
         reserve = self.admission_reserve_blocks if self.running else 0
         prompt = req.num_prompt_tokens
         # the policy's admission rule, as at a step's admissions (static: only into an empty batch)
-        if len(self.running) >= self.max_batch or not self.may_admit(PlanDraft(self.max_num_batched_tokens)):
+        if len(self.running) >= self.max_batch or not self._admits(PlanDraft(self.max_num_batched_tokens)):
             return False
         if self.allocator.allocate_slots(req, prompt, min_free_blocks=reserve) is None:
             return False
@@ -239,9 +257,7 @@ class Scheduler:
             if n:
                 new_blocks = self.allocator.allocate_slots(req, n)
                 while new_blocks is None:
-                    victim = self.choose_victim(req)
-                    if getattr(victim, "status", None) is not RUNNING:
-                        raise _hook_error(self, "choose_victim", victim, "not running: return a running request")
+                    victim = self._victim_for(req)
                     if running.index(victim) <= i:
                         i -= 1  # the victim sat at or before req: the rest shifts left
                     self._preempt(victim, draft)
@@ -254,9 +270,7 @@ class Scheduler:
     def _admit_waiting(self, draft: PlanDraft, now: float) -> None:
         allocator, waiting = self.allocator, self.waiting
         while waiting and len(self.running) < self.max_batch and draft.budget > 0:
-            req = self.pick_waiting()
-            if getattr(req, "status", None) not in _WAITING_STATES:
-                raise _hook_error(self, "pick_waiting", req, "not waiting: return a waiting request")
+            req = self._next_waiting()
             # an empty engine admits regardless of the reserve, or nothing could ever run
             reserve = self.admission_reserve_blocks if self.running else 0
             if req.status is RequestStatus.SWAPPED:
