@@ -104,7 +104,7 @@ class StepPlan(NamedTuple):
 
     @property
     def num_scheduled_tokens(self) -> int:
-        return total(self.num_new_tokens)
+        return sum(self.num_new_tokens)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -135,15 +135,6 @@ class StepPlan(NamedTuple):
         partial = self.partial_rows
         for i, (rid, start, n) in enumerate(zip(self.req_ids, self.num_computed_tokens, self.num_new_tokens)):
             yield ScheduledRow(rid, start, n, i not in partial)
-
-
-def total(counts: tuple[int, ...]) -> int:
-    """The sum of a plan's column of counts. (A loop, not ``sum``: compiled, it adds machine
-    integers; ``sum`` adds int objects, a new one per step past 256.)"""
-    out = 0
-    for n in counts:
-        out += n
-    return out
 
 
 @mypyc_attr(native_class=False)  # a plugin's answer, checked by the engine (compiled, a wrong type fails in the plugin)
