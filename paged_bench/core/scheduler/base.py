@@ -173,10 +173,7 @@ class Scheduler:
                 req.finish(reason, now)
                 finished.append(req)
         if finished:
-            if len(finished) == 1:  # the common case: one scan in C, not a new list
-                self.running.remove(finished[0])
-            else:
-                self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self.running = [r for r in self.running if not r.is_finished]
             for req in finished:
                 self.allocator.free(req)
                 self._finished_ids.append(req.request_id)
