@@ -47,36 +47,47 @@ def decode_next(alloc: PagedAllocator, r: Request) -> None:
 
 def test_pool_allocates_least_recently_freed_and_reuses_freed_blocks_at_once():
     pool = BlockPool(4)
-    a = pool.allocate(4)
+    a = pool.get_new_blocks(4)
     assert pool.num_free == 0
     for b in a:
-        pool.release([b])
+        pool.free_blocks([b])
     assert pool.num_free == 4
     # all uncached: freed blocks are reusable immediately
-    assert sorted(pool.allocate(4)) == sorted(a)
+    assert sorted(pool.get_new_blocks(4)) == sorted(a)
 
 
 def test_pool_evicts_uncached_blocks_before_cached_ones():
     pool = BlockPool(3)
-    b0, b1, b2 = pool.allocate(3)
-    pool.cache([b0], [111], root=111)
+    b0, b1, b2 = pool.get_new_blocks(3)
+    pool.cache_full_blocks([b0], [111])
     for b in (b0, b1, b2):
-        pool.release([b])
-    got = pool.allocate(2)
+        pool.free_blocks([b])
+    got = pool.get_new_blocks(2)
     assert b0 not in got  # the cached block survives while worthless blocks remain
-    assert pool.cached == {111: b0}
-    assert pool.allocate(1) == [b0]  # now it must go: its hash is dropped
-    assert pool.cached == {} and pool.roots == {} and pool.num_evictions == 1
+    assert pool.get_cached_block(111) == b0
+    assert pool.get_new_blocks(1) == [b0]  # now it must go: its hash is dropped
+    assert pool.get_cached_block(111) is None and pool.num_cached_blocks == 0 and pool.num_evictions == 1
 
 
 def test_pool_touch_revives_a_free_cached_block_in_o1():
     pool = BlockPool(2)
-    (b,) = pool.allocate(1)
-    pool.cache([b], [7], root=7)
-    pool.release([b])
+    (b,) = pool.get_new_blocks(1)
+    pool.cache_full_blocks([b], [7])
+    pool.free_blocks([b])
     assert pool.is_free(b)
     assert pool.touch(b) is True and pool.num_free == 1
     assert pool.touch(b) is False and pool.ref_cnt[b] == 2
+
+
+def test_a_copy_of_a_cached_block_takes_its_place_when_the_first_is_evicted():
+    pool = BlockPool(2)
+    first, copy = pool.get_new_blocks(2)
+    pool.cache_full_blocks([first], [5])
+    pool.cache_full_blocks([copy], [5])  # the same content, recomputed
+    assert pool.get_cached_block(5) == first and pool.num_cached_blocks == 2
+    pool.free_blocks([first])
+    assert pool.get_new_blocks(1) == [first]  # evicted: the copy answers for the content now
+    assert pool.get_cached_block(5) == copy and pool.num_cached_blocks == 1
 
 
 @settings(max_examples=200, deadline=None)
@@ -100,13 +111,20 @@ def test_free_queue_keeps_the_order_an_ordered_dict_does(ops):
         assert queue.blocks() == list(model) and len(queue) == len(model)
 
 
+class TornQueue(FreeQueue):
+    """A queue an interrupt tore inside a pointer move: the walk from block 3 loops at block 4."""
+
+    def blocks(self):
+        return [0, 3, 4, 4, 4, 4]
+
+
 def test_reclaim_makes_a_torn_queue_whole_in_its_order():
     pool = BlockPool(6)
-    held = pool.allocate(3)  # blocks 0-2 held, 3-5 free
-    pool.release([held[0]])
-    pool._free._nodes[4].next = pool._free._nodes[4]  # torn mid-operation: the walk from 3 loops at 4
+    held = pool.get_new_blocks(3)  # blocks 0-2 held, 3-5 free
+    pool.free_blocks([held[0]])
+    pool.free_queue = TornQueue(6, [0, 3, 4, 5])
     pool.reclaim()
-    assert pool._free.blocks() == [0, 3, 4, 1, 2, 5] and pool.num_free == 6 and pool.held_blocks() == []
+    assert pool.free_queue.blocks() == [0, 3, 4, 1, 2, 5] and pool.num_free == 6 and pool.held_blocks() == []
 
 
 # -- paged allocator ----------------------------------------------------------------------
@@ -191,7 +209,7 @@ def test_blocks_released_before_their_step_ran_are_not_shared():
     admit(alloc, a)
     alloc.free(a)  # preempted (or the step failed) before a's K/V was written
     assert alloc.lookup_prefix(req(1, list(range(12)) + [5])).num_tokens == 0
-    assert alloc.pool.cached == {} and alloc.leaks() == []
+    assert alloc.pool.num_cached_blocks == 0 and alloc.leaks() == []
 
 
 def test_only_the_uncomputed_blocks_of_a_released_table_are_dropped():
@@ -240,7 +258,7 @@ def test_caching_off_never_hits():
     compute(a, 9)
     alloc.free(a)
     assert admit(alloc, req(1, range(9))) == 0
-    assert alloc.pool.cached == {}
+    assert alloc.pool.num_cached_blocks == 0
 
 
 def test_swap_out_and_in_moves_computed_blocks_and_accounts_them():
@@ -338,7 +356,7 @@ def test_a_recomputed_copy_of_a_cached_block_is_indexed_and_outlives_the_first(d
     b.num_computed_tokens = 8
     first_copy = alloc.block_table(a)[1]
     alloc.free(a)  # its second block waits at the free queue's tail, cached
-    evicted = alloc.pool.allocate(alloc.pool.num_free)  # the pool runs dry: every free block is taken
+    evicted = alloc.pool.get_new_blocks(alloc.pool.num_free)  # the pool runs dry: every free block is taken
     assert first_copy in evicted
     c = Request(2, 0.0, [*range(8), 7], 2)
     assert alloc.lookup_prefix(c).blocks == (alloc.block_table(b)[0], alloc.block_table(b)[1])

@@ -9,7 +9,7 @@ import pytest
 from paged_bench.backends.base import Backend
 from paged_bench.core.clock import VirtualClock, WallClock
 from paged_bench.core.engine import Engine
-from paged_bench.core.kv.block_pool import BlockPool
+from paged_bench.core.kv.deferred_hashing import DeferredHashingPool
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.plan import StepOutput, StepPlan
 from paged_bench.core.request import FinishReason, Request
@@ -149,7 +149,7 @@ def test_an_interrupt_inside_a_batched_allocation_leaves_no_torn_count():
     assert result.leaks == [] and alloc.num_free_blocks == alloc.layout.num_blocks
 
 
-@pytest.mark.parametrize(("operation", "on_call"), [("allocate", 4), ("release", 2)])
+@pytest.mark.parametrize(("operation", "on_call"), [("get_new_blocks", 4), ("free_blocks", 2)])
 def test_an_interrupt_inside_a_pool_operation_leaks_nothing(operation, on_call):
     """An interrupt inside the block pool: after an allocation took its blocks and before any
     table records them, or halfway through a table's release (its table already dropped)."""
@@ -157,18 +157,18 @@ def test_an_interrupt_inside_a_pool_operation_leaks_nothing(operation, on_call):
     engine = engine_with(ScriptedBackend())
     calls = {"n": 0}
 
-    class Torn(BlockPool):  # an override, not a patched attribute: the compiled core calls methods directly
-        def allocate(self, n):
-            return self.torn(super().allocate, n)
+    class Torn(DeferredHashingPool):  # an override, not a patched attribute: the compiled core calls methods directly
+        def get_new_blocks(self, n):
+            return self.torn(super().get_new_blocks, n)
 
-        def release(self, blocks):
-            return self.torn(super().release, blocks)
+        def free_blocks(self, blocks):
+            return self.torn(super().free_blocks, blocks)
 
         def torn(self, real, arg):
             calls["n"] += real.__name__ == operation
             if real.__name__ != operation or calls["n"] != on_call:  # the signal lands once
                 return real(arg)
-            if operation == "allocate":
+            if operation == "get_new_blocks":
                 real(arg)  # blocks taken, then the signal: the caller never sees them
             else:
                 blocks = list(arg)

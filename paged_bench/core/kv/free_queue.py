@@ -10,6 +10,8 @@ or frees a dict entry: it was a sixth of a simulated run's step loop.)
 
 from __future__ import annotations
 
+from mypy_extensions import mypyc_attr
+
 
 class _Node:
     __slots__ = ("block", "next", "prev")
@@ -20,6 +22,7 @@ class _Node:
         self.next: _Node = self
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the tests tear it midway, as a signal would
 class FreeQueue:
     """A queue over blocks ``0 .. num_blocks - 1``: ``queued`` in that order (default: all, in
     order of id)."""

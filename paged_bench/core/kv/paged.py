@@ -7,7 +7,7 @@ computation, as vLLM v1 does: a request admitted later in the same step already 
 (the step writes every new token's K/V before any attention reads it). A new request takes
 the longest chain already cached, and blocks freed by finished requests stay findable until
 the pool needs them (see ``block_pool``; blocks of a chain no other chain shares are held
-unhashed until one does: ``defer_unshared``). Preemption can move a request's blocks to a
+unhashed until one does: ``deferred_hashing``, ``defer_unshared``). Preemption can move a request's blocks to a
 bounded CPU swap space (a second pool) and back.
 
 Live slots are derived, not counted at every change: reserved slots (held blocks) minus the
@@ -25,7 +25,8 @@ from typing import Any, Final
 from mypy_extensions import mypyc_attr
 
 from paged_bench.core.kv.base import NO_HIT, Allocator, AllocatorCounters, KVLayout, PrefixHit
-from paged_bench.core.kv.block_pool import BlockPool, DeferredRun
+from paged_bench.core.kv.block_pool import BlockPool
+from paged_bench.core.kv.deferred_hashing import DeferredHashingPool, DeferredRun
 from paged_bench.core.kv.prefix_hash import NO_EXTRA_KEYS, PREFIX_HASHES
 from paged_bench.core.request import Request
 from paged_bench.errors import MAX_TOKENS, check, check_choice, check_int
@@ -83,7 +84,7 @@ class PagedAllocator(Allocator):
         # a block's token ids read as a tuple of ints straight from the request's array('Q') (its
         # machine's byte order): a third of the cost of tuple() of a slice, which boxes one id at a time
         self._block_ids = struct.Struct(f"={block_size}Q")
-        self.pool = BlockPool(num_blocks)
+        self.pool = DeferredHashingPool(num_blocks)
         self.cpu_pool = BlockPool(swap)
         self.counters = AllocatorCounters()
         self._seqs: dict[Request, _Seq] = {}
@@ -103,9 +104,9 @@ class PagedAllocator(Allocator):
             return NO_HIT
         if not self._shown(self._block_hashes(req, 1)[0]):  # no chain starts so: one hash, no hit
             return NO_HIT
-        cached, blocks = self.pool.cached, []
+        blocks = []
         for h in self._block_hashes(req, num_full)[:num_full]:
-            block = cached.get(h)
+            block = self.pool.get_cached_block(h)
             if block is None:
                 break
             blocks.append(block)
@@ -133,7 +134,7 @@ class PagedAllocator(Allocator):
             need = -(-total // bs) - len(seq.blocks)
             if self.pool.num_free - need < min_free_blocks:
                 return None
-            new = tuple(self.pool.allocate(need))
+            new = tuple(self.pool.get_new_blocks(need))
             seq.blocks += new
             seq.capacity += need * bs
             self._unfilled_slots += need * bs
@@ -147,7 +148,7 @@ class PagedAllocator(Allocator):
         seq = self._seqs.pop(req, None)
         if seq is not None:
             if seq.on_cpu:
-                self.cpu_pool.release(seq.blocks)
+                self.cpu_pool.free_blocks(seq.blocks)
             else:
                 self._release(req, seq)
         self._hashes.pop(req, None)
@@ -166,7 +167,7 @@ class PagedAllocator(Allocator):
         keep = -(-req.num_computed_tokens // self.pool_block_slots)  # blocks that hold computed K/V
         if self.cpu_pool.num_free < keep:
             return None
-        cpu_blocks = self.cpu_pool.allocate(keep)
+        cpu_blocks = self.cpu_pool.get_new_blocks(keep)
         pairs = list(zip(seq.blocks[:keep], cpu_blocks))
         self._release(req, seq)
         seq.blocks, seq.num_slots, seq.on_cpu = cpu_blocks, req.num_computed_tokens, True
@@ -178,7 +179,7 @@ class PagedAllocator(Allocator):
         if self.allocate_slots(req, num_new_tokens, NO_HIT, min_free_blocks) is None:
             self._seqs[req] = cpu
             return None
-        self.cpu_pool.release(cpu.blocks)
+        self.cpu_pool.free_blocks(cpu.blocks)
         return list(zip(cpu.blocks, self._seqs[req].blocks))
 
     def cached_prefix_tokens(self, req: Request) -> int:
@@ -246,7 +247,7 @@ class PagedAllocator(Allocator):
         if seq.run is not None:
             self._defer_run(req, seq)
         self._unfilled_slots -= seq.capacity - seq.num_slots
-        self.pool.release(reversed(seq.blocks))
+        self.pool.free_blocks(reversed(seq.blocks))
         seq.blocks, seq.num_slots, seq.capacity = [], 0, 0
 
     def _uncache_uncomputed(self, req: Request, seq: _Seq) -> None:
@@ -254,8 +255,8 @@ class PagedAllocator(Allocator):
         indexed for this step hold no K/V, so nobody may hit them."""
         first = req.num_computed_tokens // self.pool_block_slots
         for block in seq.blocks[first : seq.num_cached]:
-            if self.pool.ref_cnt[block] == 1:
-                self.pool.uncache(block)
+            if self.pool.ref_cnt[block] == 1 and self.pool.block_hash[block] is not None:
+                self.pool.evict(block)
         seq.num_cached = min(seq.num_cached, first)
 
     def _cache_full_blocks(self, req: Request, seq: _Seq) -> None:
@@ -267,13 +268,13 @@ class PagedAllocator(Allocator):
         root = hashes[0]
         if first == 0 and self.defer_unshared and not self._shown(root):
             # a chain nobody else has shown: index its root alone and defer the rest
-            self.pool.cache(seq.blocks[:1], hashes[:1], root)
+            self.pool.cache_chain(seq.blocks[:1], hashes[:1], root)
             seq.run = self.pool.open_run(root, req, seq.blocks)
             seq.num_cached, seq.cache_at = 1, _NEVER
             return
         if len(hashes) < num_full:
             self._extend_hashes(req.token_ids, hashes, num_full)
-        self.pool.cache(seq.blocks[first:num_full], hashes[first:num_full], root)
+        self.pool.cache_chain(seq.blocks[first:num_full], hashes[first:num_full], root)
         seq.num_cached = num_full
         seq.cache_at = (num_full + 1) * bs
 
