@@ -289,10 +289,7 @@ class Scheduler:
                     req.num_cached_tokens = hit.num_tokens
                 else:
                     self.recomputed_tokens += max(0, lost - hit.num_tokens)
-            if req is waiting[0]:
-                waiting.popleft()
-            else:
-                waiting.remove(req)
+            waiting.remove(req)
             req.admit(computed, now)
             self.running.append(req)
             draft.new_reqs.append(NewRequestData.from_request(req, allocator.block_table(req), self.plan_token_ids))
