@@ -84,7 +84,6 @@ class Engine:
         # a long-lived server keeps only the latest step records, so its memory stays flat
         self.steps = StepRecords(max_step_records)
         self.num_steps = 0
-        self._num_blocks, self._block_size = self.allocator.layout.num_blocks, self.allocator.layout.block_size
         # a real model on virtual time (clock=virtual): a step lasts what scheduling and computing
         # it took, unless the backend priced it itself, and the clock jumps over idle gaps (a
         # model's own duration is 0: the wall clock times it)
@@ -110,7 +109,7 @@ class Engine:
                 f"{len(sched.waiting)} waiting requests"
             )
         # KV as the step holds it: after scheduling, before finished requests are freed
-        live, free_blocks = allocator.live_slots, allocator.num_free_blocks
+        live, reserved, free_blocks = allocator.live_slots, allocator.reserved_slots, allocator.num_free_blocks
         # called as Python calls it, so that the answer reaches the check below as the plugin gave
         # it (compiled, a direct call would first check it is a StepOutput: a bare TypeError)
         execute: Callable[[StepPlan], object] = self.backend.execute
@@ -137,7 +136,7 @@ class Engine:
             running=len(sched.running),
             waiting=len(sched.waiting),
             kv_live_slots=live,
-            kv_reserved_slots=(self._num_blocks - free_blocks) * self._block_size,
+            kv_reserved_slots=reserved,
             kv_free_blocks=free_blocks,
             preemptions=plan.num_preempted,
             swapped_blocks=len(plan.swap_in) + len(plan.swap_out),

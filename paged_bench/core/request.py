@@ -5,7 +5,8 @@ token, and ``num_computed_tokens`` (tokens whose K/V is in the cache) catches up
 ``num_tokens``. Prefill, chunked prefill, decode and resumption after a recompute-preemption
 are therefore one mechanism: schedule ``num_tokens - num_computed_tokens`` more tokens.
 
-Its state changes only through its own methods::
+Its state changes only through its own methods (the scheduler advances
+``num_computed_tokens`` as steps compute, as vLLM's does)::
 
     WAITING --admit--> RUNNING --append_token; check_stop says why--> finish --> FINISHED
                         |    ^
@@ -101,7 +102,7 @@ class Request:
     finish_reason: FinishReason | None = None
     error: str | None = None
     num_preemptions: int = 0
-    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
+    num_cached_tokens: int = 0  # prompt tokens already in the cache at its first admission
 
     def __init__(
         self,
@@ -174,8 +175,9 @@ class Request:
         (a prefix hit, K/V swapped back in or handed over by another replica)."""
         self.status = RequestStatus.RUNNING
         self.num_computed_tokens = num_computed_tokens
-        if self.first_scheduled_time is None:
+        if self.first_scheduled_time is None:  # its first admission: what the prefix cache served
             self.first_scheduled_time = now
+            self.num_cached_tokens = num_computed_tokens
 
     def preempt(self, swapped: bool) -> None:
         """Taken off the GPU: its K/V copied to swap space (``swapped``), or lost, to be

@@ -285,9 +285,7 @@ class Scheduler:
                     break
                 computed = hit.num_tokens
                 lost = self._lost.pop(req, None)
-                if lost is None:
-                    req.num_cached_tokens = hit.num_tokens
-                else:
+                if lost is not None:  # back after a recompute preemption: what the cache no longer held
                     self.recomputed_tokens += max(0, lost - hit.num_tokens)
             waiting.remove(req)
             req.admit(computed, now)
