@@ -122,8 +122,9 @@ def test_builtin_block_hashes_are_the_same_in_every_process():
     code = (
         "from paged_bench.core.kv.paged import PagedAllocator\n"
         "from paged_bench.core.request import Request\n"
-        "a = PagedAllocator(num_blocks=4, block_size=2)\n"
-        "print(a._block_hashes(Request(0, 0.0, [1, 2, 3, 4, 5], 1), 2))"
+        "a = PagedAllocator(num_blocks=4, block_size=2, defer_unshared=False)\n"
+        "a.allocate_slots(Request(0, 0.0, [1, 2, 3, 4, 5], 1), 5)\n"
+        "print(list(a.pool.cached))"
     )
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}  # fmt: skip
