@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from mypy_extensions import mypyc_attr
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from paged_bench.core.request import Request
 
 ReqId = int | str
+_tuple_new: Final = tuple.__new__
 
 
 class SamplingParams(NamedTuple):
@@ -56,14 +57,14 @@ class NewRequestData(NamedTuple):
 
     @classmethod
     def from_request(cls, req: Request, block_ids: Iterable[int], with_tokens: bool = True) -> NewRequestData:
-        sampling = SamplingParams(
+        sampling = new_sampling_params(
             temperature=req.temperature,
             top_p=req.top_p,
             seed=req.sampling_seed,
             max_tokens=req.max_num_tokens - req.num_prompt_tokens,
             ignore_eos=req.ignore_eos,
         )
-        return cls(
+        return new_request_data(
             req_id=req.request_id,
             token_ids=tuple(req.token_ids) if with_tokens else (),
             num_prompt_tokens=req.num_prompt_tokens,
@@ -129,12 +130,49 @@ class StepPlan(NamedTuple):
         starts = tuple(new.num_computed_tokens for new in news)
         partial = frozenset(i for i, (new, n) in enumerate(rows) if new.num_computed_tokens + n < len(new.token_ids))
         decodes = sum(n == 1 and s >= new.num_prompt_tokens for new, s, n in zip(news, starts, nums))
-        return cls(tuple(new.req_id for new in news), starts, nums, news, {}, partial, decodes)
+        return cls(req_ids=tuple(new.req_id for new in news), num_computed_tokens=starts, num_new_tokens=nums,
+                   new_reqs=news, partial_rows=partial, num_decode_tokens=decodes)  # fmt: skip
 
     def rows(self) -> Iterator[ScheduledRow]:
         partial = self.partial_rows
         for i, (rid, start, n) in enumerate(zip(self.req_ids, self.num_computed_tokens, self.num_new_tokens)):
             yield ScheduledRow(rid, start, n, i not in partial)
+
+
+# The scheduler builds a plan every step and a NewRequestData at every admission. A named
+# tuple's own constructor is Python code, slow to call by keyword from compiled code (which
+# builds a dict of the arguments for it to parse); these build the same tuples in C, their
+# fields taken by name (docs/engine.md, Speed, has what this saves).
+
+
+def new_sampling_params(*, temperature: float, top_p: float, seed: int | None, max_tokens: int,
+                        ignore_eos: bool) -> SamplingParams:  # fmt: skip
+    return _tuple_new(SamplingParams, (temperature, top_p, seed, max_tokens, ignore_eos))
+
+
+def new_request_data(*, req_id: ReqId, token_ids: tuple[int, ...], num_prompt_tokens: int, block_ids: tuple[int, ...],
+                     num_computed_tokens: int, sampling: SamplingParams) -> NewRequestData:  # fmt: skip
+    return _tuple_new(NewRequestData, (req_id, token_ids, num_prompt_tokens, block_ids, num_computed_tokens, sampling))
+
+
+def new_step_plan(
+    *,
+    req_ids: tuple[ReqId, ...],
+    num_computed_tokens: tuple[int, ...],
+    num_new_tokens: tuple[int, ...],
+    new_reqs: tuple[NewRequestData, ...],
+    new_block_ids: dict[ReqId, tuple[int, ...]],
+    partial_rows: frozenset[int],
+    num_decode_tokens: int,
+    swap_out: tuple[tuple[int, int], ...],
+    swap_in: tuple[tuple[int, int], ...],
+    preempted_req_ids: tuple[ReqId, ...],
+    finished_req_ids: tuple[ReqId, ...],
+) -> StepPlan:
+    return _tuple_new(StepPlan, (
+        req_ids, num_computed_tokens, num_new_tokens, new_reqs, new_block_ids, partial_rows, num_decode_tokens,
+        swap_out, swap_in, preempted_req_ids, finished_req_ids,
+    ))  # fmt: skip
 
 
 @mypyc_attr(native_class=False)  # a plugin's answer, checked by the engine (compiled, a wrong type fails in the plugin)

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Final, Literal, SupportsIndex
 from mypy_extensions import mypyc_attr
 
 from paged_bench.core.kv.base import Allocator
-from paged_bench.core.plan import NewRequestData, ReqId, StepOutput, StepPlan
+from paged_bench.core.plan import NewRequestData, ReqId, StepOutput, StepPlan, new_step_plan
 from paged_bench.core.request import FinishReason, Request, RequestStatus, check_stop
 from paged_bench.core.scheduler.plan_draft import PlanDraft
 from paged_bench.errors import EngineError, PoolExhaustedError, check, check_int
@@ -321,7 +321,7 @@ class Scheduler:
                 partial_rows.append(i)
             elif n == 1 and req.num_computed_tokens >= req.num_prompt_tokens:
                 num_decodes += 1
-        plan = StepPlan(
+        plan = new_step_plan(
             req_ids=tuple([req.request_id for req in reqs]),
             num_computed_tokens=tuple([req.num_computed_tokens for req in reqs]),
             num_new_tokens=tuple(nums),
