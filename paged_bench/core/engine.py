@@ -130,7 +130,7 @@ class Engine:
             step=self.num_steps,
             time=end,
             duration=end - start,
-            batch_size=plan.num_reqs,
+            batch_size=len(plan.req_ids),
             prefill_tokens=plan.num_prefill_tokens,
             decode_tokens=plan.num_decode_tokens,
             running=len(sched.running),
@@ -138,7 +138,7 @@ class Engine:
             kv_live_slots=live,
             kv_reserved_slots=reserved,
             kv_free_blocks=free_blocks,
-            preemptions=plan.num_preempted,
+            preemptions=len(plan.preempted_req_ids),
             swapped_blocks=len(plan.swap_in) + len(plan.swap_out),
         )
         self.num_steps += 1

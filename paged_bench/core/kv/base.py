@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -43,7 +43,7 @@ class PrefixHit:
     num_tokens: int = 0
 
 
-NO_HIT = PrefixHit()
+NO_HIT: Final = PrefixHit()
 
 
 @dataclass(slots=True)
