@@ -6,9 +6,9 @@ by a hash chain over (parent hash, block tokens) as soon as they are allocated f
 computation, as vLLM v1 does: a request admitted later in the same step already hits them
 (the step writes every new token's K/V before any attention reads it). A new request takes
 the longest chain already cached, and blocks freed by finished requests stay findable until
-the pool needs them (see ``block_pool``; blocks of a chain no other chain shares are held
-unhashed until one does: ``deferred_hashing``, ``defer_unshared``). Preemption can move a request's blocks to a
-bounded CPU swap space (a second pool) and back.
+the pool needs them (``block_pool``); blocks of a chain no other chain shares are held
+unhashed until one does (``deferred_hashing``, ``defer_unshared``). Preemption can move a
+request's blocks to a bounded CPU swap space (a second pool) and back.
 
 Live slots are derived, not counted at every change: reserved slots (held blocks) minus the
 empty tail slots of the tables, which change only in ``allocate_slots`` (grow) and
@@ -157,7 +157,7 @@ class PagedAllocator(Allocator):
         super().free_all([*reqs, *self._seqs])
         # every table is gone, so no tail is unfilled and no block is held: an interrupt inside
         # an allocation can leave the incremental count out of step with a table it had grown,
-        # one inside a pool's allocate or release references no table records
+        # one inside a pool's get_new_blocks or free_blocks references no table records
         self._unfilled_slots = 0
         self.pool.reclaim()
         self.cpu_pool.reclaim()
