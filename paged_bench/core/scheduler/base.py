@@ -172,11 +172,10 @@ class Scheduler:
             if reason is not None:
                 req.finish(reason, now)
                 finished.append(req)
-        if finished:
-            self.running = [r for r in self.running if not r.is_finished]
-            for req in finished:
-                self.allocator.free(req)
-                self._finished_ids.append(req.request_id)
+        for req in finished:
+            self.running.remove(req)
+            self.allocator.free(req)
+            self._finished_ids.append(req.request_id)
         return finished
 
     def add_prefilled(self, req: Request, now: float) -> bool:
