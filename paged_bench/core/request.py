@@ -19,12 +19,11 @@ stopped). ``check_stop`` is the one stop rule: the scheduler applies it to every
 token, and a cluster to the token a prefill replica hands over.
 
 ``token_ids`` is an ``array('Q')``: indexed, sliced, appended to and measured as a list is,
-8 bytes a token instead of a list's pointer plus an int object (36 bytes: the Azure trace's
-20M prompt tokens held 720 MB as lists), and cut from a workload's draw in one copy
-(``workloads.base.random_prompts``). Unsigned, as token ids (vocabulary indices) are: appending to it is cheaper than to a
-signed ``array('q')``, whose setter parses each value with ``PyArg_Parse``, and the engine
-appends a token to every running request every step. It compares equal only to another
-array: compare ``list(req.token_ids)`` with a list.
+8 bytes a token instead of a list's pointer plus an int object, and cut from a workload's
+draw in one copy (``workloads.base.random_prompts``). Unsigned, as token ids (vocabulary
+indices) are: appending to it is cheaper than to a signed ``array('q')``, whose setter parses
+each value with ``PyArg_Parse``, and the engine appends a token to every running request every
+step. It compares equal only to another array: compare ``list(req.token_ids)`` with a list.
 """
 
 from __future__ import annotations
@@ -76,7 +75,7 @@ class FinishReason(str, enum.Enum):
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the server's LogprobsRequest subclasses it
-@dataclass(eq=False, init=False, slots=True)  # __init__ written out: compiled, dataclass's runs interpreted (2x slower)
+@dataclass(eq=False, init=False, slots=True)  # __init__ written out: compiled; a dataclass's generated one runs interpreted
 class Request:
     """One request. Timestamps are seconds on the engine's clock (virtual or wall)."""
 

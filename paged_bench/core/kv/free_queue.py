@@ -4,8 +4,8 @@ A doubly linked list threaded through one node per block, as vLLM v1's
 ``FreeKVCacheBlockQueue``: taking the head, adding at either end and taking a block out of the
 middle (a cache hit on a free block) are each a few pointer moves, with no allocation. The
 nodes are made once, with the pool; a sentinel closes the ring, so no end is a special case.
-(An ``OrderedDict`` keyed by block id does the same, but each operation hashes, and allocates
-or frees a dict entry: it was a sixth of a simulated run's step loop.)
+(An ``OrderedDict`` keyed by block id would do the same, but each operation hashes, and
+allocates or frees a dict entry.)
 """
 
 from __future__ import annotations
