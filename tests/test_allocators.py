@@ -15,6 +15,9 @@ from paged_bench.core.kv.free_queue import FreeQueue
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.request import Request
 from paged_bench.errors import ConfigError
+from paged_bench.run import registry
+from paged_bench.run.bench import build
+from paged_bench.run.compose import compose_config
 
 
 def req(rid: int, tokens: list[int], max_tokens: int = 8) -> Request:
@@ -25,7 +28,7 @@ def admit(alloc: PagedAllocator, r: Request, n: int | None = None) -> int:
     """Admit ``r`` the way the scheduler does; returns the prefix hit in tokens."""
     hit = alloc.lookup_prefix(r)
     n = r.num_tokens - hit.num_tokens if n is None else n
-    assert alloc.allocate_slots(r, n, hit)
+    assert alloc.allocate_slots(r, n, hit) is not None
     r.num_computed_tokens = hit.num_tokens
     return hit.num_tokens
 
@@ -39,7 +42,7 @@ def decode_next(alloc: PagedAllocator, r: Request) -> None:
     """The next step's decode: a sampled token, and room for it (which also indexes the
     blocks the previous step filled, as the scheduler's first pass of a step does)."""
     r.token_ids.append(0)
-    assert alloc.allocate_slots(r, 1)
+    assert alloc.allocate_slots(r, 1) is not None
 
 
 # -- block pool -------------------------------------------------------------------------
@@ -47,36 +50,47 @@ def decode_next(alloc: PagedAllocator, r: Request) -> None:
 
 def test_pool_allocates_least_recently_freed_and_reuses_freed_blocks_at_once():
     pool = BlockPool(4)
-    a = pool.allocate(4)
+    a = pool.get_new_blocks(4)
     assert pool.num_free == 0
     for b in a:
-        pool.release([b])
+        pool.free_blocks([b])
     assert pool.num_free == 4
     # all uncached: freed blocks are reusable immediately
-    assert sorted(pool.allocate(4)) == sorted(a)
+    assert sorted(pool.get_new_blocks(4)) == sorted(a)
 
 
 def test_pool_evicts_uncached_blocks_before_cached_ones():
     pool = BlockPool(3)
-    b0, b1, b2 = pool.allocate(3)
-    pool.cache([b0], [111], root=111)
+    b0, b1, b2 = pool.get_new_blocks(3)
+    pool.cache_full_blocks([b0], [111])
     for b in (b0, b1, b2):
-        pool.release([b])
-    got = pool.allocate(2)
+        pool.free_blocks([b])
+    got = pool.get_new_blocks(2)
     assert b0 not in got  # the cached block survives while worthless blocks remain
-    assert pool.cached == {111: b0}
-    assert pool.allocate(1) == [b0]  # now it must go: its hash is dropped
-    assert pool.cached == {} and pool.roots == {} and pool.num_evictions == 1
+    assert pool.get_cached_block(111) == b0
+    assert pool.get_new_blocks(1) == [b0]  # now it must go: its hash is dropped
+    assert pool.get_cached_block(111) is None and pool.num_cached_blocks == 0 and pool.num_evictions == 1
 
 
 def test_pool_touch_revives_a_free_cached_block_in_o1():
     pool = BlockPool(2)
-    (b,) = pool.allocate(1)
-    pool.cache([b], [7], root=7)
-    pool.release([b])
+    (b,) = pool.get_new_blocks(1)
+    pool.cache_full_blocks([b], [7])
+    pool.free_blocks([b])
     assert pool.is_free(b)
     assert pool.touch(b) is True and pool.num_free == 1
     assert pool.touch(b) is False and pool.ref_cnt[b] == 2
+
+
+def test_a_copy_of_a_cached_block_takes_its_place_when_the_first_is_evicted():
+    pool = BlockPool(2)
+    first, copy = pool.get_new_blocks(2)
+    pool.cache_full_blocks([first], [5])
+    pool.cache_full_blocks([copy], [5])  # the same content, recomputed
+    assert pool.get_cached_block(5) == first and pool.num_cached_blocks == 2
+    pool.free_blocks([first])
+    assert pool.get_new_blocks(1) == [first]  # evicted: the copy answers for the content now
+    assert pool.get_cached_block(5) == copy and pool.num_cached_blocks == 1
 
 
 @settings(max_examples=200, deadline=None)
@@ -100,13 +114,20 @@ def test_free_queue_keeps_the_order_an_ordered_dict_does(ops):
         assert queue.blocks() == list(model) and len(queue) == len(model)
 
 
+class TornQueue(FreeQueue):
+    """A queue an interrupt tore inside a pointer move: the walk from block 3 loops at block 4."""
+
+    def blocks(self):
+        return [0, 3, 4, 4, 4, 4]
+
+
 def test_reclaim_makes_a_torn_queue_whole_in_its_order():
     pool = BlockPool(6)
-    held = pool.allocate(3)  # blocks 0-2 held, 3-5 free
-    pool.release([held[0]])
-    pool._free._nodes[4].next = pool._free._nodes[4]  # torn mid-operation: the walk from 3 loops at 4
+    held = pool.get_new_blocks(3)  # blocks 0-2 held, 3-5 free
+    pool.free_blocks([held[0]])
+    pool.free_queue = TornQueue(6, [0, 3, 4, 5])
     pool.reclaim()
-    assert pool._free.blocks() == [0, 3, 4, 1, 2, 5] and pool.num_free == 6 and pool.held_blocks() == []
+    assert pool.free_queue.blocks() == [0, 3, 4, 1, 2, 5] and pool.num_free == 6 and pool.held_blocks() == []
 
 
 # -- paged allocator ----------------------------------------------------------------------
@@ -115,19 +136,20 @@ def test_reclaim_makes_a_torn_queue_whole_in_its_order():
 def test_blocks_are_handed_out_on_demand_as_the_sequence_grows():
     alloc = PagedAllocator(num_blocks=10, block_size=4, prefix_caching=False)
     r = req(0, range(6))
-    admit(alloc, r)
+    assert alloc.allocate_slots(r, 6) == tuple(alloc.block_table(r))  # a new table: every block is new
     assert len(alloc.block_table(r)) == 2  # 6 tokens -> 2 blocks of 4
     assert alloc.live_slots == 6 and alloc.reserved_slots == 8
     compute(r, 6)
     r.token_ids.append(99)  # sampled token 7 fits block 2
-    assert alloc.allocate_slots(r, 1)
+    assert alloc.allocate_slots(r, 1) == ()
     assert len(alloc.block_table(r)) == 2
     compute(r, 1)
     r.token_ids.append(99)  # token 8 fills block 2
-    assert alloc.allocate_slots(r, 1)
+    assert alloc.allocate_slots(r, 1) == ()
     compute(r, 1)
-    r.token_ids.append(99)  # token 9 needs block 3
-    assert alloc.allocate_slots(r, 1)
+    r.token_ids.append(99)  # token 9 needs block 3: the blocks appended are returned
+    new = alloc.allocate_slots(r, 1)
+    assert new is not None and len(new) == 1 and alloc.block_table(r)[2:] == list(new)
     assert len(alloc.block_table(r)) == 3 and alloc.live_slots == 9 and alloc.reserved_slots == 12
 
 
@@ -135,17 +157,17 @@ def test_allocation_fails_without_side_effects_when_the_pool_is_short():
     alloc = PagedAllocator(num_blocks=3, block_size=4, prefix_caching=False)
     a, b = req(0, range(8)), req(1, range(5))
     admit(alloc, a)
-    assert not alloc.allocate_slots(b, 5)  # needs 2 blocks, 1 free
+    assert alloc.allocate_slots(b, 5) is None  # needs 2 blocks, 1 free
     assert alloc.num_free_blocks == 1 and alloc.live_slots == 8
-    assert alloc.allocate_slots(b, 4)  # a chunk that fits one block
+    assert alloc.allocate_slots(b, 4) is not None  # a chunk that fits one block
     assert alloc.num_free_blocks == 0
 
 
 def test_min_free_blocks_is_a_watermark_at_admission():
     alloc = PagedAllocator(num_blocks=4, block_size=4, prefix_caching=False)
     r = req(0, range(8))
-    assert not alloc.allocate_slots(r, 8, min_free_blocks=3)
-    assert alloc.allocate_slots(r, 8, min_free_blocks=2)
+    assert alloc.allocate_slots(r, 8, min_free_blocks=3) is None
+    assert alloc.allocate_slots(r, 8, min_free_blocks=2) is not None
 
 
 def test_free_returns_everything_and_leaves_no_leak():
@@ -190,7 +212,7 @@ def test_blocks_released_before_their_step_ran_are_not_shared():
     admit(alloc, a)
     alloc.free(a)  # preempted (or the step failed) before a's K/V was written
     assert alloc.lookup_prefix(req(1, list(range(12)) + [5])).num_tokens == 0
-    assert alloc.pool.cached == {} and alloc.leaks() == []
+    assert alloc.pool.num_cached_blocks == 0 and alloc.leaks() == []
 
 
 def test_only_the_uncomputed_blocks_of_a_released_table_are_dropped():
@@ -199,7 +221,7 @@ def test_only_the_uncomputed_blocks_of_a_released_table_are_dropped():
     admit(alloc, a)
     compute(a, 8)  # blocks 0-1 computed
     a.token_ids.extend(range(8, 12))
-    assert alloc.allocate_slots(a, 4)  # block 2 indexed for this step
+    assert alloc.allocate_slots(a, 4) is not None  # block 2 indexed for this step
     alloc.free(a)  # preempted before the step ran
     assert alloc.lookup_prefix(req(1, list(range(12)) + [5])).num_tokens == 8
 
@@ -239,7 +261,7 @@ def test_caching_off_never_hits():
     compute(a, 9)
     alloc.free(a)
     assert admit(alloc, req(1, range(9))) == 0
-    assert alloc.pool.cached == {}
+    assert alloc.pool.num_cached_blocks == 0
 
 
 def test_swap_out_and_in_moves_computed_blocks_and_accounts_them():
@@ -272,9 +294,9 @@ def test_swap_out_refuses_when_swap_space_is_full():
 
 def test_bad_allocator_options_name_the_key():
     with pytest.raises(ConfigError, match="block_size=0"):
-        PagedAllocator(num_blocks=4, block_size=0)
+        registry.create("allocator", "paged", num_blocks=4, block_size=0)
     with pytest.raises(ConfigError, match="allocator.prefix_caching"):
-        PagedAllocator(num_blocks=4, block_size=4, prefix_caching="yes")
+        registry.create("allocator", "paged", num_blocks=4, block_size=4, prefix_caching="yes")
 
 
 # -- contiguous -----------------------------------------------------------------------------
@@ -292,9 +314,9 @@ def test_contiguous_reserves_a_max_model_len_slab_per_request_from_the_same_memo
     compute(r, 10)
     for _ in range(200):  # grows within its slab, never needs another
         r.token_ids.append(0)
-        assert alloc.allocate_slots(r, 1)
+        assert alloc.allocate_slots(r, 1) == ()
         compute(r, 1)
-    assert alloc.block_table(r) == table and alloc.take_new_blocks() == {}
+    assert alloc.block_table(r) == table
 
 
 def test_contiguous_admission_waits_for_a_free_slab():
@@ -302,14 +324,14 @@ def test_contiguous_admission_waits_for_a_free_slab():
     a, b, c = (req(i, range(5)) for i in range(3))
     admit(alloc, a)
     admit(alloc, b)
-    assert not alloc.allocate_slots(c, 5)
+    assert alloc.allocate_slots(c, 5) is None
     alloc.free(a)
-    assert alloc.allocate_slots(c, 5)
+    assert alloc.allocate_slots(c, 5) == tuple(alloc.block_table(c))  # the slab's blocks, as the layout counts them
 
 
 def test_contiguous_needs_room_for_one_slab():
     with pytest.raises(ConfigError, match="num_blocks"):
-        ContiguousAllocator(num_blocks=2, block_size=16, max_model_len=512)
+        build(compose_config("allocator=contiguous", "num_blocks=2", "block_size=16", "max_model_len=512"))
 
 
 def test_contiguous_keeps_the_configured_memory_when_it_is_not_a_whole_number_of_slabs():
@@ -318,7 +340,7 @@ def test_contiguous_keeps_the_configured_memory_when_it_is_not_a_whole_number_of
     r = req(0, range(10))
     admit(alloc, r)
     assert alloc.reserved_slots == 512 and alloc.num_free_blocks == 8  # the tail is never handed out
-    assert not alloc.allocate_slots(req(1, range(5)), 5)
+    assert alloc.allocate_slots(req(1, range(5)), 5) is None
     alloc.free(r)
     assert alloc.num_free_blocks == 40 and alloc.reserved_slots == 0
 
@@ -329,15 +351,15 @@ def test_a_recomputed_copy_of_a_cached_block_is_indexed_and_outlives_the_first(d
     evicted, the copy still hits."""
     alloc = PagedAllocator(num_blocks=16, block_size=4, defer_unshared=defer_unshared)
     a = Request(0, 0.0, [*range(8), 100], 2)  # two full blocks and one token
-    assert alloc.allocate_slots(a, 9, alloc.lookup_prefix(a))
+    assert alloc.allocate_slots(a, 9, alloc.lookup_prefix(a)) is not None
     b = Request(1, 0.0, list(range(8)), 2)  # the same two blocks: hits the first, recomputes the second
     hit = alloc.lookup_prefix(b)
     assert hit.num_tokens == 4
-    assert alloc.allocate_slots(b, 4, hit)
+    assert alloc.allocate_slots(b, 4, hit) == (alloc.block_table(b)[1],)  # the hit's block is not new
     b.num_computed_tokens = 8
     first_copy = alloc.block_table(a)[1]
     alloc.free(a)  # its second block waits at the free queue's tail, cached
-    evicted = alloc.pool.allocate(alloc.pool.num_free)  # the pool runs dry: every free block is taken
+    evicted = alloc.pool.get_new_blocks(alloc.pool.num_free)  # the pool runs dry: every free block is taken
     assert first_copy in evicted
     c = Request(2, 0.0, [*range(8), 7], 2)
     assert alloc.lookup_prefix(c).blocks == (alloc.block_table(b)[0], alloc.block_table(b)[1])
@@ -346,7 +368,7 @@ def test_a_recomputed_copy_of_a_cached_block_is_indexed_and_outlives_the_first(d
 def test_an_interpreted_allocator_on_the_compiled_base_runs_as_the_paged_one_does():
     """A plugin allocator derived from ``Allocator`` itself (interpreted, on a compiled base):
     the compiled scheduler calls its methods and properties, and the base's own methods
-    (``allocate_rows``, ``reserved_slots``) call its overrides. Here it hands every call to a
+    (``free_all``, ``reserved_slots``) call its overrides. Here it hands every call to a
     ``PagedAllocator``, so the run must be the paged run, step for step."""
     from paged_bench.core.kv.base import Allocator
     from tests.test_schedulers import make_engine, reqs
@@ -372,9 +394,6 @@ def test_an_interpreted_allocator_on_the_compiled_base_runs_as_the_paged_one_doe
         def free(self, req):
             self.inner.free(req)
 
-        def take_new_blocks(self):
-            return self.inner.take_new_blocks()
-
         def block_table(self, req):
             return self.inner.block_table(req)
 
@@ -391,6 +410,6 @@ def test_an_interpreted_allocator_on_the_compiled_base_runs_as_the_paged_one_doe
 
     mine = Delegating(PagedAllocator(num_blocks=24, block_size=4))
     ours, theirs = run(mine), run(PagedAllocator(num_blocks=24, block_size=4))
-    assert mine.calls > 24  # every row, through the base's allocate_rows, reached the override
+    assert mine.calls > 24  # every row's allocation reached the override
     assert list(ours.steps.rows()) == list(theirs.steps.rows())
     assert ours.leaks == theirs.leaks == [] and mine.reserved_slots == 0

@@ -21,6 +21,7 @@ from paged_bench.costmodel.roofline import HARDWARE, Hardware, RooflineCost, loa
 from paged_bench.costmodel.step_work import step_work
 from paged_bench.errors import ConfigError
 from paged_bench.model.config import PRESETS
+from paged_bench.run.backend_options import SimOptions
 from paged_bench.run.bench import build
 from tests.conftest import compose_config
 
@@ -91,9 +92,9 @@ def test_bad_presets_are_one_line_errors(tmp_path):
     with pytest.raises(ConfigError, match="backend.preset"):
         SimBackend(preset=str(tmp_path / "bad.json"))
     with pytest.raises(ConfigError, match="backend.hardware"):
-        SimBackend(cost_model="roofline", hardware="tpu")
+        SimOptions(cost_model="roofline", hardware="tpu")
     with pytest.raises(ConfigError, match="backend.cost_model"):
-        SimBackend(cost_model="quadratic")
+        SimOptions(cost_model="quadratic")
 
 
 def test_default_sim_keeps_its_linear_cost_model():

@@ -117,8 +117,8 @@ def test_a_handed_over_request_enters_the_plan_once_with_its_prompt_computed(con
     reqs = [Request(i, 0.0, list(range(40)), 5) for i in range(3)]
     for r in reqs:
         r.token_ids.append(7)  # the first token, sampled on the prefill replica
-    assert sched.add_prefilled(reqs[0]) and sched.add_prefilled(reqs[1])
-    assert not sched.add_prefilled(reqs[2])  # max_batch
+    assert sched.add_prefilled(reqs[0], 0.0) and sched.add_prefilled(reqs[1], 0.0)
+    assert not sched.add_prefilled(reqs[2], 0.0)  # max_batch
     plan = sched.schedule(0.0)
     assert [new.req_id for new in plan.new_reqs] == [0, 1]
     assert all(new.num_computed_tokens == 40 for new in plan.new_reqs)

@@ -9,7 +9,7 @@ import pytest
 from paged_bench.backends.base import Backend
 from paged_bench.core.clock import VirtualClock, WallClock
 from paged_bench.core.engine import Engine
-from paged_bench.core.kv.block_pool import BlockPool
+from paged_bench.core.kv.deferred_hashing import DeferredHashingPool
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.plan import StepOutput, StepPlan
 from paged_bench.core.request import FinishReason, Request
@@ -129,50 +129,33 @@ def test_an_interrupt_inside_the_step_bookkeeping_leaks_nothing():
     assert result.leaks == [] and engine.allocator.num_free_blocks == engine.allocator.layout.num_blocks
 
 
-def test_an_interrupt_inside_a_batched_allocation_leaves_no_torn_count():
-    """``allocate_rows`` advances several rows before it settles its slot count: an interrupt
-    between the two (a block filling in a later row) must not be reported as a leak."""
-    rs = reqs([(0.0, 3, 40), (0.0, 3, 40), (0.0, 3, 40)])
-    calls = {"n": 0}
-
-    class Torn(PagedAllocator):  # an override, not a patched attribute: the compiled core calls its own methods
-        def _cache_full_blocks(self, req, seq):
-            calls["n"] += 1
-            if req is rs[2] and calls["n"] >= 3:  # rows 0 and 1 advanced, their count not yet settled
-                raise KeyboardInterrupt
-            super()._cache_full_blocks(req, seq)
-
-    engine = engine_with(ScriptedBackend(), allocator=Torn(num_blocks=64, block_size=4))
-    alloc = engine.allocator
-    result = engine.run(rs)
-    assert result.interrupted
-    assert result.leaks == [] and alloc.num_free_blocks == alloc.layout.num_blocks
-
-
-@pytest.mark.parametrize(("operation", "on_call"), [("allocate", 4), ("release", 2)])
+@pytest.mark.parametrize(("operation", "on_call"), [("get_new_blocks", 4), ("free_blocks", 2), ("cache_full_blocks", 3)])
 def test_an_interrupt_inside_a_pool_operation_leaks_nothing(operation, on_call):
     """An interrupt inside the block pool: after an allocation took its blocks and before any
-    table records them, or halfway through a table's release (its table already dropped)."""
+    table records them, halfway through a table's release (its table already dropped), or
+    while a table that has just grown indexes its full blocks (its slot count already moved)."""
     rs = reqs([(0.0, 8, 40), (0.0, 8, 40), (0.01, 8, 40)])
     engine = engine_with(ScriptedBackend())
     calls = {"n": 0}
 
-    class Torn(BlockPool):  # an override, not a patched attribute: the compiled core calls methods directly
-        def allocate(self, n):
-            return self.torn(super().allocate, n)
+    class Torn(DeferredHashingPool):  # an override, not a patched attribute: the compiled core calls methods directly
+        def get_new_blocks(self, n):
+            return self.torn(super().get_new_blocks, n)
 
-        def release(self, blocks):
-            return self.torn(super().release, blocks)
+        def free_blocks(self, blocks):
+            return self.torn(super().free_blocks, list(blocks))
 
-        def torn(self, real, arg):
+        def cache_full_blocks(self, blocks, hashes):
+            return self.torn(super().cache_full_blocks, blocks, hashes)
+
+        def torn(self, real, first, *rest):
             calls["n"] += real.__name__ == operation
             if real.__name__ != operation or calls["n"] != on_call:  # the signal lands once
-                return real(arg)
-            if operation == "allocate":
-                real(arg)  # blocks taken, then the signal: the caller never sees them
+                return real(first, *rest)
+            if operation == "free_blocks":
+                real(first[: len(first) // 2 + 1])  # half released, then the signal
             else:
-                blocks = list(arg)
-                real(blocks[: len(blocks) // 2 + 1])  # half released, then the signal
+                real(first, *rest)  # done, then the signal: the caller never sees it
             raise KeyboardInterrupt
 
     engine.allocator.pool = Torn(engine.allocator.layout.num_blocks)

@@ -15,6 +15,9 @@ from paged_bench.core.scheduler.continuous import ContinuousScheduler
 from paged_bench.core.scheduler.preemptive import PreemptiveScheduler
 from paged_bench.core.scheduler.static import StaticScheduler
 from paged_bench.errors import ConfigError
+from paged_bench.run import registry
+from paged_bench.run.bench import build
+from paged_bench.run.compose import compose_config
 
 
 def make_engine(scheduler_cls=ContinuousScheduler, *, num_blocks=64, block_size=4, max_batch=8,
@@ -76,8 +79,8 @@ def test_chunked_prefill_spreads_a_long_prompt_over_steps():
 
 
 def test_without_chunking_the_budget_must_hold_a_whole_prompt():
-    with pytest.raises(ConfigError, match="max_num_batched_tokens"):
-        make_engine(budget=64, max_model_len=256, chunked=False)
+    with pytest.raises(ConfigError, match="max_num_batched_tokens=64 .*chunked_prefill is off"):
+        build(compose_config("max_num_batched_tokens=64", "max_model_len=256", "scheduler.chunked_prefill=false"))
 
 
 def test_without_chunking_a_prompt_waits_for_a_step_with_room():
@@ -195,9 +198,10 @@ def test_contiguous_caps_concurrency_at_the_number_of_slabs():
 
 def test_bad_scheduler_options_name_the_key():
     alloc = PagedAllocator(num_blocks=8, block_size=4)
+    limits = {"max_model_len": 32, "max_batch": 2, "max_num_batched_tokens": 64}
     with pytest.raises(ConfigError, match="scheduler.mode"):
-        PreemptiveScheduler(alloc, max_model_len=32, max_batch=2, max_num_batched_tokens=64, mode="evict")
+        registry.create("scheduler", "preemptive", alloc, **limits, mode="evict")
     with pytest.raises(ConfigError, match="scheduler.watermark"):
-        PreemptiveScheduler(alloc, max_model_len=32, max_batch=2, max_num_batched_tokens=64, watermark=1.0)
+        registry.create("scheduler", "preemptive", alloc, **limits, watermark=1.0)
     with pytest.raises(ConfigError, match="max_batch"):
-        ContinuousScheduler(alloc, max_model_len=32, max_batch=0, max_num_batched_tokens=64)
+        registry.create("scheduler", "continuous", alloc, **{**limits, "max_batch": 0})

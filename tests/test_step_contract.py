@@ -81,6 +81,24 @@ def test_decodes_are_rows_past_the_prompt_not_one_token_chunks():
     assert sum(s.decode_tokens for s in result.steps) == (3 - 1) + (2 - 1)
 
 
+def test_the_plans_builders_take_every_field_by_name():
+    """``new_step_plan`` and its siblings build the named tuples in C, positionally: each field
+    must land where its name says (every value here is distinct)."""
+    from paged_bench.core.plan import new_request_data, new_sampling_params, new_step_plan
+    from paged_bench.core.plan import NewRequestData, SamplingParams
+
+    sampling = dict(temperature=0.5, top_p=0.25, seed=3, max_tokens=4, ignore_eos=False)
+    assert new_sampling_params(**sampling) == SamplingParams(**sampling)
+    new = dict(req_id=1, token_ids=(2,), num_prompt_tokens=3, block_ids=(4,), num_computed_tokens=5,
+               sampling=SamplingParams(**sampling))  # fmt: skip
+    assert new_request_data(**new) == NewRequestData(**new)
+    plan = dict(req_ids=(1,), num_computed_tokens=(2,), num_new_tokens=(3,),
+                new_reqs=(NewRequestData(**new),), new_block_ids={1: (5,)}, partial_rows=frozenset({0}),
+                num_decode_tokens=6, swap_out=((7, 8),), swap_in=((9, 10),), preempted_req_ids=(11,),
+                finished_req_ids=(12,))  # fmt: skip
+    assert new_step_plan(**plan) == StepPlan(**plan) and type(new_step_plan(**plan)) is StepPlan
+
+
 def test_starting_plans_drive_a_backend_directly():
     from paged_bench.core.plan import NewRequestData
 

@@ -214,6 +214,7 @@ def test_a_job_on_another_host_logs_itself_under_the_sweeps_parent(tmp_path, mon
     from paged_bench.cli.track import track_job
     from paged_bench.report.load import save_config, update_run_info
     from paged_bench.run.job import run_job
+    from paged_bench.run.tracking_settings import TrackingSettings
     from paged_bench.tracking import uploader
     from tests.conftest import compose_config
 
@@ -232,7 +233,7 @@ def test_a_job_on_another_host_logs_itself_under_the_sweeps_parent(tmp_path, mon
     run_job(config, run_dir)
     update_run_info(run_dir, {"run_name": "max_batch=4", "job_num": 0, "start_time": time.time()})
     store.reset_failure()
-    track_job(config, run_dir, sweep_dir)
+    track_job(TrackingSettings.from_config(config), run_dir, sweep_dir)
     uploader.close_shared()
     assert store.failure() is None
     (child,) = [r for r in c.search_runs([exp]) if r.info.run_id != parent]

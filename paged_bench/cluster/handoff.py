@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paged_bench.core.request import FinishReason, Request
+from paged_bench.core.request import FinishReason, Request, check_stop
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +57,10 @@ def take_prefill(req: Request, copy: Request, max_model_len: int, end_token_ids:
     if not copy.token_times:  # rejected, or the run stopped before its prefill finished
         req.finish(copy.finish_reason or FinishReason.ERROR, copy.finish_time or 0.0, copy.error)
         return False
-    token, now = copy.token_ids[-1], copy.token_times[0]
-    req.token_ids.append(token)
-    req.token_times.append(now)
-    if token in end_token_ids and not req.ignore_eos:  # EOS before the length cap, as in Scheduler.update
-        req.finish(FinishReason.STOP, now)
-    elif req.num_tokens >= min(req.num_prompt_tokens + req.max_tokens, max_model_len):
-        req.finish(FinishReason.LENGTH, now)
-    return not req.is_finished
+    now = copy.token_times[0]
+    req.append_token(copy.token_ids[-1], now)
+    req.cap_length(max_model_len)
+    reason = check_stop(req, end_token_ids)  # the stop rule the decode replica's scheduler would apply
+    if reason is not None:
+        req.finish(reason, now)
+    return reason is None

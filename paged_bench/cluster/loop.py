@@ -225,15 +225,10 @@ class Cluster:
         """End everything unfinished and free every block, as ``Engine.run`` does."""
         reason = FinishReason.ABORT if interrupted else FinishReason.ERROR
         now = max([self.now] + [r.free_at for r in self.replicas])
-        for replica in self.replicas:
-            replica.engine.scheduler.abort_all(reason, now, error)
-            for req in replica.inbox:
-                req.finish(reason, now, f"not submitted: {error}")
-            # an interrupt can land mid-step, after a request left the scheduler's lists and
-            # before its blocks were freed: free whatever any request still holds (idempotent)
-            replica.engine.allocator.free_all(reqs)
+        for replica, ran in zip(self.replicas, self._ran):
+            replica.engine.scheduler.abort_all(reason, now, error, submitted=ran, unsent=replica.inbox)
         out = self._out
-        for req in reqs:
+        for req in reqs:  # no replica holds it: prefilled, its K/V still on the wire, or never routed
             if not req.is_finished:
                 placed = req in out.placement or req in out.prefill_placement
                 req.finish(reason, now, error if placed else f"not submitted: {error}")

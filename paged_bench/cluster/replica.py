@@ -46,7 +46,7 @@ class Replica:
         rejected = [req for req in self.inbox if req.is_finished]
         self.inbox.clear()
         sched = self.engine.scheduler
-        while self.handoffs and sched.add_prefilled(self.handoffs[0]):
+        while self.handoffs and sched.add_prefilled(self.handoffs[0], self.engine.clock.now()):
             self.handoffs.popleft()
         if self.handoffs and not sched.has_unfinished():
             req = self.handoffs[0]

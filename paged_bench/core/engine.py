@@ -17,12 +17,12 @@ import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol, SupportsIndex
 
 from paged_bench.core.arrivals import feed
 from paged_bench.core.clock import VirtualClock, WallClock
 from paged_bench.core.kv.base import Allocator, KVLayout
-from paged_bench.core.plan import StepOutput, StepPlan, total
+from paged_bench.core.plan import StepOutput, StepPlan
 from paged_bench.core.request import FinishReason, Request
 from paged_bench.core.scheduler.base import Scheduler
 from paged_bench.core.step_records import STEP_COLUMNS, StepRecords
@@ -84,7 +84,6 @@ class Engine:
         # a long-lived server keeps only the latest step records, so its memory stays flat
         self.steps = StepRecords(max_step_records)
         self.num_steps = 0
-        self._num_blocks, self._block_size = self.allocator.layout.num_blocks, self.allocator.layout.block_size
         # a real model on virtual time (clock=virtual): a step lasts what scheduling and computing
         # it took, unless the backend priced it itself, and the clock jumps over idle gaps (a
         # model's own duration is 0: the wall clock times it)
@@ -102,7 +101,7 @@ class Engine:
         start = self.clock.now()
         began = time.perf_counter() if self._timed else 0.0
         plan = sched.schedule(start)
-        if not (plan.req_ids or plan.swap_in or plan.swap_out):  # plan.is_empty, inlined: every step
+        if plan.is_empty:
             if plan.num_preempted:  # everyone was preempted: they are readmitted next step
                 return []
             raise EngineError(
@@ -110,17 +109,15 @@ class Engine:
                 f"{len(sched.waiting)} waiting requests"
             )
         # KV as the step holds it: after scheduling, before finished requests are freed
-        live, free_blocks = allocator.live_slots, allocator.num_free_blocks
-        backend: Any = self.backend  # Any: compiled, the declared StepOutput would be checked before our check
-        output = backend.execute(plan)
-        try:
-            if self._timed and not output.duration:
-                output.duration = time.perf_counter() - began
-            well_formed = len(output.token_ids) == len(plan.req_ids) and output.duration >= 0
-        except (AttributeError, TypeError):  # no StepOutput, or a duration that is no number
-            well_formed = False
-        if not well_formed:  # a plugin's: fail, naming it, not skew
+        live, reserved, free_blocks = allocator.live_slots, allocator.reserved_slots, allocator.num_free_blocks
+        # called as Python calls it, so that the answer reaches the check below as the plugin gave
+        # it (compiled, a direct call would first check it is a StepOutput: a bare TypeError)
+        execute: Callable[[StepPlan], object] = self.backend.execute
+        output = execute(plan)
+        if not (isinstance(output, StepOutput) and _well_formed(output, plan)):  # a plugin's: fail, naming it
             raise EngineError(_bad_output(self.backend, plan, output))
+        if self._timed and not output.duration:
+            output.duration = time.perf_counter() - began
         end = self.clock.advance(start, output.duration)
         try:
             finished = sched.update(plan, output, end)
@@ -129,22 +126,21 @@ class Engine:
             if all(map(_is_token, output.token_ids)):
                 raise
             raise EngineError(_bad_output(self.backend, plan, output)) from None
-        decodes = plan.num_decode_tokens
-        self.steps.append((
-            self.num_steps,
-            end,
-            end - start,
-            len(plan.req_ids),
-            total(plan.num_new_tokens) - decodes,
-            decodes,
-            len(sched.running),
-            len(sched.waiting),
-            live,
-            (self._num_blocks - free_blocks) * self._block_size,
-            free_blocks,
-            len(plan.preempted_req_ids),
-            len(plan.swap_in) + len(plan.swap_out),
-        ))  # fmt: skip
+        self.steps.record(
+            step=self.num_steps,
+            time=end,
+            duration=end - start,
+            batch_size=len(plan.req_ids),
+            prefill_tokens=plan.num_prefill_tokens,
+            decode_tokens=plan.num_decode_tokens,
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            kv_live_slots=live,
+            kv_reserved_slots=reserved,
+            kv_free_blocks=free_blocks,
+            preemptions=len(plan.preempted_req_ids),
+            swapped_blocks=len(plan.swap_in) + len(plan.swap_out),
+        )
         self.num_steps += 1
         return finished
 
@@ -188,18 +184,8 @@ class Engine:
             error = crash_message(e)
             log.exception("the run stopped: %s", error)
         if error is not None:
-            now = clock.now()
             reason = FinishReason.ABORT if interrupted else FinishReason.ERROR
-            sched.abort_all(reason, now, error)
-            for req in arrivals.pending():
-                req.finish(reason, now, f"not submitted: {error}")
-            # an interrupt or a crash can land mid-step, after a request left the scheduler's
-            # lists and before its blocks were freed: free whatever any request still holds
-            # (idempotent), and end whoever no list holds any more
-            self.allocator.free_all(arrivals.requests)
-            for req in arrivals.requests:
-                if not req.is_finished:
-                    req.finish(reason, now, error)
+            sched.abort_all(reason, clock.now(), error, submitted=arrivals.requests, unsent=arrivals.pending())
         return self.result(arrivals.requests, error, interrupted)
 
     def result(self, reqs: list[Request], error: str | None, interrupted: bool) -> EngineResult:
@@ -233,21 +219,28 @@ def _duration(steps: StepRecords, reqs: list[Request]) -> float:
     return max([last.time if last is not None else 0.0, *ends])
 
 
-def _is_token(token: Any) -> bool:
-    try:
-        return operator.index(token) >= 0  # an int, numpy's included; a vocabulary index
+def _well_formed(output: StepOutput, plan: StepPlan) -> bool:
+    """One token per row and a duration >= 0 (any int and float: numpy's too)."""
+    try:  # compiled, reading a field checks its declared type: token ids not in a list, a duration that is no number
+        return len(output.token_ids) == plan.num_reqs and output.duration >= 0
     except TypeError:
         return False
 
 
+def _is_token(token: object) -> bool:
+    """An int >= 0 (numpy's too): a vocabulary index."""
+    return isinstance(token, SupportsIndex) and operator.index(token) >= 0
+
+
 def _bad_output(backend: Executor, plan: StepPlan, output: object) -> str:
-    answer: Any = output  # as the plugin filled it (compiled, StepOutput's field types would be checked on reading)
-    if isinstance(output, StepOutput):
-        kinds = "/".join(sorted({type(t).__name__ for t in answer.token_ids}))
-        tokens = counted(len(answer.token_ids), "token") + (f" ({kinds})" if kinds else "")
-        shown = f"{tokens} and a duration of {answer.duration!r} s"
+    # its fields as the plugin filled them (compiled, reading them typed would check their types first)
+    tokens: object = getattr(output, "token_ids", None)
+    duration: object = getattr(output, "duration", None)
+    if isinstance(output, StepOutput) and isinstance(tokens, (list, tuple)):
+        kinds = "/".join(sorted({type(t).__name__ for t in tokens}))
+        shown = counted(len(tokens), "token") + (f" ({kinds})" if kinds else "") + f" and a duration of {duration!r} s"
     else:
-        shown = f"{type(output).__name__}"
+        shown = type(output).__name__
     return (f"backend {backend.name!r} returned {shown} for a step of {counted(len(plan.req_ids), 'row')} (requests "
             "in plan.req_ids): execute() returns a paged_bench.core.plan.StepOutput of one token id (an int >= 0) per row of "
             "the plan and a duration >= 0 s")  # fmt: skip

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from paged_bench.core.request import Request
 
 ReqId = int | str
-new_named_tuple: Final = tuple.__new__  # builds a named tuple from its fields in order, in C
+_tuple_new: Final = tuple.__new__
 
 
 class SamplingParams(NamedTuple):
@@ -44,8 +44,8 @@ class SamplingParams(NamedTuple):
 
 
 class NewRequestData(NamedTuple):
-    """Everything a backend needs to start (or restart) a request; sent once. Named tuples,
-    as the plan: immutable, picklable, and cheap to build at every admission."""
+    """Everything a backend needs to start (or restart) a request; sent once. A named tuple, as
+    the plan: immutable and picklable."""
 
     req_id: ReqId
     token_ids: tuple[int, ...]  # every token known now: the prompt, then any generated before a
@@ -57,19 +57,21 @@ class NewRequestData(NamedTuple):
 
     @classmethod
     def from_request(cls, req: Request, block_ids: Iterable[int], with_tokens: bool = True) -> NewRequestData:
-        # positional, in field order, the cheap way (one per admission): a named tuple's own
-        # constructor is Python code
-        sampling = new_named_tuple(SamplingParams, (
-            req.temperature, req.top_p, req.sampling_seed, req.max_num_tokens - req.num_prompt_tokens, req.ignore_eos
-        ))  # fmt: skip
-        return new_named_tuple(cls, (
-            req.request_id,
-            tuple(req.token_ids) if with_tokens else (),
-            req.num_prompt_tokens,
-            tuple(block_ids),
-            req.num_computed_tokens,
-            sampling,
-        ))  # fmt: skip
+        sampling = new_sampling_params(
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.sampling_seed,
+            max_tokens=req.max_num_tokens - req.num_prompt_tokens,
+            ignore_eos=req.ignore_eos,
+        )
+        return new_request_data(
+            req_id=req.request_id,
+            token_ids=tuple(req.token_ids) if with_tokens else (),
+            num_prompt_tokens=req.num_prompt_tokens,
+            block_ids=tuple(block_ids),
+            num_computed_tokens=req.num_computed_tokens,
+            sampling=sampling,
+        )
 
 
 class ScheduledRow(NamedTuple):
@@ -82,9 +84,8 @@ class ScheduledRow(NamedTuple):
 
 
 class StepPlan(NamedTuple):
-    """The scheduler's decision for one step (immutable: a named tuple, cheap to build every
-    step). Swap copies (block pairs) are done before the step computes anything: swap-outs
-    first, then swap-ins."""
+    """The scheduler's decision for one step (immutable: a named tuple). Swap copies (block
+    pairs) are done before the step computes anything: swap-outs first, then swap-ins."""
 
     req_ids: tuple[ReqId, ...] = ()
     num_computed_tokens: tuple[int, ...] = ()
@@ -104,12 +105,12 @@ class StepPlan(NamedTuple):
 
     @property
     def num_scheduled_tokens(self) -> int:
-        return total(self.num_new_tokens)
+        return sum(self.num_new_tokens)
 
     @property
     def num_prefill_tokens(self) -> int:
         """Every scheduled token that is not a decode: prompt chunks and recomputation."""
-        return self.num_scheduled_tokens - self.num_decode_tokens
+        return sum(self.num_new_tokens) - self.num_decode_tokens
 
     @property
     def num_preempted(self) -> int:
@@ -129,7 +130,8 @@ class StepPlan(NamedTuple):
         starts = tuple(new.num_computed_tokens for new in news)
         partial = frozenset(i for i, (new, n) in enumerate(rows) if new.num_computed_tokens + n < len(new.token_ids))
         decodes = sum(n == 1 and s >= new.num_prompt_tokens for new, s, n in zip(news, starts, nums))
-        return cls(tuple(new.req_id for new in news), starts, nums, news, {}, partial, decodes)
+        return cls(req_ids=tuple(new.req_id for new in news), num_computed_tokens=starts, num_new_tokens=nums,
+                   new_reqs=news, partial_rows=partial, num_decode_tokens=decodes)  # fmt: skip
 
     def rows(self) -> Iterator[ScheduledRow]:
         partial = self.partial_rows
@@ -137,13 +139,40 @@ class StepPlan(NamedTuple):
             yield ScheduledRow(rid, start, n, i not in partial)
 
 
-def total(counts: tuple[int, ...]) -> int:
-    """The sum of a plan's column of counts. (A loop, not ``sum``: compiled, it adds machine
-    integers; ``sum`` adds int objects, a new one per step past 256.)"""
-    out = 0
-    for n in counts:
-        out += n
-    return out
+# The scheduler builds a plan every step and a NewRequestData at every admission. A named
+# tuple's own constructor is Python code, slow to call by keyword from compiled code (which
+# builds a dict of the arguments for it to parse); these build the same tuples in C, their
+# fields taken by name (docs/engine.md, Speed, has what this saves).
+
+
+def new_sampling_params(*, temperature: float, top_p: float, seed: int | None, max_tokens: int,
+                        ignore_eos: bool) -> SamplingParams:  # fmt: skip
+    return _tuple_new(SamplingParams, (temperature, top_p, seed, max_tokens, ignore_eos))
+
+
+def new_request_data(*, req_id: ReqId, token_ids: tuple[int, ...], num_prompt_tokens: int, block_ids: tuple[int, ...],
+                     num_computed_tokens: int, sampling: SamplingParams) -> NewRequestData:  # fmt: skip
+    return _tuple_new(NewRequestData, (req_id, token_ids, num_prompt_tokens, block_ids, num_computed_tokens, sampling))
+
+
+def new_step_plan(
+    *,
+    req_ids: tuple[ReqId, ...],
+    num_computed_tokens: tuple[int, ...],
+    num_new_tokens: tuple[int, ...],
+    new_reqs: tuple[NewRequestData, ...],
+    new_block_ids: dict[ReqId, tuple[int, ...]],
+    partial_rows: frozenset[int],
+    num_decode_tokens: int,
+    swap_out: tuple[tuple[int, int], ...],
+    swap_in: tuple[tuple[int, int], ...],
+    preempted_req_ids: tuple[ReqId, ...],
+    finished_req_ids: tuple[ReqId, ...],
+) -> StepPlan:
+    return _tuple_new(StepPlan, (
+        req_ids, num_computed_tokens, num_new_tokens, new_reqs, new_block_ids, partial_rows, num_decode_tokens,
+        swap_out, swap_in, preempted_req_ids, finished_req_ids,
+    ))  # fmt: skip
 
 
 @mypyc_attr(native_class=False)  # a plugin's answer, checked by the engine (compiled, a wrong type fails in the plugin)

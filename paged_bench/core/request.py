@@ -5,13 +5,25 @@ token, and ``num_computed_tokens`` (tokens whose K/V is in the cache) catches up
 ``num_tokens``. Prefill, chunked prefill, decode and resumption after a recompute-preemption
 are therefore one mechanism: schedule ``num_tokens - num_computed_tokens`` more tokens.
 
+Its state changes only through its own methods (the scheduler advances
+``num_computed_tokens`` as steps compute, as vLLM's does)::
+
+    WAITING --admit--> RUNNING --append_token; check_stop says why--> finish --> FINISHED
+                        |    ^
+                 preempt|    |admit
+                        v    |
+             PREEMPTED (K/V lost) or SWAPPED (K/V in swap space)
+
+``finish`` also ends a request in any other state (rejected at the door, aborted, a run
+stopped). ``check_stop`` is the one stop rule: the scheduler applies it to every sampled
+token, and a cluster to the token a prefill replica hands over.
+
 ``token_ids`` is an ``array('Q')``: indexed, sliced, appended to and measured as a list is,
-8 bytes a token instead of a list's pointer plus an int object (36 bytes: the Azure trace's
-20M prompt tokens held 720 MB as lists), and cut from a workload's draw in one copy
-(``workloads.base.random_prompts``). Unsigned, as token ids (vocabulary indices) are: appending to it is cheaper than to a
-signed ``array('q')``, whose setter parses each value with ``PyArg_Parse``, and the engine
-appends a token to every running request every step. It compares equal only to another
-array: compare ``list(req.token_ids)`` with a list.
+8 bytes a token instead of a list's pointer plus an int object, and cut from a workload's
+draw in one copy (``workloads.base.random_prompts``). Unsigned, as token ids (vocabulary
+indices) are: appending to it is cheaper than to a signed ``array('q')``, whose setter parses
+each value with ``PyArg_Parse``, and the engine appends a token to every running request every
+step. It compares equal only to another array: compare ``list(req.token_ids)`` with a list.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ from __future__ import annotations
 import enum
 from array import array
 from collections.abc import Iterable
+from typing import SupportsIndex
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,7 +75,7 @@ class FinishReason(str, enum.Enum):
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the server's LogprobsRequest subclasses it
-@dataclass(eq=False, init=False, slots=True)  # __init__ written out: compiled, dataclass's runs interpreted (2x slower)
+@dataclass(eq=False, init=False, slots=True)  # __init__ written out: compiled; a dataclass's generated one runs interpreted
 class Request:
     """One request. Timestamps are seconds on the engine's clock (virtual or wall)."""
 
@@ -79,7 +92,7 @@ class Request:
     want_prompt_logprobs: bool = False  # score the prompt: every position is computed, no prefix cache hit
 
     num_prompt_tokens: int = field(init=False)
-    max_num_tokens: int = field(init=False)  # stops for length here; the scheduler caps it at max_model_len
+    max_num_tokens: int = field(init=False)  # stops for length here (``cap_length``: an engine's max_model_len)
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     first_scheduled_time: float | None = None
@@ -88,7 +101,7 @@ class Request:
     finish_reason: FinishReason | None = None
     error: str | None = None
     num_preemptions: int = 0
-    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
+    num_cached_tokens: int = 0  # prompt tokens already in the cache at its first admission
 
     def __init__(
         self,
@@ -151,6 +164,35 @@ class Request:
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
+    def cap_length(self, max_model_len: int) -> None:
+        """Stop for length at ``max_model_len`` tokens if that comes before ``max_tokens``
+        output tokens: an engine's limit, as vLLM caps ``max_tokens`` by the model's length."""
+        self.max_num_tokens = min(self.max_num_tokens, max_model_len)
+
+    def admit(self, num_computed_tokens: int, now: float) -> None:
+        """Scheduled to run, its first ``num_computed_tokens`` tokens' K/V in the cache already
+        (a prefix hit, K/V swapped back in or handed over by another replica)."""
+        self.status = RequestStatus.RUNNING
+        self.num_computed_tokens = num_computed_tokens
+        if self.first_scheduled_time is None:  # its first admission: what the prefix cache served
+            self.first_scheduled_time = now
+            self.num_cached_tokens = num_computed_tokens
+
+    def preempt(self, swapped: bool) -> None:
+        """Taken off the GPU: its K/V copied to swap space (``swapped``), or lost, to be
+        recomputed from its tokens (which it keeps, generated ones included)."""
+        self.num_preemptions += 1
+        if swapped:
+            self.status = RequestStatus.SWAPPED
+        else:
+            self.status = RequestStatus.PREEMPTED
+            self.num_computed_tokens = 0
+
+    def append_token(self, token: SupportsIndex, now: float) -> None:
+        """A token sampled for it at ``now`` (any integer type: numpy's too)."""
+        self.token_ids.append(token)
+        self.token_times.append(now)
+
     def finish(self, reason: FinishReason, now: float, error: str | None = None) -> None:
         self.status = RequestStatus.FINISHED
         self.finish_reason = reason
@@ -158,9 +200,21 @@ class Request:
         self.error = error
 
 
+def check_stop(req: Request, end_token_ids: frozenset[int]) -> FinishReason | None:
+    """Why ``req`` stops after its latest token, or None: EOS (or another end token) unless it
+    ignores EOS, then its length, in vLLM v1's ``check_stop`` order (since PR #27555; before it,
+    length first): an EOS that is also the last token allowed is a stop."""
+    if not req.ignore_eos and req.token_ids[-1] in end_token_ids:
+        return FinishReason.STOP
+    if len(req.token_ids) >= req.max_num_tokens:
+        return FinishReason.LENGTH
+    return None
+
+
 def _take_prompt(req: Request) -> None:
-    """Hold the token ids given as the prompt in an ``array('Q')``, and count them. (A function:
-    compiled, a method called on ``self`` is looked up by name, subclasses being allowed.)"""
+    """Hold the token ids given as the prompt in an ``array('Q')``, and count them. (A function,
+    shared by ``Request.__init__`` and the ``__post_init__`` a dataclass subclass's generated
+    ``__init__`` calls instead.)"""
     if req.token_ids.__class__ is not array or req.token_ids.typecode != "Q":
         req.token_ids = token_array(req.token_ids)
     req.num_prompt_tokens = len(req.token_ids)

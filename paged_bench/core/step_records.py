@@ -53,6 +53,27 @@ class StepRecords:
         self._tail: list = []  # unsealed rows, flattened
         self._tail_len = self._chunk_rows * _WIDTH
 
+    def record(
+        self,
+        *,
+        step: int,
+        time: float,
+        duration: float,
+        batch_size: int,
+        prefill_tokens: int,
+        decode_tokens: int,
+        running: int,
+        waiting: int,
+        kv_live_slots: int,
+        kv_reserved_slots: int,
+        kv_free_blocks: int,
+        preemptions: int,
+        swapped_blocks: int,
+    ) -> None:
+        """Add one step, its values named as ``StepRow``'s fields."""
+        self.append((step, time, duration, batch_size, prefill_tokens, decode_tokens, running, waiting,
+                     kv_live_slots, kv_reserved_slots, kv_free_blocks, preemptions, swapped_blocks))  # fmt: skip
+
     def append(self, row: tuple) -> None:
         """Add one step's values, in ``STEP_COLUMNS`` order."""
         tail = self._tail

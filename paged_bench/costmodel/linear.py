@@ -1,12 +1,11 @@
 """The simulator's default cost model: a step's seconds, linear in what the step does (see
-``paged_bench.backends.sim``). Priced every simulated step, so it is compiled with the engine
-core (``paged_bench.native.guard``)."""
+``paged_bench.backends.sim``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paged_bench.core.plan import StepPlan, total
+from paged_bench.core.plan import StepPlan
 
 
 @dataclass(frozen=True)
@@ -20,8 +19,8 @@ class LinearCost:
     per_swap_block: float
 
     def duration(self, plan: StepPlan) -> float:
-        decodes, scheduled = plan.num_decode_tokens, total(plan.num_new_tokens)
-        kv_read = scheduled + total(plan.num_computed_tokens)
+        decodes, scheduled = plan.num_decode_tokens, sum(plan.num_new_tokens)
+        kv_read = scheduled + sum(plan.num_computed_tokens)
         return (
             self.step_overhead
             + self.per_prefill_token * (scheduled - decodes)

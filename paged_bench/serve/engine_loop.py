@@ -151,14 +151,16 @@ class EngineLoop:
                     log.exception("engine step failed; ending the affected requests")
                     self._errors += 1
                     engine.scheduler.abort_all(FinishReason.ERROR, engine.clock.now(),
-                                               "the engine failed a step; the server logged the details")  # fmt: skip
+                                               "the engine failed a step; the server logged the details",
+                                               submitted=self._live)  # fmt: skip
                 self._end_failed_requests()
                 if self.observer is not None:
                     self.observer.step(engine)
                 self._publish()
         finally:
-            engine.scheduler.abort_all(FinishReason.ABORT, engine.clock.now(), "the server is shutting down")
-            self._drain()  # requests submitted meanwhile end too
+            self._drain()  # requests submitted meanwhile end with the rest
+            engine.scheduler.abort_all(FinishReason.ABORT, engine.clock.now(), "the server is shutting down",
+                                       submitted=self._live)  # fmt: skip
             self._publish()
             engine.backend.close()
 
@@ -194,10 +196,7 @@ class EngineLoop:
                 self._live[req] = (stream, req.num_tokens)
                 if isinstance(req, LogprobsRequest) and self._sinks is not None:
                     self._sinks.by_id[req.request_id] = req.sink
-                if self._stopping:
-                    req.finish(FinishReason.ABORT, now, "the server is shutting down")
-                else:
-                    engine.add_request(req)  # a prompt that can never run is finished REJECTED
+                engine.add_request(req)  # a prompt that can never run is finished REJECTED
             elif req in self._live:
                 engine.scheduler.finish_request(req, command[2], now)
 

@@ -4,9 +4,10 @@ The scheduler asks an allocator for room (``lookup_prefix``, ``allocate_slots``,
 ``swap_out``/``swap_in``, ``free``) and never touches blocks itself. Backends read where a
 request's K/V lives through ``block_table``: token position ``p`` of a request is slot
 ``table[p // block_size] * block_size + p % block_size`` of a pool of ``num_blocks``
-blocks. Each step the scheduler collects the blocks appended to running requests' tables
-(``take_new_blocks``) for the step plan, so a backend can mirror the tables without asking.
-Counters are kept up to date incrementally, so reading them each step is O(1).
+blocks. ``allocate_slots`` returns the blocks it appended to a table, as vLLM v1's
+``KVCacheManager.allocate_slots`` does, and the scheduler lists them in the step plan, so a
+backend can mirror the tables without asking. Counters are kept up to date incrementally, so
+reading them each step is O(1).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -42,7 +43,7 @@ class PrefixHit:
     num_tokens: int = 0
 
 
-NO_HIT = PrefixHit()
+NO_HIT: Final = PrefixHit()
 
 
 @dataclass(slots=True)
@@ -65,7 +66,7 @@ class Allocator(ABC):
     # the methods marked @abstractmethod below, by name: compiled (paged_bench.native.guard), a method
     # loses the mark, and Python builds a subclass that lacks one; the registry refuses it instead
     abstract_methods: ClassVar[tuple[str, ...]] = ("live_slots", "lookup_prefix", "allocate_slots", "free",
-                                                   "take_new_blocks", "block_table", "num_free_blocks", "leaks")  # fmt: skip
+                                                   "block_table", "num_free_blocks", "leaks")  # fmt: skip
     layout: KVLayout
     counters: AllocatorCounters
 
@@ -86,25 +87,16 @@ class Allocator(ABC):
         num_new_tokens: int,
         hit: PrefixHit = NO_HIT,
         min_free_blocks: int = 0,
-    ) -> bool:
-        """Make room for ``num_new_tokens`` more tokens of ``req``.
+    ) -> tuple[int, ...] | None:
+        """Make room for ``num_new_tokens`` more tokens of ``req``; returns the blocks appended
+        to its table (often none: the tokens fit its last block), or None, changing nothing,
+        if that would leave fewer than ``min_free_blocks`` free blocks.
 
         For a request that holds no KV yet, ``hit`` (from ``lookup_prefix``) is taken and the
-        new tokens follow it. Returns False, changing nothing, if that would leave fewer than
-        ``min_free_blocks`` free blocks. Full blocks are indexed in the prefix cache as they
-        are allocated for computation (as vLLM v1 does), so a request admitted later in the
-        same step already hits them.
+        new tokens follow it (the hit's blocks are not among those returned). Full blocks are
+        indexed in the prefix cache as they are allocated for computation (as vLLM v1 does),
+        so a request admitted later in the same step already hits them.
         """
-
-    def allocate_rows(self, reqs: list[Request], nums: list[int]) -> int:
-        """``allocate_slots(reqs[i], nums[i])`` for running requests in order, stopping at the
-        first that fails; returns how many succeeded. The scheduler's hot path: an allocator
-        may override it with a leaner loop."""
-        allocate = self.allocate_slots
-        for i, (req, n) in enumerate(zip(reqs, nums)):
-            if not allocate(req, n):
-                return i
-        return len(reqs)
 
     @abstractmethod
     def free(self, req: Request) -> None:
@@ -133,12 +125,6 @@ class Allocator(ABC):
         """Leading tokens of ``req`` this pool holds cached now. Read-only and keeps nothing
         about ``req``: a cluster's router asks every replica, most of which never see it."""
         return self.lookup_prefix(req).num_tokens
-
-    @abstractmethod
-    def take_new_blocks(self) -> dict[int | str, tuple[int, ...]]:
-        """Request id -> blocks appended to its table since the last call, for requests that
-        already held KV before their ``allocate_slots`` (a newly admitted request's whole
-        table goes into the plan instead)."""
 
     @abstractmethod
     def block_table(self, req: Request) -> list[int]:

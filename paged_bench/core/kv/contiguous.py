@@ -13,9 +13,10 @@ capacity figures): that is what slabs cost when the memory is not a multiple of 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
-from paged_bench.core.kv.base import KVLayout
+from paged_bench.core.kv.base import NO_HIT, KVLayout, PrefixHit
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.request import Request
 
@@ -45,9 +46,19 @@ class ContiguousAllocator(PagedAllocator):
         self.layout = KVLayout(num_blocks, block_size, 0)
         self._tail_blocks = num_blocks - num_slabs * self.blocks_per_slab  # free for ever: no slab fits there
 
+    def allocate_slots(
+        self, req: Request, num_new_tokens: int, hit: PrefixHit = NO_HIT, min_free_blocks: int = 0
+    ) -> tuple[int, ...] | None:
+        slabs = super().allocate_slots(req, num_new_tokens, hit, min_free_blocks)
+        return None if slabs is None else tuple(self._blocks_of(slabs))
+
     def block_table(self, req: Request) -> list[int]:
+        return self._blocks_of(self._seqs[req].blocks)
+
+    def _blocks_of(self, slabs: Iterable[int]) -> list[int]:
+        """The layout's blocks that make up ``slabs``, in order (a slab is a pool block)."""
         k = self.blocks_per_slab
-        return [slab * k + j for slab in self._seqs[req].blocks for j in range(k)]
+        return [slab * k + j for slab in slabs for j in range(k)]
 
     @property
     def num_free_blocks(self) -> int:

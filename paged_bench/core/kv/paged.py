@@ -6,9 +6,9 @@ by a hash chain over (parent hash, block tokens) as soon as they are allocated f
 computation, as vLLM v1 does: a request admitted later in the same step already hits them
 (the step writes every new token's K/V before any attention reads it). A new request takes
 the longest chain already cached, and blocks freed by finished requests stay findable until
-the pool needs them (see ``block_pool``; blocks of a chain no other chain shares are held
-unhashed until one does: ``defer_unshared``). Preemption can move a request's blocks to a
-bounded CPU swap space (a second pool) and back.
+the pool needs them (``block_pool``); blocks of a chain no other chain shares are held
+unhashed until one does (``deferred_hashing``, ``defer_unshared``). Preemption can move a
+request's blocks to a bounded CPU swap space (a second pool) and back.
 
 Live slots are derived, not counted at every change: reserved slots (held blocks) minus the
 empty tail slots of the tables, which change only in ``allocate_slots`` (grow) and
@@ -25,19 +25,19 @@ from typing import Final, Literal
 from mypy_extensions import mypyc_attr
 
 from paged_bench.core.kv.base import NO_HIT, Allocator, AllocatorCounters, KVLayout, PrefixHit
-from paged_bench.core.kv.block_pool import BlockPool, DeferredRun
+from paged_bench.core.kv.block_pool import BlockPool
+from paged_bench.core.kv.deferred_hashing import DeferredHashingPool, DeferredRun
 from paged_bench.core.kv.prefix_hash import NO_EXTRA_KEYS, PREFIX_HASHES
 from paged_bench.core.request import Request
 
-_NEVER: Final = 1 << 62
-_NO_NEW_BLOCKS: Final[dict[int | str, tuple[int, ...]]] = {}  # shared by every plan without new blocks: read-only
+_NEVER: Final = 1 << 61  # past any table's slots, and still a machine integer compiled (1 << 62 is boxed)
 
 
 class _Seq:
     """One request's block table and where it stands. (A plain class, not a dataclass:
     compiled, a dataclass's generated __init__ runs interpreted, and one is made per admission.)"""
 
-    __slots__ = ("blocks", "cache_at", "capacity", "hashes", "num_cached", "num_slots", "on_cpu", "plain_below", "run")
+    __slots__ = ("blocks", "cache_at", "capacity", "hashes", "num_cached", "num_slots", "on_cpu", "run")
 
     def __init__(self, blocks: list[int], num_slots: int, num_cached: int, cache_at: int, hashes: list[Hashable],
                  block_slots: int) -> None:  # fmt: skip
@@ -46,15 +46,10 @@ class _Seq:
         self.capacity = len(blocks) * block_slots
         self.num_cached = num_cached  # leading blocks already indexed in the prefix cache
         self.cache_at = cache_at  # slots at which the next block is full and can be cached
-        self.plain_below = 0  # totals below this need neither a new block nor caching: the hot path
         self.on_cpu = False
         self.hashes = hashes  # the request's hash chain (the allocator's list)
         # while its chain's root is known to no other chain: its blocks past the root, unhashed
         self.run: DeferredRun | None = None
-
-    def replan(self) -> None:
-        """After its capacity or ``cache_at`` moved: the total from which a row needs care."""
-        self.plain_below = min(self.capacity + 1, self.cache_at)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # contiguous and allocator plugins subclass it
@@ -83,12 +78,11 @@ class PagedAllocator(Allocator):
         # a block's token ids read as a tuple of ints straight from the request's array('Q') (its
         # machine's byte order): a third of the cost of tuple() of a slice, which boxes one id at a time
         self._block_ids = struct.Struct(f"={block_size}Q")
-        self.pool = BlockPool(num_blocks)
+        self.pool = DeferredHashingPool(num_blocks)
         self.cpu_pool = BlockPool(swap)
         self.counters = AllocatorCounters()
         self._seqs: dict[Request, _Seq] = {}
         self._hashes: dict[Request, list[Hashable]] = {}
-        self._new_blocks: dict[int | str, tuple[int, ...]] = {}
         self._unfilled_slots = 0  # empty slots at the tails of GPU tables
 
     # -- the protocol -------------------------------------------------------------------
@@ -104,9 +98,9 @@ class PagedAllocator(Allocator):
             return NO_HIT
         if not self._shown(self._block_hashes(req, 1)[0]):  # no chain starts so: one hash, no hit
             return NO_HIT
-        cached, blocks = self.pool.cached, []
+        blocks = []
         for h in self._block_hashes(req, num_full)[:num_full]:
-            block = cached.get(h)
+            block = self.pool.get_cached_block(h)
             if block is None:
                 break
             blocks.append(block)
@@ -114,71 +108,50 @@ class PagedAllocator(Allocator):
 
     def allocate_slots(
         self, req: Request, num_new_tokens: int, hit: PrefixHit = NO_HIT, min_free_blocks: int = 0
-    ) -> bool:
+    ) -> tuple[int, ...] | None:
         seq = self._seqs.get(req)
         if seq is not None:
             return self._grow(req, seq, req.num_computed_tokens + num_new_tokens, min_free_blocks)
         seq = self._admit(req, num_new_tokens, hit, min_free_blocks)
         if seq is None:
-            return False
-        # _admit checked the room; a new table goes whole into the plan, so no announcement
-        return self._grow(req, seq, req.num_computed_tokens + hit.num_tokens + num_new_tokens, 0, announce=False)
+            return None
+        # _admit checked the room for the hit and the new tokens
+        return self._grow(req, seq, req.num_computed_tokens + hit.num_tokens + num_new_tokens, 0)
 
-    def allocate_rows(self, reqs: list[Request], nums: list[int]) -> int:
-        # allocate_slots for running requests, inlined for the plain rows (neither a new block
-        # nor a full block to index): the hot path, every row of every step
-        seqs, filled = self._seqs, 0
-        for req, n in zip(reqs, nums):
-            seq = seqs[req]
-            total = req.num_computed_tokens + n
-            if total >= seq.plain_below:
-                self._unfilled_slots -= filled
-                filled = 0
-                if not self._grow(req, seq, total, 0):
-                    return reqs.index(req)
-                continue
-            filled += total - seq.num_slots
-            seq.num_slots = total
-        self._unfilled_slots -= filled
-        return len(reqs)
-
-    def _grow(self, req: Request, seq: _Seq, total: int, min_free_blocks: int, announce: bool = True) -> bool:
-        """Room for ``total`` tokens in the request's table: new blocks past its capacity
-        (announced in the plan for a table the backend already knows), full blocks indexed."""
+    def _grow(self, req: Request, seq: _Seq, total: int, min_free_blocks: int) -> tuple[int, ...] | None:
+        """Room for ``total`` tokens in the request's table: the blocks it needs past its
+        capacity (returned), its full blocks indexed; None if those blocks would leave fewer
+        than ``min_free_blocks`` free."""
+        new: tuple[int, ...] = ()
         if total > seq.capacity:
             bs = self.pool_block_slots
             need = -(-total // bs) - len(seq.blocks)
             if self.pool.num_free - need < min_free_blocks:
-                return False
-            new = self.pool.allocate(need)
+                return None
+            new = tuple(self.pool.get_new_blocks(need))
             seq.blocks += new
             seq.capacity += need * bs
             self._unfilled_slots += need * bs
-            if announce:  # a row allocates once a step, so this is its only entry
-                self._new_blocks[req.request_id] = tuple(new)
         self._unfilled_slots -= total - seq.num_slots
         seq.num_slots = total
         if total >= seq.cache_at:
             self._cache_full_blocks(req, seq)
-        else:
-            seq.replan()
-        return True
+        return new
 
     def free(self, req: Request) -> None:
         seq = self._seqs.pop(req, None)
         if seq is not None:
             if seq.on_cpu:
-                self.cpu_pool.release(seq.blocks)
+                self.cpu_pool.free_blocks(seq.blocks)
             else:
                 self._release(req, seq)
         self._hashes.pop(req, None)
-        self._new_blocks.pop(req.request_id, None)
 
     def free_all(self, reqs: Iterable[Request]) -> None:
         super().free_all([*reqs, *self._seqs])
         # every table is gone, so no tail is unfilled and no block is held: an interrupt inside
-        # allocate_rows can leave the incremental count short of a row it had already advanced,
-        # one inside a pool's allocate or release references no table records
+        # an allocation can leave the incremental count out of step with a table it had grown,
+        # one inside a pool's get_new_blocks or free_blocks references no table records
         self._unfilled_slots = 0
         self.pool.reclaim()
         self.cpu_pool.reclaim()
@@ -188,28 +161,20 @@ class PagedAllocator(Allocator):
         keep = -(-req.num_computed_tokens // self.pool_block_slots)  # blocks that hold computed K/V
         if self.cpu_pool.num_free < keep:
             return None
-        cpu_blocks = self.cpu_pool.allocate(keep)
+        cpu_blocks = self.cpu_pool.get_new_blocks(keep)
         pairs = list(zip(seq.blocks[:keep], cpu_blocks))
         self._release(req, seq)
-        self._new_blocks.pop(req.request_id, None)
         seq.blocks, seq.num_slots, seq.on_cpu = cpu_blocks, req.num_computed_tokens, True
         return pairs
 
     def swap_in(self, req: Request, num_new_tokens: int, min_free_blocks: int = 0) -> list[tuple[int, int]] | None:
         cpu = self._seqs.pop(req)
         # back as a new table: allocate_slots takes the pool's room, watermark included
-        if not self.allocate_slots(req, num_new_tokens, NO_HIT, min_free_blocks):
+        if self.allocate_slots(req, num_new_tokens, NO_HIT, min_free_blocks) is None:
             self._seqs[req] = cpu
             return None
-        self.cpu_pool.release(cpu.blocks)
+        self.cpu_pool.free_blocks(cpu.blocks)
         return list(zip(cpu.blocks, self._seqs[req].blocks))
-
-    def take_new_blocks(self) -> dict[int | str, tuple[int, ...]]:
-        out = self._new_blocks
-        if not out:
-            return _NO_NEW_BLOCKS
-        self._new_blocks = {}
-        return out
 
     def cached_prefix_tokens(self, req: Request) -> int:
         known = req in self._hashes
@@ -276,7 +241,7 @@ class PagedAllocator(Allocator):
         if seq.run is not None:
             self._defer_run(req, seq)
         self._unfilled_slots -= seq.capacity - seq.num_slots
-        self.pool.release(reversed(seq.blocks))
+        self.pool.free_blocks(reversed(seq.blocks))
         seq.blocks, seq.num_slots, seq.capacity = [], 0, 0
 
     def _uncache_uncomputed(self, req: Request, seq: _Seq) -> None:
@@ -284,8 +249,8 @@ class PagedAllocator(Allocator):
         indexed for this step hold no K/V, so nobody may hit them."""
         first = req.num_computed_tokens // self.pool_block_slots
         for block in seq.blocks[first : seq.num_cached]:
-            if self.pool.ref_cnt[block] == 1:
-                self.pool.uncache(block)
+            if self.pool.ref_cnt[block] == 1 and self.pool.block_hash[block] is not None:
+                self.pool.evict(block)
         seq.num_cached = min(seq.num_cached, first)
 
     def _cache_full_blocks(self, req: Request, seq: _Seq) -> None:
@@ -297,17 +262,15 @@ class PagedAllocator(Allocator):
         root = hashes[0]
         if first == 0 and self.defer_unshared and not self._shown(root):
             # a chain nobody else has shown: index its root alone and defer the rest
-            self.pool.cache(seq.blocks[:1], hashes[:1], root)
+            self.pool.cache_chain(seq.blocks[:1], hashes[:1], root)
             seq.run = self.pool.open_run(root, req, seq.blocks)
             seq.num_cached, seq.cache_at = 1, _NEVER
-            seq.replan()
             return
         if len(hashes) < num_full:
             self._extend_hashes(req.token_ids, hashes, num_full)
-        self.pool.cache(seq.blocks[first:num_full], hashes[first:num_full], root)
+        self.pool.cache_chain(seq.blocks[first:num_full], hashes[first:num_full], root)
         seq.num_cached = num_full
         seq.cache_at = (num_full + 1) * bs
-        seq.replan()
 
     def _shown(self, root: Hashable) -> bool:
         """Whether a chain with this root may be in the cache; if one is deferred, it is
@@ -328,8 +291,6 @@ class PagedAllocator(Allocator):
             seq.cache_at = 2 * self.pool_block_slots
             if seq.num_slots >= seq.cache_at:
                 self._cache_full_blocks(req, seq)
-            else:
-                seq.replan()
             return
         hashes: list[Hashable] = []
         self._extend_hashes(run.owner, hashes, run.end)

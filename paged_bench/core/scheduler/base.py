@@ -18,22 +18,18 @@ The scheduler asks the allocator for room and never touches blocks itself.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, ClassVar, Final, Literal
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar, Final, Literal, SupportsIndex
 
 from mypy_extensions import mypyc_attr
 
 from paged_bench.core.kv.base import Allocator
-from paged_bench.core.plan import NewRequestData, ReqId, StepOutput, StepPlan, new_named_tuple
-from paged_bench.core.request import FinishReason, Request, RequestStatus
+from paged_bench.core.plan import NewRequestData, ReqId, StepOutput, StepPlan, new_step_plan
+from paged_bench.core.request import FinishReason, Request, RequestStatus, check_stop
 from paged_bench.core.scheduler.plan_draft import PlanDraft
 from paged_bench.errors import EngineError, PoolExhaustedError
 
-# Final: compiled code reads them as constants, not through the module's dict
-RUNNING: Final = RequestStatus.RUNNING
-# a tuple, not a set: membership by identity, where a set hashes the member with Enum's __hash__ (Python code)
 _WAITING_STATES: Final = (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED)
-LENGTH: Final = FinishReason.LENGTH
-_NO_ROWS: Final[frozenset[int]] = frozenset()
 
 
 def _hook_error(sched: Scheduler, hook: str, value: object, allowed: str) -> EngineError:
@@ -79,23 +75,47 @@ class Scheduler:
         self._handed_over: list[NewRequestData] = []  # admitted by add_prefilled since the last plan
 
     # -- policy hooks ---------------------------------------------------------------------
-    # (they return Any: this class is compiled, and a declared type would refuse a policy's
-    # wrong answer with a bare TypeError before the checks below name the hook)
 
-    def may_admit(self, plan: PlanDraft) -> Any:  # a bool
+    def may_admit(self, plan: PlanDraft) -> bool:
         """No admissions in a step that preempted (the pool is short)."""
         return plan.num_preempted == 0
 
-    def pick_waiting(self) -> Any:  # a waiting Request
+    def pick_waiting(self) -> Request:
         return self.waiting[0]
 
-    def choose_victim(self, req: Request) -> Any:  # a running Request
+    def choose_victim(self, req: Request) -> Request:
         layout = self.allocator.layout
         raise PoolExhaustedError(
             f"KV pool exhausted: request {req.request_id} needs another block but all "
             f"{layout.num_blocks} blocks of {layout.block_size} tokens are held by "
             f"{len(self.running)} running requests; use scheduler=preemptive or a larger num_blocks"
         )
+
+    # -- their answers, checked: a policy's mistake stops the run, naming the hook ---------
+    # (each is called as Python calls it, through a Callable that returns object, so that a wrong
+    # answer reaches the check as the policy gave it: compiled, a direct call would convert it
+    # to the declared type first and fail with a bare TypeError)
+
+    def _admits(self, draft: PlanDraft) -> bool:
+        may_admit: Callable[[PlanDraft], object] = self.may_admit
+        answer = may_admit(draft)
+        if answer not in (True, False):  # numpy's bools and 0/1 too; a forgotten return (None) is refused
+            raise _hook_error(self, "may_admit", answer, "not a bool: return True or False")
+        return bool(answer)
+
+    def _next_waiting(self) -> Request:
+        pick_waiting: Callable[[], object] = self.pick_waiting
+        req = pick_waiting()
+        if not (isinstance(req, Request) and req.status in _WAITING_STATES):
+            raise _hook_error(self, "pick_waiting", req, "not waiting: return a waiting request")
+        return req
+
+    def _victim_for(self, req: Request) -> Request:
+        choose_victim: Callable[[Request], object] = self.choose_victim
+        victim = choose_victim(req)
+        if not (isinstance(victim, Request) and victim.status is RequestStatus.RUNNING):
+            raise _hook_error(self, "choose_victim", victim, "not running: return a running request")
+        return victim
 
     # -- the protocol the engine uses -----------------------------------------------------
 
@@ -108,7 +128,7 @@ class Scheduler:
                 f"(max_model_len={self.max_model_len})",
             )
             return
-        req.max_num_tokens = min(req.num_prompt_tokens + req.max_tokens, self.max_model_len)
+        req.cap_length(self.max_model_len)
         self.waiting.append(req)
 
     def has_unfinished(self) -> bool:
@@ -120,10 +140,7 @@ class Scheduler:
             draft.new_reqs += self._handed_over
             self._handed_over = []
         self._schedule_running(draft)
-        admit = self.may_admit(draft)
-        if admit not in (True, False):  # numpy's bools and 0/1 too; a forgotten return (None) is refused
-            raise _hook_error(self, "may_admit", admit, "not a bool: return True or False")
-        if admit:
+        if self._admits(draft):
             self._admit_waiting(draft, now)
         return self._freeze(draft)
 
@@ -131,36 +148,23 @@ class Scheduler:
         """Advance the scheduled requests by the step's output; returns those that finished."""
         finished = []
         end_ids = self.end_token_ids
-        sampled: Any = output.token_ids  # numpy's ints too: compiled, list[int] would refuse them
-        stamp: Any = now  # one float object for every row's time (compiled, each append would box its own)
+        sampled: Sequence[SupportsIndex] = output.token_ids  # ints of any kind, numpy's too, taken as they are
         for req, n, token in zip(self._scheduled, plan.num_new_tokens, sampled):
-            computed = req.num_computed_tokens + n
-            req.num_computed_tokens = computed
-            tokens = req.token_ids
-            if computed < len(tokens):  # a prefill chunk short of the prompt's end: no sample
+            req.num_computed_tokens += n
+            if req.num_computed_tokens < len(req.token_ids):  # a prefill chunk short of the prompt's end: no sample
                 continue
-            tokens.append(token)
-            req.token_times.append(stamp)
-            # EOS first, as vLLM v1's check_stop since PR #27555 (Oct 2025; before it, length
-            # first): an EOS that is also the last token allowed is a stop
-            if not req.ignore_eos and token in end_ids:  # a benchmark's requests mostly ignore EOS: no set lookup
-                req.finish(FinishReason.STOP, now)
-            elif computed >= req.max_num_tokens - 1:  # now holds max_num_tokens tokens
-                req.finish(LENGTH, now)
-            else:
-                continue
-            finished.append(req)
-        if finished:
-            if len(finished) == 1:  # the common case: one scan in C, not a new list
-                self.running.remove(finished[0])
-            else:
-                self.running = [r for r in self.running if r.status is RUNNING]
-            for req in finished:
-                self.allocator.free(req)
-                self._finished_ids.append(req.request_id)
+            req.append_token(token, now)
+            reason = check_stop(req, end_ids)
+            if reason is not None:
+                req.finish(reason, now)
+                finished.append(req)
+        for req in finished:
+            self.running.remove(req)
+            self.allocator.free(req)
+            self._finished_ids.append(req.request_id)
         return finished
 
-    def add_prefilled(self, req: Request) -> bool:
+    def add_prefilled(self, req: Request, now: float) -> bool:
         """Admit a request whose prompt K/V was computed on another replica and moved here
         (disaggregated prefill): it takes blocks for its prompt, counts the prompt as computed
         and runs from its next token. False, changing nothing, if the policy admits nobody now
@@ -168,13 +172,12 @@ class Scheduler:
         reserve = self.admission_reserve_blocks if self.running else 0
         prompt = req.num_prompt_tokens
         # the policy's admission rule, as at a step's admissions (static: only into an empty batch)
-        if len(self.running) >= self.max_batch or not self.may_admit(PlanDraft(self.max_num_batched_tokens)):
+        if len(self.running) >= self.max_batch or not self._admits(PlanDraft(self.max_num_batched_tokens)):
             return False
-        if not self.allocator.allocate_slots(req, prompt, min_free_blocks=reserve):
+        if self.allocator.allocate_slots(req, prompt, min_free_blocks=reserve) is None:
             return False
-        req.num_computed_tokens = prompt
-        req.max_num_tokens = min(prompt + req.max_tokens, self.max_model_len)
-        req.status = RUNNING
+        req.cap_length(self.max_model_len)
+        req.admit(prompt, now)
         self.running.append(req)
         self._handed_over.append(NewRequestData.from_request(req, self.allocator.block_table(req), self.plan_token_ids))
         return True
@@ -183,7 +186,7 @@ class Scheduler:
         """End a request from outside the step loop (client abort, stop string, run error)."""
         if req.is_finished:
             return
-        if req.status is RUNNING:
+        if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
@@ -192,12 +195,28 @@ class Scheduler:
         self._finished_ids.append(req.request_id)
         req.finish(reason, now, error)
 
-    def abort_all(self, reason: FinishReason, now: float, error: str | None = None) -> list[Request]:
-        """End every unfinished request; returns them."""
-        aborted = [*self.running, *self.waiting]
-        for req in aborted:
+    def abort_all(
+        self,
+        reason: FinishReason,
+        now: float,
+        error: str | None = None,
+        submitted: Iterable[Request] = (),
+        unsent: Iterable[Request] = (),
+    ) -> None:
+        """End every unfinished request with ``reason`` and free every block, so that the pool is
+        whole: the requests the scheduler holds, any of ``submitted`` (what the caller added) that
+        no list of its holds any more, and ``unsent``, which never reached it (their error says
+        so). A run cut short mid-step (an interrupt, a crash) can leave a request between a list
+        and the freeing of its blocks; ``Allocator.free_all`` frees what any request still holds
+        and recounts what such a step may have torn."""
+        for req in [*self.running, *self.waiting]:
             self.finish_request(req, reason, now, error)
-        return aborted
+        for req in unsent:
+            req.finish(reason, now, f"not submitted: {error}")
+        submitted = list(submitted)
+        self.allocator.free_all(submitted)
+        for req in submitted:
+            self.finish_request(req, reason, now, error)
 
     # -- the machinery --------------------------------------------------------------------
 
@@ -208,59 +227,32 @@ class Scheduler:
         return budget if self.chunked_prefill else 0
 
     def _schedule_running(self, draft: PlanDraft) -> None:
-        """Give every running request its next tokens. The hot path, kept lean on purpose:
-        plain rows (a whole decode or the rest of a prompt, within the budget) are gathered
-        and allocated in one call, up to the first row that needs care; the careful pass
-        takes the rest of the list from there."""
-        running, reqs, nums, budget = self.running, draft.reqs, draft.num_new_tokens, draft.budget
-        ids, starts = draft.req_ids, draft.starts
-        for req in running:
-            computed = req.num_computed_tokens
-            n = len(req.token_ids) - computed
-            if n > budget or (n == 1 and computed < req.num_prompt_tokens):
-                break
-            ids.append(req.request_id)
-            starts.append(computed)
-            nums.append(n)
-            budget -= n
-        num_plain = len(nums)
-        reqs += running[:num_plain]  # the plain rows are the running list's head
-        allocated = self.allocator.allocate_rows(reqs, nums) if num_plain else 0
-        if allocated < num_plain:  # no room for reqs[allocated]: hand it to the careful pass
-            budget += sum(nums[allocated:])
-            del reqs[allocated:], nums[allocated:], draft.req_ids[allocated:], draft.starts[allocated:]
-        draft.budget = budget
-        if allocated < len(running):
-            self._schedule_running_from(draft, allocated)
-
-    def _schedule_running_from(self, draft: PlanDraft, i: int) -> None:
-        """The careful pass, in place over the running list as vLLM v1's: chunks a prompt to
-        the budget, and when a request cannot get its slots preempts victims (the list
-        shifts under the index) until it fits; a request that is itself the victim ends the
-        pass, as in vLLM (the requests after it wait for the next step)."""
-        running, allocate = self.running, self.allocator.allocate_slots
+        """Give every running request its next tokens (a decode, or the next chunk of its
+        prompt), in place over the running list as vLLM v1's scheduler does: when a request
+        cannot get its slots, victims are preempted (the list shifts under the index) until it
+        fits; a request that is itself the victim ends the pass, as in vLLM (the requests after
+        it wait for the next step)."""
+        running, i = self.running, 0
         while i < len(running) and draft.budget > 0:
             req = running[i]
             n = self._chunk(len(req.token_ids) - req.num_computed_tokens, draft.budget)
             if n:
-                while not allocate(req, n):
-                    victim = self.choose_victim(req)
-                    if getattr(victim, "status", None) is not RUNNING:
-                        raise _hook_error(self, "choose_victim", victim, "not running: return a running request")
+                new_blocks = self.allocator.allocate_slots(req, n)
+                while new_blocks is None:
+                    victim = self._victim_for(req)
                     if running.index(victim) <= i:
                         i -= 1  # the victim sat at or before req: the rest shifts left
                     self._preempt(victim, draft)
                     if victim is req:
                         return
-                draft.add(req, n)
+                    new_blocks = self.allocator.allocate_slots(req, n)
+                draft.add(req, n, new_blocks)
             i += 1
 
     def _admit_waiting(self, draft: PlanDraft, now: float) -> None:
         allocator, waiting = self.allocator, self.waiting
         while waiting and len(self.running) < self.max_batch and draft.budget > 0:
-            req = self.pick_waiting()
-            if getattr(req, "status", None) not in _WAITING_STATES:
-                raise _hook_error(self, "pick_waiting", req, "not waiting: return a waiting request")
+            req = self._next_waiting()
             # an empty engine admits regardless of the reserve, or nothing could ever run
             reserve = self.admission_reserve_blocks if self.running else 0
             if req.status is RequestStatus.SWAPPED:
@@ -270,24 +262,18 @@ class Scheduler:
                     break
                 draft.swap_in += pairs
                 self.swapped_blocks += len(pairs)
+                computed = req.num_computed_tokens  # its K/V comes back whole
             else:
                 hit = allocator.lookup_prefix(req)
                 n = self._chunk(len(req.token_ids) - hit.num_tokens, draft.budget)
-                if n == 0 or not allocator.allocate_slots(req, n, hit, reserve):
+                if n == 0 or allocator.allocate_slots(req, n, hit, reserve) is None:
                     break
-                req.num_computed_tokens = hit.num_tokens
+                computed = hit.num_tokens
                 lost = self._lost.pop(req, None)
-                if lost is None:
-                    req.num_cached_tokens = hit.num_tokens
-                else:
+                if lost is not None:  # back after a recompute preemption: what the cache no longer held
                     self.recomputed_tokens += max(0, lost - hit.num_tokens)
-            if req is waiting[0]:
-                waiting.popleft()
-            else:
-                waiting.remove(req)
-            req.status = RUNNING
-            if req.first_scheduled_time is None:
-                req.first_scheduled_time = now
+            waiting.remove(req)
+            req.admit(computed, now)
             self.running.append(req)
             draft.new_reqs.append(NewRequestData.from_request(req, allocator.block_table(req), self.plan_token_ids))
             draft.add(req, n)
@@ -298,42 +284,42 @@ class Scheduler:
         draft.unschedule(victim)
         draft.preempted.append(victim)
         self.num_preemptions += 1
-        victim.num_preemptions += 1
         pairs = self.allocator.swap_out(victim) if self.preemption_mode == "swap" else None
         if pairs is not None:
-            victim.status = RequestStatus.SWAPPED
             draft.swap_out += pairs
             self.swapped_blocks += len(pairs)
         else:  # recompute (also when swap space is full): keep the tokens, drop the K/V
             self._lost[victim] = victim.num_computed_tokens
             self.allocator.free(victim)
-            victim.num_computed_tokens = 0
-            victim.status = RequestStatus.PREEMPTED
+        victim.preempt(swapped=pairs is not None)
         self.waiting.appendleft(victim)
 
     def _freeze(self, draft: PlanDraft) -> StepPlan:
+        """The plan the backend gets: the draft's rows as columns, with what changed since
+        the previous plan (admissions, new blocks, swaps, preemptions, finished requests)."""
         reqs, nums = draft.reqs, draft.num_new_tokens
         self._scheduled = reqs
-        if draft.preempted:
-            self._preempted_ids += [r.request_id for r in draft.preempted]
-        # positional, in StepPlan's field order: built every step, so built the cheap way
-        swaps = draft.swap_out or draft.swap_in
-        plan = new_named_tuple(StepPlan, (
-            tuple(draft.req_ids),
-            tuple(draft.starts),
-            tuple(nums),
-            tuple(draft.new_reqs) if draft.new_reqs else (),
-            self.allocator.take_new_blocks(),
-            frozenset(draft.partial_rows) if draft.partial_rows else _NO_ROWS,
-            nums.count(1) - draft.num_prefill_rows_of_one_token,
-            tuple(draft.swap_out) if swaps else (),
-            tuple(draft.swap_in) if swaps else (),
-            tuple(self._preempted_ids) if self._preempted_ids else (),
-            tuple(self._finished_ids) if self._finished_ids else (),
-        ))  # fmt: skip
-        if reqs or swaps:  # an empty plan is not executed: its news wait for the next one
-            if self._preempted_ids:
-                self._preempted_ids = []
-            if self._finished_ids:
-                self._finished_ids = []
+        self._preempted_ids += [r.request_id for r in draft.preempted]
+        partial_rows, num_decodes = [], 0
+        for i, (req, n) in enumerate(zip(reqs, nums)):
+            if req.num_computed_tokens + n < len(req.token_ids):  # a prompt chunk short of its end
+                partial_rows.append(i)
+            elif n == 1 and req.num_computed_tokens >= req.num_prompt_tokens:
+                num_decodes += 1
+        plan = new_step_plan(
+            req_ids=tuple([req.request_id for req in reqs]),
+            num_computed_tokens=tuple([req.num_computed_tokens for req in reqs]),
+            num_new_tokens=tuple(nums),
+            new_reqs=tuple(draft.new_reqs),
+            new_block_ids=draft.new_block_ids,
+            partial_rows=frozenset(partial_rows),
+            num_decode_tokens=num_decodes,
+            swap_out=tuple(draft.swap_out),
+            swap_in=tuple(draft.swap_in),
+            preempted_req_ids=tuple(self._preempted_ids),
+            finished_req_ids=tuple(self._finished_ids),
+        )
+        if not draft.is_empty:  # an empty plan is not executed: its news wait for the next one
+            self._preempted_ids = []
+            self._finished_ids = []
         return plan
