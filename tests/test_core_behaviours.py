@@ -63,7 +63,8 @@ def test_a_preempted_rows_tokens_go_back_to_the_steps_budget():
     plan = step(sched)
     assert plan.preempted_req_ids == ("B",)
     assert rows(plan) == [("A", 4, 1), ("C", 3, 7)]  # 1 + 7: the whole budget, B's token included
-    assert plan.num_scheduled_tokens == 8
+    assert plan.num_scheduled_tokens == 8 and plan.num_decode_tokens == 1  # A's first generated token
+    assert plan.partial_rows == frozenset({1})  # C's chunk stops short of its prompt
     assert b.status is RequestStatus.PREEMPTED and list(sched.waiting) == [b]
     assert sched.allocator.num_free_blocks == 1  # 4 freed by B, 1 taken by A, 2 by C
 
@@ -134,7 +135,9 @@ def test_recomputed_tokens_are_what_the_victim_had_computed_less_what_it_finds_c
     assert rows(step(sched)) == [("B", 4, 3)]
     assert sched.recomputed_tokens == 2
     assert b.num_cached_tokens == 0  # the first admission's hit; the re-hit is counted apart
-    assert sched.allocator.counters.preempted_prefix_hit_tokens == 4
+    counters = sched.allocator.counters  # B's 7 tokens looked up again, 4 found
+    assert (counters.preempted_prefix_query_tokens, counters.preempted_prefix_hit_tokens) == (7, 4)
+    assert (counters.prefix_query_tokens, counters.prefix_hit_tokens) == (4 + 6, 0)
 
 
 def test_a_victim_that_finds_all_it_had_computed_cached_recomputes_nothing():
@@ -156,9 +159,11 @@ def test_a_victim_that_finds_all_it_had_computed_cached_recomputes_nothing():
     plan = step(sched)
     assert plan.preempted_req_ids == ("B",) and rows(plan) == [("A", 4, 1)]
     assert rows(step(sched)) == [("A", 5, 1)] and a.is_finished
-    assert rows(step(sched)) == [("B", 4, 1)]
+    plan = step(sched)
+    assert rows(plan) == [("B", 4, 1)] and plan.num_decode_tokens == 1  # B's first generated token, again
     assert sched.num_preemptions == 1 and sched.recomputed_tokens == 0
-    assert sched.allocator.counters.preempted_prefix_hit_tokens == 4
+    counters = sched.allocator.counters
+    assert (counters.preempted_prefix_query_tokens, counters.preempted_prefix_hit_tokens) == (5, 4)
 
 
 def test_a_victim_that_finds_more_cached_than_it_had_computed_counts_no_recomputation():
@@ -188,4 +193,5 @@ def test_a_victim_that_finds_more_cached_than_it_had_computed_counts_no_recomput
     assert rows(step(sched, {"S": prompt[11]})) == [("S", 10, 1)]
     assert rows(step(sched)) == [("S", 11, 1), ("V", 12, 4)]
     assert sched.recomputed_tokens == 0
-    assert sched.allocator.counters.preempted_prefix_hit_tokens == 12
+    counters = sched.allocator.counters
+    assert (counters.preempted_prefix_query_tokens, counters.preempted_prefix_hit_tokens) == (16, 12)
