@@ -14,12 +14,14 @@ from paged_bench.backends.sim import SimBackend
 from paged_bench.core.clock import VirtualClock
 from paged_bench.core.engine import Engine
 from paged_bench.core.kv.base import Allocator, KVLayout
+from paged_bench.core.kv.block_pool import BlockPool
 from paged_bench.core.kv.contiguous import ContiguousAllocator
 from paged_bench.core.kv.free_queue import FreeQueue
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.request import FinishReason, Request
 from paged_bench.core.scheduler.continuous import ContinuousScheduler
 from paged_bench.core.scheduler.preemptive import PreemptiveScheduler
+from paged_bench.errors import ConfigError
 from tests.test_core_behaviours import step
 
 ABSTRACT = ("live_slots", "lookup_prefix", "allocate_slots", "free", "take_new_blocks", "block_table", "num_free_blocks",
@@ -129,6 +131,30 @@ def test_a_slab_allocator_looks_nothing_up_and_has_no_swap_space():
     rs = [Request(i, 0.0, range(12), 3) for i in range(3)]  # one prompt: paged would hit it
     result = run(sched, rs)
     assert result.prefix_query_tokens == result.prefix_hit_tokens == 0 and result.leaks == []
+
+
+@pytest.mark.parametrize(("options", "refusal"), [
+    ({"num_blocks": 0}, "num_blocks=0"), ({"block_size": 0}, "block_size=0"), ({"max_model_len": 0}, "max_model_len=0"),
+    ({"num_blocks": 2, "block_size": 16, "max_model_len": 512}, "at least one max_model_len=512 slab"),
+])  # fmt: skip
+def test_bad_slab_options_name_the_key(options, refusal):
+    with pytest.raises(ConfigError, match=refusal):
+        ContiguousAllocator(**{"num_blocks": 64, "block_size": 4, "max_model_len": 64, **options})
+
+
+def test_an_interrupt_inside_a_swap_out_leaves_the_swap_space_whole():
+    """Swap blocks taken for a victim, then the signal, before its table records them."""
+
+    class Torn(BlockPool):  # an override: the compiled allocator calls the pool's methods directly
+        def allocate(self, n):
+            super().allocate(n)
+            raise KeyboardInterrupt
+
+    alloc = PagedAllocator(num_blocks=40, block_size=4)
+    alloc.cpu_pool = Torn(alloc.layout.num_cpu_blocks)
+    sched = PreemptiveScheduler(alloc, max_model_len=256, max_batch=8, max_num_batched_tokens=1024, mode="swap")
+    result = run(sched, pressed())
+    assert result.interrupted and result.leaks == [] and alloc.cpu_pool.held_blocks() == []
 
 
 def test_an_empty_free_queue_takes_blocks_at_either_end():

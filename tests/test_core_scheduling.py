@@ -6,6 +6,8 @@ its clock, and an interrupt in the middle of a preemption. (Cases the mutation c
 
 from __future__ import annotations
 
+import pytest
+
 from paged_bench.backends.base import Backend
 from paged_bench.backends.sim import SimBackend
 from paged_bench.core.clock import VirtualClock
@@ -17,6 +19,7 @@ from paged_bench.core.scheduler.base import Scheduler
 from paged_bench.core.scheduler.continuous import ContinuousScheduler
 from paged_bench.core.scheduler.preemptive import PreemptiveScheduler
 from paged_bench.core.scheduler.static import StaticScheduler
+from paged_bench.errors import ConfigError
 from tests.test_core_behaviours import rows, step
 
 
@@ -79,6 +82,23 @@ def test_a_preempted_one_token_prefill_row_is_no_decode():
     plan = step(sched)
     assert plan.preempted_req_ids == ("V",) and rows(plan) == [("F", 4, 1)]
     assert plan.num_decode_tokens == 1 and plan.num_prefill_tokens == 0
+
+
+def test_the_last_token_of_the_budget_goes_to_the_last_row():
+    """A's 5-token prompt is chunked to the 4-token budget; B, C and D are handed over. In
+    step 2, A's last prompt token, then the three decodes, take the budget to its last token."""
+    sched = scheduler(budget=4, max_batch=4)
+    sched.add_request(Request("A", 0.0, range(100, 105), 5), 0.0)
+    assert rows(step(sched)) == [("A", 0, 4)]
+    for rid in "BCD":
+        assert sched.add_prefilled(prefilled(rid, range(3)))
+    assert rows(step(sched)) == [("A", 4, 1), ("B", 3, 1), ("C", 3, 1), ("D", 3, 1)]
+
+
+@pytest.mark.parametrize("watermark", ["abc", -0.5, 1.0])
+def test_a_watermark_that_is_no_fraction_of_the_pool_is_refused_naming_it(watermark):
+    with pytest.raises(ConfigError, match="scheduler.watermark"):
+        scheduler(PreemptiveScheduler, watermark=watermark)
 
 
 def test_without_chunking_a_prompt_that_fills_the_budget_exactly_is_admitted():
