@@ -74,12 +74,12 @@ def test_a_starting_plan_samples_where_a_chunk_reaches_the_end_and_counts_decode
     def new(rid, tokens, prompt, computed):
         return NewRequestData(rid, tuple(range(tokens)), prompt, (0, 1, 2, 3), computed, SamplingParams())
 
-    plan = StepPlan.starting([
+    plan = StepPlan.starting(iter([
         (new("whole", 8, 8, 0), 8),  # a whole prompt: samples
         (new("chunk", 8, 8, 0), 5),  # stops short: no sample
         (new("decode", 9, 8, 8), 1),  # the token after the prompt
         (new("last", 8, 8, 7), 1),  # the prompt's last token: one token, no decode
-    ])  # fmt: skip
+    ]))  # fmt: skip
     assert plan.req_ids == ("whole", "chunk", "decode", "last") and plan.num_computed_tokens == (0, 0, 8, 7)
     assert plan.partial_rows == frozenset({1}) and plan.num_decode_tokens == 1 and plan.num_prefill_tokens == 14
     assert [row.samples for row in plan.rows()] == [True, False, True, True]

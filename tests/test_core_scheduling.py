@@ -189,6 +189,13 @@ def test_a_backends_malformed_answer_stops_the_run_naming_it():
         assert result.leaks == [] and all(r.finish_reason is FinishReason.ERROR for r in rs)
 
 
+def test_a_backends_answer_of_the_wrong_length_or_a_negative_duration_is_refused():
+    result, _ = run_with(Answering(lambda plan: StepOutput([1], 0.01)))
+    assert "backend 'answering' returned 1 token (int) and a duration of 0.01 s for a step of 2 rows" in result.error
+    result, _ = run_with(Answering(lambda plan: StepOutput([1] * plan.num_reqs, -0.01)))
+    assert "returned 2 tokens (int) and a duration of -0.01 s" in result.error
+
+
 def test_a_step_lasts_what_the_backend_says_or_on_a_wall_backend_what_it_took():
     result, _ = run_with(Answering(lambda plan: StepOutput([1] * plan.num_reqs, 0.0)))
     assert {s.duration for s in result.steps} == {0.0}  # a cost model may price a step at nothing
@@ -196,6 +203,40 @@ def test_a_step_lasts_what_the_backend_says_or_on_a_wall_backend_what_it_took():
     assert all(s.duration > 0 for s in result.steps)  # a real model on virtual time: timed
     result, _ = run_with(Answering(lambda plan: StepOutput([1] * plan.num_reqs, 0.5), clock="wall"))
     assert {s.duration for s in result.steps} == {0.5}
+
+
+def test_each_run_starts_the_clock_again_and_an_interrupt_ends_requests_when_it_lands():
+    engine = Engine(scheduler(budget=64), Answering(lambda plan: StepOutput([1] * plan.num_reqs, 0.25)), VirtualClock())
+    engine.clock.wait_until(5.0)  # a clock left running: the run starts it again
+
+    def interrupt(now, finished):
+        raise KeyboardInterrupt
+
+    rs = [Request(i, 0.0, range(4), 3) for i in range(2)]
+    result = engine.run(rs, on_step=interrupt)
+    assert result.interrupted and len(result.steps) == 1 and result.steps.last().time == 0.25
+    assert [r.finish_time for r in rs] == [0.25, 0.25]  # when the step it landed after ended
+
+
+def test_an_engines_leaks_are_its_allocators_else_what_the_pool_shows():
+    """``Engine.result`` reports what the allocator says it holds; an allocator that says
+    nothing while blocks are held (a plugin's) is caught by the pool's own count."""
+
+    class Forgetful(PagedAllocator):
+        def leaks(self):
+            return []
+
+    for alloc in (PagedAllocator(num_blocks=8, block_size=4), Forgetful(num_blocks=8, block_size=4)):
+        sched = ContinuousScheduler(alloc, max_model_len=64, max_batch=2, max_num_batched_tokens=64)
+        engine = sim_engine(sched)
+        r = Request("r", 0.0, range(6), 5)
+        engine.add_request(r)
+        engine.step()  # r holds 2 blocks, and runs on
+        leaks = engine.result([r], None, False).leaks
+        if isinstance(alloc, Forgetful):
+            assert leaks == ["allocator 'paged' has 6 of 8 blocks free", "allocator 'paged' counts 6 live slots"]
+        else:
+            assert leaks and all(m.startswith("allocator 'paged': ") for m in leaks)
 
 
 def test_a_request_caught_mid_preemption_by_an_interrupt_is_ended_too():
