@@ -7,6 +7,7 @@ figures an engine result defaults to."""
 from __future__ import annotations
 
 import time
+import tracemalloc
 from array import array
 from dataclasses import dataclass
 
@@ -114,6 +115,20 @@ def test_step_records_kept_in_a_window_are_the_latest(kept, n):
         records.append(row(i))
     assert len(records) == kept and records.column("step").tolist() == list(range(n - kept, n))
     assert records.last() == tuple(row(n - 1))
+
+
+def test_step_records_kept_in_a_window_hold_flat_memory():
+    """A server's records keep the latest rows only: appending 3 chunks' worth to a window of
+    10 rows holds a few kilobytes (the rows themselves take 3 MB)."""
+    tracemalloc.start()
+    try:
+        records = StepRecords(10)
+        for i in range(3 * CHUNK_ROWS):
+            records.append(row(i))
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 200_000 and len(records) == 10
 
 
 # -- clocks ---------------------------------------------------------------------------------
