@@ -122,6 +122,7 @@ def fork_tests(copy: Path, args: list[str], log: Path, plugin: object = None, sa
         return pid
     code = 98
     try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.setpgid(0, 0)
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
@@ -155,14 +156,18 @@ def fork_tests(copy: Path, args: list[str], log: Path, plugin: object = None, sa
 def wait(pid: int, timeout: float | None) -> int | None:
     """The child's exit code (negative: a signal), or None when it ran past ``timeout`` (killed)."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if deadline is not None and time.monotonic() > deadline:
-            kill(pid)
-            return None
-        time.sleep(0.01)
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            if deadline is not None and time.monotonic() > deadline:
+                kill(pid)
+                return None
+            time.sleep(0.01)
+    except KeyboardInterrupt:  # the child is in a process group of its own: Ctrl-C does not reach it
+        kill(pid)
+        raise
 
 
 def kill(pid: int) -> None:
@@ -211,7 +216,12 @@ def tests_for(m: Mutant, cov: dict) -> list[str]:
     return sorted(chosen, key=lambda t: cov["durations"].get(t, 0.0))
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM cleans up as Ctrl-C does: children killed, the copies removed
+
+
 def run_check(modules: list[Path], args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _interrupted)
     tmp = Path(tempfile.mkdtemp(prefix="mutation_core."))
     copies = [tmp / f"copy{j}" for j in range(args.jobs)]
     running: dict[int, tuple[int, Mutant, float]] = {}  # pid -> (copy, mutant, start)

@@ -134,7 +134,8 @@ def test_a_slab_allocator_looks_nothing_up_and_has_no_swap_space():
 
 
 @pytest.mark.parametrize(("options", "refusal"), [
-    ({"num_blocks": 0}, "num_blocks=0"), ({"block_size": 0}, "block_size=0"), ({"max_model_len": 0}, "max_model_len=0"),
+    ({"num_blocks": 0}, "num_blocks=0 is not allowed: an integer >= 1"), ({"block_size": 0}, "block_size=0"),
+    ({"max_model_len": 0}, "max_model_len=0"),
     ({"num_blocks": 2, "block_size": 16, "max_model_len": 512}, "at least one max_model_len=512 slab"),
 ])  # fmt: skip
 def test_bad_slab_options_name_the_key(options, refusal):
