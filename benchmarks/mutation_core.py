@@ -30,8 +30,9 @@ stopping at the first failure. A run that outlasts ``--timeout`` (default: three
 same tests took unmutated, plus 5 s) counts apart, as "timed out" (an endless loop: killed).
 Hypothesis runs derandomized, with no example database, so a run repeats.
 
-``EQUIVALENT`` lists mutants shown equivalent, by module, line text and mutation (line
-numbers move as the core is edited), each with its reason; they are counted, not run
+``mutation_equivalent.toml`` lists mutants shown equivalent, by module, enclosing function,
+line of code and mutation (line numbers move as the core is edited), each with its reason; a
+mutant found equivalent goes there, a redundant line is better deleted. They are counted, not run
 (``--check-equivalent`` runs them too: one killed is listed wrongly). Run from the repository
 root:
 

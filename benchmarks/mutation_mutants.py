@@ -1,5 +1,6 @@
 """The mutants ``mutation_core.py`` tries, made from a module's ``ast`` and spliced into its
-text, and ``EQUIVALENT``: those shown unable to change behaviour (see ``mutation_core.py``)."""
+text, and ``EQUIVALENT``: those shown unable to change behaviour, listed with their reasons in
+``mutation_equivalent.toml`` (see ``mutation_core.py``)."""
 
 from __future__ import annotations
 
@@ -7,97 +8,19 @@ import ast
 import re
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 
-IS_TOKEN = "_is_token judges tokens only after the scheduler refused one, which 0 never makes it do"
-DROP = "while self._sealed_rows - len(self._chunks[0][0]) >= self.max_records:"
-SAME_LENGTH = "every column of a chunk has its number of rows"
-SWAP_IN = "def swap_in(self, req: Request, num_new_tokens: int, min_free_blocks: int = 0) -> list[tuple[int, int]] | None:"
-# (module under paged_bench/core/, enclosing class.function, the line's code without its comment,
-# the mutation): why no test can see it
-EQUIVALENT: dict[tuple[str, str, str, str], str] = {
-    ("arrivals.py", "ClosedLoop.due", "if req.arrival_time < self.slot_opened:", "`<` -> `<=`"):
-        "a request that arrived as the slot opened is given the time it has",
-    ("clock.py", "WallClock.advance", "if duration > 0:", "`>` -> `>=`"):
-        "a step of 0 s waits until its own start: no sleep either way",
-    ("clock.py", "WallClock.advance", "if duration > 0:", "`0` -> `-1`"):
-        "durations are >= 0 (the engine refuses others); 0 waits until its own start, no sleep",
-    ("clock.py", "WallClock.wait_until", "if not delay < threading.TIMEOUT_MAX:", "`<` -> `<=`"):
-        "a delay equal to TIMEOUT_MAX, to the float, would take perf_counter's coincidence",
-    ("clock.py", "WallClock.wait_until", "if delay > 0:", "`>` -> `>=`"): "time.sleep(0) returns at once",
-    ("engine.py", "_is_token", "return False", "delete"): "None is as falsy as False to the all() reading it",
-    ("engine.py", "_is_token", "return operator.index(token) >= 0", "`0` -> `1`"): IS_TOKEN,
-    ("engine.py", "_is_token", "return operator.index(token) >= 0", "`>=` -> `>`"): IS_TOKEN,
-    ("request.py", "token_array", 'return array("Q", token_ids.astype(np.uint64, copy=False).tobytes())', "delete"):
-        "the generic path below builds the same array from an integer numpy prompt, element by element",
-    ("request.py", "token_array", 'return array("Q", token_ids.astype(np.uint64, copy=False).tobytes())',
-     "`False` -> `True`"): "one more copy of the prompt, the same array",
-    ("kv/base.py", "Allocator", 'name: ClassVar[str] = ""', "delete"):
-        "every allocator is named: the built-ins by their class, plugins by the registry",
-    ("kv/base.py", "Allocator.allocate_slots", "min_free_blocks: int = 0,", "`0` -> `-1`"):
-        "an abstract method's default: every allocator defines allocate_slots with its own",
-    ("kv/base.py", "Allocator.allocate_slots", "min_free_blocks: int = 0,", "`0` -> `1`"):
-        "an abstract method's default: every allocator defines allocate_slots with its own",
-    ("kv/base.py", "Allocator.swap_out", "return None", "delete"): "a function's end returns None",
-    ("kv/base.py", "Allocator.swap_in", "return None", "delete"): "a function's end returns None",
-    ("kv/base.py", "Allocator", SWAP_IN, "delete"):
-        "swap_in is asked only for a request swapped out, which the base's swap_out never does",
-    ("kv/base.py", "Allocator.swap_in", SWAP_IN, "`0` -> `-1`"): "the base's swap_in is never asked (see its deletion)",
-    ("kv/base.py", "Allocator.swap_in", SWAP_IN, "`0` -> `1`"): "the base's swap_in is never asked (see its deletion)",
-    ("kv/block_pool.py", "DeferredRun.__init__", "self.num_live = 0", "`0` -> `-1`"):
-        "defer() sets num_live before any block is held under the run",
-    ("kv/block_pool.py", "DeferredRun.__init__", "self.num_live = 0", "`0` -> `1`"):
-        "defer() sets num_live before any block is held under the run",
-    ("kv/block_pool.py", "BlockPool._drop", "self.close_run(h)", "delete"):
-        "a run with no block left is forgotten when its root is next shown, with nothing to index",
-    ("kv/block_pool.py", "BlockPool._drop", "del self.copies[h]", "delete"):
-        "an empty list of copies reads as no entry (get, setdefault, the count's sum)",
-    ("kv/block_pool.py", "BlockPool._drop", "self.block_root[block] = None", "delete"):
-        "block_root is read only for a cached block, whose cache() set it anew (a redundant line)",
-    ("kv/contiguous.py", "ContiguousAllocator.__init__", "swap_blocks=0,", "`0` -> `1`"):
-        "a slab allocator never preempts (a request never needs a second slab): no swap",
-    ("kv/contiguous.py", "ContiguousAllocator.__init__", "swap_blocks=0,", "`0` -> `-1`"):
-        "a slab allocator never preempts (a request never needs a second slab): no swap",
-    ("kv/free_queue.py", "FreeQueue.__init__", "self._end = _Node(-1)", "`1` -> `0`"): "the sentinel's block is never read",
-    ("kv/free_queue.py", "FreeQueue.__init__", "self._end = _Node(-1)", "`1` -> `2`"): "the sentinel's block is never read",
-    ("kv/free_queue.py", "FreeQueue.blocks", "while node is not self._end and len(out) < len(self._nodes):", "`<` -> `<=`"):
-        "only a torn queue reaches the cap, and the one block more is a repeat reclaim() drops",
-    ("kv/free_queue.py", "FreeQueue._unlink", "node.prev = node.next = node", "delete"):
-        "an unlinked node's links are never read: _link sets both (a redundant line)",
-    ("kv/paged.py", "PagedAllocator._uncache_uncomputed", "seq.num_cached = min(seq.num_cached, first)", "delete"):
-        "the table is being released: nothing reads it after (a redundant line)",
-    ("kv/paged.py", "PagedAllocator._cache_full_blocks", "seq.replan()", "delete"):
-        "a stale plain_below is lower: rows take _grow's careful path, which does the same",
-    ("kv/paged.py", "PagedAllocator._index_run", "seq.cache_at = 2 * self.pool_block_slots", "`2` -> `1`"):
-        "at one block, _cache_full_blocks indexes blocks[1:1] (none) and sets the same cache_at",
-    ("kv/paged.py", "PagedAllocator._defer_run", "if end > 1:", "`1` -> `0`"):
-        "a run ending at 1 holds no block: kept open it is forgotten later with nothing to index",
-    ("kv/paged.py", "PagedAllocator._block_hashes", "if len(hashes) < num_blocks:", "`<` -> `<=`"):
-        "extending a chain to the length it has does nothing",
-    ("kv/prefix_hash.py", "", "BlockHasher = Callable[[tuple[Hashable, tuple[int, ...], Any]], Hashable]", "delete"):
-        "a type alias read by (postponed) annotations only",
-    ("kv/prefix_hash.py", "", '"builtin": (hash, int.from_bytes(_ROOT_DIGEST[:8], "big")),', "`8` -> `7`"):
-        "any fixed root seed gives the same hits: only equal hashes are observed",
-    ("kv/prefix_hash.py", "", '"builtin": (hash, int.from_bytes(_ROOT_DIGEST[:8], "big")),', "`8` -> `9`"):
-        "any fixed root seed gives the same hits: only equal hashes are observed",
-    ("scheduler/plan_draft.py", "PlanDraft.unschedule", "return", "delete"):
-        "a request is scheduled at most once a step: the loop finds no second row",
-    ("scheduler/base.py", "Scheduler._admit_waiting",
-     "while waiting and len(self.running) < self.max_batch and draft.budget > 0:", "`0` -> `-1`"):
-        "the budget never goes below 0, and at 0 every chunk is 0 and the loop breaks",
-    ("step_records.py", "StepRecords.__init__",
-     "self._chunk_rows = CHUNK_ROWS if max_records is None else max(1, min(CHUNK_ROWS, max_records))", "`1` -> `0`"):
-        "max_records is None or a positive count (the server's)",
-    ("step_records.py", "StepRecords._seal", DROP, "`0` -> `-1` (#2 on the line)"): SAME_LENGTH,
-    ("step_records.py", "StepRecords._seal", DROP, "`0` -> `1` (#2 on the line)"): SAME_LENGTH,
-    ("step_records.py", "StepRecords._seal", DROP, "`>=` -> `>`"):
-        "one chunk more kept at the window's edge: the same rows read back (len and column cut it)",
-    ("step_records.py", "StepRecords._seal", "self._sealed_rows -= len(self._chunks.popleft()[0])", "`0` -> `-1`"):
-        SAME_LENGTH,
-    ("step_records.py", "StepRecords._seal", "self._sealed_rows -= len(self._chunks.popleft()[0])", "`0` -> `1`"):
-        SAME_LENGTH,
-    ("step_records.py", "StepRecords.append", "if len(tail) >= self._tail_len:", "`>=` -> `>`"):
-        "chunks a row longer: the same rows read back, the window still whole",
-}
+import tomllib
+
+
+def _equivalent() -> dict[tuple[str, str, str, str], str]:
+    """(module, enclosing class.function, the line's code, the mutation) -> why no test can see it."""
+    with open(Path(__file__).with_name("mutation_equivalent.toml"), "rb") as f:
+        entries = tomllib.load(f)["equivalent"]
+    return {(e["module"], e["scope"], e["code"], e["mutation"]): e["why"] for e in entries}
+
+
+EQUIVALENT = _equivalent()
 
 FLIPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
          ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.And: ast.Or, ast.Or: ast.And,

@@ -108,6 +108,21 @@ def test_the_latest_arrival_victim_is_the_later_admitted_of_equal_arrivals():
     assert z.status is RequestStatus.PREEMPTED and y.num_preemptions == 0
 
 
+def b_preempted_until_a_is_done(sched: PreemptiveScheduler, *reqs: Request) -> StepPlan:
+    """Steps 1 to 3 of the next two tests, in which A (4-token prompt) and B are admitted in
+    step 1, B is preempted in step 2 for A's decode (position 4), and A's last token comes in
+    step 3; B waits. Returns step 1's plan."""
+    a, b = sorted(reqs, key=lambda r: r.request_id)
+    for r in reqs:
+        sched.add_request(r, 0.0)
+    first = step(sched)
+    plan = step(sched)
+    assert plan.preempted_req_ids == ("B",) and rows(plan) == [("A", 4, 1)]
+    assert sched.recomputed_tokens == 0  # counted at re-admission, when the hit is known
+    assert rows(step(sched)) == [("A", 5, 1)] and a.is_finished and b.status is RequestStatus.PREEMPTED
+    return first
+
+
 def test_recomputed_tokens_are_what_the_victim_had_computed_less_what_it_finds_cached():
     """A (0 s, 4-token prompt, 3 tokens out) and B (1 s, 6-token prompt); 3 blocks, the
     default victim (the last admitted).
@@ -125,13 +140,8 @@ def test_recomputed_tokens_are_what_the_victim_had_computed_less_what_it_finds_c
       it computes (the sampled token was never computed)."""
     sched = preemptive(num_blocks=3, budget=64, max_batch=2)
     a, b = Request("A", 0.0, range(200, 204), 3), Request("B", 1.0, range(100, 106), 20)
-    sched.add_request(a, 0.0)
-    sched.add_request(b, 0.0)
-    assert rows(step(sched)) == [("A", 0, 4), ("B", 0, 6)]
-    plan = step(sched)
-    assert plan.preempted_req_ids == ("B",) and rows(plan) == [("A", 4, 1)]
-    assert sched.recomputed_tokens == 0  # counted at re-admission, when the hit is known
-    assert rows(step(sched)) == [("A", 5, 1)] and a.is_finished
+    first = b_preempted_until_a_is_done(sched, a, b)
+    assert rows(first) == [("A", 0, 4), ("B", 0, 6)]
     assert rows(step(sched)) == [("B", 4, 3)]
     assert sched.recomputed_tokens == 2
     assert b.num_cached_tokens == 0  # the first admission's hit; the re-hit is counted apart
@@ -153,12 +163,8 @@ def test_a_victim_that_finds_all_it_had_computed_cached_recomputes_nothing():
       ``recomputed_tokens`` stays 0 though B was preempted."""
     sched = preemptive(num_blocks=3, budget=64, max_batch=2, victim="latest_arrival")
     b, a = Request("B", 5.0, range(100, 104), 20), Request("A", 0.0, range(200, 204), 3)
-    sched.add_request(b, 0.0)
-    sched.add_request(a, 0.0)
-    assert rows(step(sched)) == [("B", 0, 4), ("A", 0, 4)]
-    plan = step(sched)
-    assert plan.preempted_req_ids == ("B",) and rows(plan) == [("A", 4, 1)]
-    assert rows(step(sched)) == [("A", 5, 1)] and a.is_finished
+    first = b_preempted_until_a_is_done(sched, b, a)
+    assert rows(first) == [("B", 0, 4), ("A", 0, 4)]
     plan = step(sched)
     assert rows(plan) == [("B", 4, 1)] and plan.num_decode_tokens == 1  # B's first generated token, again
     assert sched.num_preemptions == 1 and sched.recomputed_tokens == 0
