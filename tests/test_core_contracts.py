@@ -147,7 +147,9 @@ def test_the_virtual_clock_restarts_at_zero_and_stops_short_of_its_horizon():
     for t in (HORIZON_S, float("inf")):
         with pytest.raises(EngineError, match="would pass"):
             clock.wait_until(t)
-    assert clock.now() == 0.0
+    with pytest.raises(EngineError, match="would pass"):
+        clock.advance(HORIZON_S - 1.0, 1.0)  # a step ending on the horizon
+    assert clock.now() == 0.0 and clock.advance(0.0, 2.5) == 2.5
 
 
 def test_the_wall_clock_counts_from_its_start_and_never_sleeps_for_the_past():

@@ -149,6 +149,18 @@ class SelfVictim(PreemptiveScheduler):
         return req
 
 
+def test_a_step_that_only_swaps_out_is_a_step():
+    """Its only row preempted by swap: no token is computed, but the backend must copy the
+    victim's blocks out, so the plan is executed and recorded."""
+    sched = scheduler(SelfVictim, num_blocks=2, mode="swap")
+    engine = sim_engine(sched)
+    r = Request("r", 0.0, range(8), 5)
+    engine.add_request(r)
+    engine.step()
+    assert engine.step() == [] and r.status is RequestStatus.SWAPPED
+    assert len(engine.steps) == 2 and engine.steps.last().swapped_blocks == 2 and engine.steps.last().batch_size == 0
+
+
 def test_a_step_whose_every_row_was_preempted_is_no_step():
     sched = scheduler(SelfVictim, num_blocks=2)
     engine = sim_engine(sched)
@@ -200,7 +212,8 @@ def test_a_step_lasts_what_the_backend_says_or_on_a_wall_backend_what_it_took():
     result, _ = run_with(Answering(lambda plan: StepOutput([1] * plan.num_reqs, 0.0)))
     assert {s.duration for s in result.steps} == {0.0}  # a cost model may price a step at nothing
     result, _ = run_with(Answering(lambda plan: StepOutput([1] * plan.num_reqs, 0.0), clock="wall"))
-    assert all(s.duration > 0 for s in result.steps)  # a real model on virtual time: timed
+    assert result.error is None and len(result.steps) == 3
+    assert all(0 < s.duration < 1 for s in result.steps)  # a real model on virtual time: timed
     result, _ = run_with(Answering(lambda plan: StepOutput([1] * plan.num_reqs, 0.5), clock="wall"))
     assert {s.duration for s in result.steps} == {0.5}
 
@@ -237,6 +250,31 @@ def test_an_engines_leaks_are_its_allocators_else_what_the_pool_shows():
             assert leaks == ["allocator 'paged' has 6 of 8 blocks free", "allocator 'paged' counts 6 live slots"]
         else:
             assert leaks and all(m.startswith("allocator 'paged': ") for m in leaks)
+
+
+def test_a_request_refused_at_the_door_frees_its_place_in_a_closed_loop():
+    engine = Engine(scheduler(budget=64), Answering(lambda plan: StepOutput([1] * plan.num_reqs, 0.01)), VirtualClock())
+    rs = [Request(0, 0.0, range(100), 3), Request(1, 0.0, range(4), 3)]  # the first longer than max_model_len
+    result = engine.run(rs, max_concurrency=1)
+    assert rs[0].finish_reason is FinishReason.REJECTED and rs[1].finish_reason is FinishReason.LENGTH
+    assert result.error is None
+
+
+class Crashing(ContinuousScheduler):
+    def may_admit(self, plan):
+        if self.running:
+            raise RuntimeError("a policy's bug")
+        return True
+
+
+def test_a_policys_crash_stops_the_run_naming_it_and_ends_every_request():
+    engine = Engine(scheduler(Crashing, budget=64), Answering(lambda plan: StepOutput([1] * plan.num_reqs, 0.01)),
+                    VirtualClock())  # fmt: skip
+    rs = [Request(i, 0.0, range(4), 3) for i in range(2)]
+    result = engine.run(rs)
+    assert result.error.startswith("RuntimeError: a policy's bug (raised at ")
+    assert all(r.finish_reason is FinishReason.ERROR for r in rs) and result.leaks == []
+    assert not engine.scheduler.has_unfinished()  # its lists are empty: an engine can be used again
 
 
 def test_a_request_caught_mid_preemption_by_an_interrupt_is_ended_too():
