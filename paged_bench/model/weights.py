@@ -171,11 +171,6 @@ class Weights:
     norm: Any
     lm_head: Any
 
-    def nbytes_matmul(self) -> int:
-        """Bytes of what a step reads in full (every matmul weight and the LM head)."""
-        mats = [m for lw in self.layers for m in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [self.lm_head]
-        return sum(m.nbytes if hasattr(m, "nbytes") else m.numel() * m.element_size() for m in mats)
-
 
 def fuse(
     state: dict[str, np.ndarray],

@@ -42,9 +42,13 @@ REQUEST_COLUMNS = (
 )
 
 
+# The cells are made as text here, a column at a time, and the rows joined by hand, not by
+# csv.writer: writing a big run's files one value at a time through csv.writer, repr'ing each
+# float and formatting each int, would be a large share of the whole run (docs/engine.md, speed).
+
+
 def _needs_quotes(text: str) -> bool:
-    """Whether csv.writer (QUOTE_MINIMAL) quotes ``text``: four scans in C (a regex of the four
-    characters was 15x slower, and a run's files hold 80,000 such cells)."""
+    """Whether csv.writer (QUOTE_MINIMAL) quotes ``text``: four substring scans, done in C."""
     return "," in text or '"' in text or "\r" in text or "\n" in text
 
 
@@ -52,8 +56,8 @@ def _quoted(text: str) -> str:
     return '"' + text.replace('"', '""') + '"' if _needs_quotes(text) else text
 
 
-# str(i) for every i below its length: an int cell's text is looked up, a third of the time
-# formatting it takes (a big run's files hold 600,000 int cells, mostly small counts)
+# str(i) for every i below its length: most int cells are small counts, whose text is looked up
+# for less than formatting it costs
 _numerals: list[str] = []
 _NUMERALS_MAX = 1 << 16  # 3.5 MB of text at most
 
@@ -74,9 +78,9 @@ def _int_texts(values: np.ndarray) -> list[str]:
 
 def _float_texts(values: np.ndarray) -> list[str]:
     """``repr`` of each value (as csv.writer writes a float), "" for nan (unknown). orjson
-    writes repr's digits (the shortest that read back as the value) in 60-80 ns, repr in 530,
-    and a big run's files hold 180,000 floats; below 1e-4 its text differs (0.00001 and 1e-7,
-    not 1e-05 and 1e-07), so those, with nan and inf (orjson's null), are repr'd."""
+    writes repr's digits (the shortest that read back as the value) for a fraction of repr's
+    cost, the largest of writing the files; below 1e-4 its text differs (0.00001 and 1e-7, not
+    1e-05 and 1e-07), so those, with nan and inf (orjson's null), are repr'd."""
     if not len(values):
         return []
     values = np.ascontiguousarray(values, dtype=np.float64)
@@ -116,7 +120,7 @@ def request_columns(records: RequestRecords) -> tuple[np.ndarray | list, ...]:
 
 
 # rows made and written a slice at a time: a big run's cells and text are never all held at
-# once (memory the kernel would fault in first: 5,500 page faults of the 20,000-request run)
+# once (memory the kernel would have to fault in first)
 _SLICE_ROWS = 4096
 
 
@@ -140,8 +144,7 @@ def step_rows(steps: StepRecords) -> Iterator[Row]:
 
 
 def _write_csv(path: Path, columns: tuple[str, ...], rows: Iterable[Row]) -> None:
-    """What csv.writer writes, from rows of ready cells (a join of text is a third cheaper than
-    a %-format of numbers)."""
+    """What csv.writer writes, from rows of ready cells, joined."""
     rows = iter(rows)
     with opened_whole(path, newline="") as f:
         f.write(",".join(columns) + "\r\n")
