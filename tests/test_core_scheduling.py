@@ -20,6 +20,7 @@ from paged_bench.core.scheduler.continuous import ContinuousScheduler
 from paged_bench.core.scheduler.preemptive import PreemptiveScheduler
 from paged_bench.core.scheduler.static import StaticScheduler
 from paged_bench.errors import ConfigError
+from paged_bench.run.plugin_options import PreemptiveOptions
 from tests.test_core_behaviours import rows, step
 
 
@@ -39,7 +40,7 @@ def scheduler(cls: type[Scheduler] = ContinuousScheduler, num_blocks: int = 10, 
 def test_a_handed_over_request_runs_from_its_next_token_with_blocks_for_its_prompt():
     sched = scheduler()
     r = prefilled("r", range(10), max_tokens=100)
-    assert sched.add_prefilled(r) is True
+    assert sched.add_prefilled(r, 0.0) is True
     assert r.status is RequestStatus.RUNNING and sched.running == [r] and r.num_computed_tokens == 10
     assert r.max_num_tokens == 64  # 10 + 100, capped at max_model_len
     assert sched.allocator.num_free_blocks == 10 - 3  # 10 prompt tokens in blocks of 4
@@ -51,21 +52,21 @@ def test_a_handed_over_request_runs_from_its_next_token_with_blocks_for_its_prom
 
 def test_a_hand_over_is_refused_changing_nothing_where_an_admission_would_be():
     full = scheduler(max_batch=1)
-    assert full.add_prefilled(prefilled("a", range(4)))
+    assert full.add_prefilled(prefilled("a", range(4)), 0.0)
     b = prefilled("b", range(4))
-    assert full.add_prefilled(b) is False  # max_batch
+    assert full.add_prefilled(b, 0.0) is False  # max_batch
     assert b.status is RequestStatus.WAITING and full.running[0].request_id == "a"
     assert full.allocator.num_free_blocks == 9
     static = scheduler(StaticScheduler)
-    assert static.add_prefilled(prefilled("a", range(4)))
-    assert not static.add_prefilled(prefilled("b", range(4)))  # static batching: only into an empty batch
+    assert static.add_prefilled(prefilled("a", range(4)), 0.0)
+    assert not static.add_prefilled(prefilled("b", range(4)), 0.0)  # static batching: only into an empty batch
     short = scheduler(num_blocks=4)
-    assert not short.add_prefilled(prefilled("a", range(20))) and short.allocator.num_free_blocks == 4
+    assert not short.add_prefilled(prefilled("a", range(20)), 0.0) and short.allocator.num_free_blocks == 4
     # a watermark of half the pool (5 blocks): an empty engine takes 6 blocks regardless, then
     # a one-block hand-over would leave 3 free
     marked = scheduler(PreemptiveScheduler, watermark=0.5)
-    assert marked.add_prefilled(prefilled("a", range(24)))
-    assert not marked.add_prefilled(prefilled("b", range(4))) and marked.allocator.num_free_blocks == 4
+    assert marked.add_prefilled(prefilled("a", range(24)), 0.0)
+    assert not marked.add_prefilled(prefilled("b", range(4)), 0.0) and marked.allocator.num_free_blocks == 4
 
 
 def test_a_preempted_one_token_prefill_row_is_no_decode():
@@ -78,7 +79,7 @@ def test_a_preempted_one_token_prefill_row_is_no_decode():
     v = Request("V", 5.0, range(100, 110), 10)
     sched.add_request(v, 0.0)
     assert rows(step(sched)) == [("V", 0, 9)]
-    assert sched.add_prefilled(prefilled("F", range(200, 204)))
+    assert sched.add_prefilled(prefilled("F", range(200, 204)), 0.0)
     plan = step(sched)
     assert plan.preempted_req_ids == ("V",) and rows(plan) == [("F", 4, 1)]
     assert plan.num_decode_tokens == 1 and plan.num_prefill_tokens == 0
@@ -91,14 +92,14 @@ def test_the_last_token_of_the_budget_goes_to_the_last_row():
     sched.add_request(Request("A", 0.0, range(100, 105), 5), 0.0)
     assert rows(step(sched)) == [("A", 0, 4)]
     for rid in "BCD":
-        assert sched.add_prefilled(prefilled(rid, range(3)))
+        assert sched.add_prefilled(prefilled(rid, range(3)), 0.0)
     assert rows(step(sched)) == [("A", 4, 1), ("B", 3, 1), ("C", 3, 1), ("D", 3, 1)]
 
 
 @pytest.mark.parametrize("watermark", ["abc", -0.5, 1.0])
 def test_a_watermark_that_is_no_fraction_of_the_pool_is_refused_naming_it(watermark):
     with pytest.raises(ConfigError, match="scheduler.watermark"):
-        scheduler(PreemptiveScheduler, watermark=watermark)
+        PreemptiveOptions(max_batch=2, max_num_batched_tokens=16, watermark=watermark)
 
 
 def test_without_chunking_a_prompt_that_fills_the_budget_exactly_is_admitted():
