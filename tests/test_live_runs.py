@@ -16,14 +16,14 @@ import time
 import pytest
 
 from paged_bench.cli import sweep, sweep_folder
-from tests.tracking_support import fresh_store, run_cli, runs_of
+from tests.tracking_support import call_cli, fresh_store, runs_of
 
 SMALL = ["workload.num_requests=20"]
 UNTRACKED = [*SMALL, "tracking.enabled=false"]
 
 
 def _sync(cwd, *paths):
-    return run_cli(cwd, *map(str, paths), module="paged_bench.tracking.sync")
+    return call_cli(cwd, *map(str, paths), module="paged_bench.tracking.sync")
 
 
 def _dead_pid() -> int:
@@ -51,7 +51,7 @@ def _set_record(path, **fields) -> None:
 def test_sync_leaves_a_run_still_running_alone_until_it_has_ended(tmp_path, live_pid):
     uri = fresh_store(tmp_path)
     running, ending, reused = (tmp_path / "runs" / name for name in ("running", "ending", "reused"))
-    assert run_cli(tmp_path, *UNTRACKED, f"hydra.run.dir={running}").returncode == 0
+    assert call_cli(tmp_path, *UNTRACKED, f"hydra.run.dir={running}").returncode == 0
     shutil.copytree(running, ending)
     shutil.copytree(running, reused)
     host = socket.gethostname()
@@ -80,7 +80,7 @@ def test_sync_leaves_a_run_still_running_alone_until_it_has_ended(tmp_path, live
 def test_sync_leaves_the_jobs_of_a_sweep_still_running_alone(tmp_path, live_pid):
     uri = fresh_store(tmp_path)
     sweep_dir = tmp_path / "runs" / "sw"
-    assert run_cli(tmp_path, "-m", "max_batch=2,4", *UNTRACKED, f"hydra.sweep.dir={sweep_dir}").returncode == 0
+    assert call_cli(tmp_path, "-m", "max_batch=2,4", *UNTRACKED, f"hydra.sweep.dir={sweep_dir}").returncode == 0
     info = sweep_folder.sweep_info(sweep_dir)
     sweep_folder.write_info(sweep_dir, {**info, "pid": live_pid})  # ended, yet still logging its jobs
 
@@ -108,7 +108,7 @@ def test_a_run_uploaded_whole_is_not_uploaded_again_but_a_rerun_into_its_folder_
 
     uri = fresh_store(tmp_path)
     run_dir = tmp_path / "runs" / "r1"
-    assert run_cli(tmp_path, *UNTRACKED, f"hydra.run.dir={run_dir}").returncode == 0
+    assert call_cli(tmp_path, *UNTRACKED, f"hydra.run.dir={run_dir}").returncode == 0
     assert _sync(tmp_path, run_dir).returncode == 0  # as the run ended: then its own process asks
     request = {"run_dir": str(run_dir), "uri": uri, "experiment": "paged_bench", "settings": {}}
 
@@ -128,19 +128,19 @@ def _files(folder) -> dict[str, tuple[bytes, int]]:
 
 def test_a_sweep_into_a_folder_a_running_sweep_uses_is_refused_touching_nothing(tmp_path, live_pid):
     sweep_dir = tmp_path / "runs" / "sw"
-    assert run_cli(tmp_path, "-m", "max_batch=2", *UNTRACKED, f"hydra.sweep.dir={sweep_dir}").returncode == 0
+    assert call_cli(tmp_path, "-m", "max_batch=2", *UNTRACKED, f"hydra.sweep.dir={sweep_dir}").returncode == 0
     info = sweep_folder.sweep_info(sweep_dir)
     sweep_folder.write_info(sweep_dir, {**info, "pid": live_pid})
     before = _files(sweep_dir)
 
-    proc = run_cli(tmp_path, "-m", "max_batch=8", *UNTRACKED, f"hydra.sweep.dir={sweep_dir}")
+    proc = call_cli(tmp_path, "-m", "max_batch=8", *UNTRACKED, f"hydra.sweep.dir={sweep_dir}")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [f"error: {sweep_dir} is in use by a running sweep (pid {live_pid}): "
                                                 "use another hydra.sweep.dir, or wait for it"]  # fmt: skip
     assert _files(sweep_dir) == before
 
     sweep_folder.write_info(sweep_dir, {**info, "pid": _dead_pid()})  # that sweep was killed: reused, as before
-    again = run_cli(tmp_path, "-m", "max_batch=8", *UNTRACKED, f"hydra.sweep.dir={sweep_dir}")
+    again = call_cli(tmp_path, "-m", "max_batch=8", *UNTRACKED, f"hydra.sweep.dir={sweep_dir}")
     assert again.returncode == 0, again.stderr
     new_id = sweep_folder.sweep_info(sweep_dir)["id"]
     jobs = sweep_folder.job_dirs(sweep_dir)
@@ -180,12 +180,12 @@ def test_a_folder_of_a_sweep_that_is_gone_or_on_another_host_is_claimed(tmp_path
 def test_a_run_into_a_folder_a_running_job_uses_is_refused_touching_nothing(tmp_path, live_pid):
     # clear_results deleted the live run's files, then both wrote into one folder
     run_dir = tmp_path / "runs" / "one"
-    assert run_cli(tmp_path, *UNTRACKED, f"hydra.run.dir={run_dir}").returncode == 0
+    assert call_cli(tmp_path, *UNTRACKED, f"hydra.run.dir={run_dir}").returncode == 0
     _set_record(run_dir / "run_info.json", pid=live_pid, host=socket.gethostname(), status=None)
     before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
-    proc = run_cli(tmp_path, *UNTRACKED, f"hydra.run.dir={run_dir}")
+    proc = call_cli(tmp_path, *UNTRACKED, f"hydra.run.dir={run_dir}")
     assert proc.returncode == 2 and proc.stderr.strip() == (
         f"error: {run_dir} is in use by a running job (pid {live_pid}): use another hydra.run.dir, or wait for it")
     assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
     _set_record(run_dir / "run_info.json", pid=_dead_pid())  # its process is gone: the folder is reused
-    assert run_cli(tmp_path, *UNTRACKED, f"hydra.run.dir={run_dir}").returncode == 0
+    assert call_cli(tmp_path, *UNTRACKED, f"hydra.run.dir={run_dir}").returncode == 0
