@@ -3,6 +3,8 @@ the session's temporary folder that ``pytest -n``'s workers share (``tracking_su
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from paged_bench.run.compose import compose_config
@@ -15,8 +17,8 @@ def config():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def session_folder(tmp_path_factory, worker_id):
+def session_folder(tmp_path_factory):
     """Under ``pytest -n``, each worker's temporary folder is in one of the session's: what is
     made once per session (a migrated MLflow store) goes there."""
-    if worker_id != "master":
+    if "PYTEST_XDIST_WORKER" in os.environ:
         tracking_support.SESSION_FOLDER = tmp_path_factory.getbasetemp().parent

@@ -117,7 +117,11 @@ def _entry(module: str):
         from paged_bench.report.__main__ import main
 
         return main
-    raise ValueError(f"call_cli runs paged_bench, its sync and its report; {module}: use run_cli")
+    if module == "paged_bench.serve":
+        from paged_bench.serve.__main__ import cli as serve
+
+        return serve
+    raise ValueError(f"call_cli runs paged_bench, its sync, report and serve; {module}: use run_cli")
 
 
 def call_cli(cwd: Path, *args: str, module: str = "paged_bench", **env: str) -> Ran:
@@ -158,7 +162,7 @@ def call_cli(cwd: Path, *args: str, module: str = "paged_bench", **env: str) -> 
                 warnings.filterwarnings(action, category=category, module=where)
             warnings.showwarning = _show_on_stderr
             try:
-                code = main(list(args)) if module != "paged_bench" else main()
+                code = main() if module in ("paged_bench", "paged_bench.serve") else main(list(args))
             except SystemExit as e:
                 code = e.code
             finally:
