@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.tracking_support import PACED, cli_env, fresh_store, runs_of, wait_for_jobs
+from tests.tracking_support import PACED, cli_env, fresh_store, in_a_child, runs_of, wait_for_jobs
 
 
 def _start(tmp_path, *args, group: bool = False) -> subprocess.Popen:
@@ -137,7 +137,7 @@ def test_a_terminated_job_s_exception_crosses_to_the_sweep_s_process():
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_a_signal_while_a_run_is_written_waits_for_the_files(monkeypatch, config, tmp_path, replicas):
+def test_a_signal_while_a_run_is_written_waits_for_the_files(config, tmp_path, replicas):
     """Ctrl-C as the engine's figures are being written (one engine, or a cluster of two):
     the files are written whole, the run ends as it did (here every request finished), and
     the signal is noted for the CLI."""
@@ -145,46 +145,53 @@ def test_a_signal_while_a_run_is_written_waits_for_the_files(monkeypatch, config
     from paged_bench.cluster import cluster_job
     from paged_bench.run import job as app
 
-    monkeypatch.setattr(signals, "_received", None)
-    module, name = (app, "write_run") if replicas == 1 else (cluster_job, "write_cluster_run")
-    write = getattr(module, name)
-
-    def interrupted_write(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)  # delivered at the next bytecode, mid-write
-        time.sleep(0.05)
-        return write(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, interrupted_write)
     cfg = config("workload.num_requests=20", "tracking.enabled=false", f"cluster.replicas={replicas}")
-    try:
-        with signals.stop_on_signals(signals.WITH_CTRL_C):
-            outcome = app.run_job(cfg, tmp_path, shield=signals.deferred)
-    except signals.Terminated:
-        pytest.fail("the signal cut the writing short")
-    assert signals.received() == signal.SIGINT
-    assert outcome.status == "finished" and json.loads((tmp_path / "summary.json").read_text())["completed"] == 20
-    assert (tmp_path / "requests.csv").is_file() and (tmp_path / "run_info.json").is_file()
+
+    def scenario() -> None:
+        module, name = (app, "write_run") if replicas == 1 else (cluster_job, "write_cluster_run")
+        write = getattr(module, name)
+
+        def interrupted_write(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGINT)  # delivered at the next bytecode, mid-write
+            time.sleep(0.05)
+            return write(*args, **kwargs)
+
+        setattr(module, name, interrupted_write)
+        try:
+            with signals.stop_on_signals(signals.WITH_CTRL_C):
+                outcome = app.run_job(cfg, tmp_path, shield=signals.deferred)
+        except signals.Terminated:
+            raise AssertionError("the signal cut the writing short") from None
+        assert signals.received() == signal.SIGINT
+        assert outcome.status == "finished" and json.loads((tmp_path / "summary.json").read_text())["completed"] == 20
+        assert (tmp_path / "requests.csv").is_file() and (tmp_path / "run_info.json").is_file()
+
+    in_a_child(scenario)
 
 
-def test_a_worker_notes_a_signal_between_jobs_instead_of_exiting(monkeypatch):
+def test_a_worker_notes_a_signal_between_jobs_instead_of_exiting():
     """Raised in loky's wait for the next job, a signal would end the worker, and loky would
     SIGKILL the others; noted, it only stops the worker from starting another job."""
     from paged_bench.cli import signals
 
-    monkeypatch.setattr(signals, "_received", None)
-    before = {s: signal.getsignal(s) for s in signals.WITH_CTRL_C}
-    try:
+    def noted() -> None:
         signals.note_between_jobs()
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # between two jobs of the worker
         time.sleep(0.05)
-        assert signals.received() == signal.SIGTERM
+        assert signals.received() == signal.SIGTERM  # noted, not raised
+        # noted between the worker's check and the job's own handlers, it stops the job on
+        # entry: else the job would run to its end, unstoppable, until the launcher kills it
         with pytest.raises(signals.Terminated), signals.stop_on_signals(signals.WITH_CTRL_C):
-            monkeypatch.setattr(signals, "_received", None)
+            raise AssertionError("the job ran")
+
+    def raised_in_a_job() -> None:
+        signals.note_between_jobs()
+        with pytest.raises(signals.Terminated), signals.stop_on_signals(signals.WITH_CTRL_C):
             os.kill(os.getpid(), signal.SIGINT)  # inside a job it stops the job
             time.sleep(0.05)
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
+
+    in_a_child(noted)
+    in_a_child(raised_in_a_job)
 
 
 def test_a_stopped_sweep_withdraws_the_jobs_that_never_began(tmp_path):
@@ -202,16 +209,6 @@ def test_a_stopped_sweep_withdraws_the_jobs_that_never_began(tmp_path):
     assert not never.exists()
     info = json.loads((began / "run_info.json").read_text())
     assert info["status"] == "interrupted" and info["run_name"] == "max_batch=8"
-
-
-def test_a_signal_noted_as_a_job_starts_stops_it_on_entry(monkeypatch):
-    """Noted between the worker's check and the job's own handlers, a signal would otherwise
-    let the job run to its end, unstoppable, until the launcher kills it."""
-    from paged_bench.cli import signals
-
-    monkeypatch.setattr(signals, "_received", signal.SIGINT)
-    with pytest.raises(signals.Terminated), signals.stop_on_signals(signals.WITH_CTRL_C):
-        pytest.fail("the job ran")
 
 
 def test_a_job_stopped_before_its_engine_ran_says_nothing_was_measured(monkeypatch, config, tmp_path):

@@ -15,7 +15,7 @@ import sys
 import time
 
 from paged_bench.cli import sweep, sweep_folder
-from tests.tracking_support import call_cli, client, fresh_store, runs_of
+from tests.tracking_support import call_cli, client, fresh_store, in_a_child, runs_of, sweep_config
 
 SMALL = ["workload.num_requests=20"]
 UNTRACKED = [*SMALL, "tracking.enabled=false"]
@@ -118,19 +118,29 @@ time.sleep(30)
 """
 
 
-def test_a_stopping_sweep_passes_the_signal_to_jobs_in_folders_not_named_by_number(tmp_path, monkeypatch):
-    sweep_id = _sweep_folder(tmp_path, time.time())
+def test_a_stopping_sweep_passes_the_signal_to_jobs_in_folders_not_named_by_number(tmp_path):
+    config = sweep_config(tmp_path, "max_batch=4")
     run_dir = tmp_path / "max_batch=4"
     run_dir.mkdir()
     record = run_dir / "run_info.json"
-    record.write_text(json.dumps({"sweep_id": sweep_id}))
+    record.write_text("{}")
     job = subprocess.Popen([sys.executable, "-c", STOPPABLE_JOB, str(record)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert job.stdout.readline() == "ready\n"
+
+    def scenario() -> None:  # the sweep's process: Ctrl-C on it, its handler passes it on
+        sweep.start(config)
+        sweep_id = sweep_folder.sweep_info(tmp_path)["id"]
         record.write_text(json.dumps({"sweep_id": sweep_id, "job_num": 0, "pid": job.pid,
                                       "host": socket.gethostname()}))  # fmt: skip
-        monkeypatch.setattr(sweep, "_active", sweep._Sweep(tmp_path, 1, "paged_bench", None, None))
-        sweep._on_stop(signal.SIGINT)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            return
+        raise AssertionError("Ctrl-C did not stop the sweep")
+
+    try:
+        assert job.stdout.readline() == "ready\n"
+        in_a_child(scenario)
         assert job.wait(timeout=5) == 0
     finally:
         job.kill()

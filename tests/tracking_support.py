@@ -19,7 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,6 +192,36 @@ def call_cli(cwd: Path, *args: str, module: str = "paged_bench", **env: str) -> 
 
 def _show_on_stderr(message, category, filename, lineno, file=None, line=None) -> None:
     sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def in_a_child(scenario: Callable[[], object]) -> None:
+    """Run ``scenario()`` (its asserts) in a child of this process, forked (nothing to import
+    again): what it changes in the process (signal handlers, a signal noted, a sweep begun, its
+    environment) stays there. Its failure is its traceback, in the test's captured stderr."""
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            scenario()
+            status = 0
+        except BaseException:  # noqa: BLE001  (reported, whatever it is)
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the scenario failed in a child process: see its stderr"
+
+
+def sweep_config(sweep_dir: Path, *overrides: str):
+    """The config Hydra hands a sweep's start (``cli.sweep.start``): ``python -m paged_bench -m
+    OVERRIDES hydra.sweep.dir=SWEEP_DIR``'s, untracked."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module("paged_bench.conf", version_base="1.3"):
+        return compose("config", overrides=[*overrides, "tracking.enabled=false", f"hydra.sweep.dir={sweep_dir}"],
+                       return_hydra_config=True)  # fmt: skip
 
 
 # a run paced in real time (clock=wall): long in wall time at little CPU (a step is a ~4 ms sleep,
