@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
 from tests.test_experiments import results
-
-pytestmark = pytest.mark.xdist_group("experiments")  # with test_experiments.py: the runs are shared
 
 ROUTERS = ("round_robin", "least_outstanding", "least_kv", "power_of_two", "prefix_affinity")
 

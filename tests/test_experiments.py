@@ -20,8 +20,6 @@ from paged_bench.run.bench import build
 from paged_bench.run.job import run_job
 from tests.tracking_support import call_cli
 
-pytestmark = pytest.mark.xdist_group("experiments")  # with test_cluster_experiments.py: the runs are shared
-
 CONF = Path(__file__).resolve().parents[1] / "conf" / "experiment"
 EXPERIMENTS = sorted(p.stem for p in CONF.glob("*.yaml"))
 
@@ -54,10 +52,11 @@ def jobs(name: str) -> list[tuple[list[str], dict]]:
     return out
 
 
-# the experiments whose figures the tests below read (and test_cluster_experiments.py's): each
-# job is built as it is run, once (``results``), not built a second time on its own
+# the experiments whose figures the tests below read: each job is built as it is run, once
+# (``results``), not built a second time on its own (test_cluster_experiments.py's are built here
+# and run there, a file that may run in another process of pytest -n)
 MEASURED = {"seed_batching", "seed_paging", "block_size", "overload", "uniform_lengths", "pool_exhaustion",
-            "prefix_caching", "tp_tradeoff", "routing", "routing_prefix", "disaggregation"}  # fmt: skip
+            "prefix_caching", "tp_tradeoff"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

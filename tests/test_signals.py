@@ -179,10 +179,6 @@ def test_a_worker_notes_a_signal_between_jobs_instead_of_exiting():
         os.kill(os.getpid(), signal.SIGTERM)  # between two jobs of the worker
         time.sleep(0.05)
         assert signals.received() == signal.SIGTERM  # noted, not raised
-        # noted between the worker's check and the job's own handlers, it stops the job on
-        # entry: else the job would run to its end, unstoppable, until the launcher kills it
-        with pytest.raises(signals.Terminated), signals.stop_on_signals(signals.WITH_CTRL_C):
-            raise AssertionError("the job ran")
 
     def raised_in_a_job() -> None:
         signals.note_between_jobs()
@@ -209,6 +205,21 @@ def test_a_stopped_sweep_withdraws_the_jobs_that_never_began(tmp_path):
     assert not never.exists()
     info = json.loads((began / "run_info.json").read_text())
     assert info["status"] == "interrupted" and info["run_name"] == "max_batch=8"
+
+
+def test_a_signal_noted_as_a_job_starts_stops_it_on_entry():
+    """Noted between the worker's check and the job's own handlers, a signal would otherwise
+    let the job run to its end, unstoppable, until the launcher kills it."""
+    from paged_bench.cli import signals
+
+    def noted_then_a_job() -> None:
+        signals.note_between_jobs()
+        os.kill(os.getpid(), signal.SIGINT)  # noted, as the worker hands the job on
+        time.sleep(0.05)
+        with pytest.raises(signals.Terminated), signals.stop_on_signals(signals.WITH_CTRL_C):
+            raise AssertionError("the job ran")
+
+    in_a_child(noted_then_a_job)
 
 
 def test_a_job_stopped_before_its_engine_ran_says_nothing_was_measured(monkeypatch, config, tmp_path):
