@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from paged_bench.errors import ERROR_CHARS, one_line
+from tests.tracking_support import call_cli
 
 
-def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "paged_bench", *args, "workload.num_requests=20", "tracking.enabled=false"]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120)
+def _cli(cwd: Path, *args: str):
+    return call_cli(cwd, *args, "workload.num_requests=20", "tracking.enabled=false")
 
 
-def _one_line_naming(proc: subprocess.CompletedProcess, path: str, reason: str) -> None:
+def _one_line_naming(proc, path: str, reason: str) -> None:
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     (line,) = proc.stderr.splitlines()
