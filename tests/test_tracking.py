@@ -208,7 +208,7 @@ def test_a_job_that_failed_is_logged_failed_with_its_error(tmp_path):
     (run_dir / "run_info.json").write_text(json.dumps({"status": "failed", "error": "max_batch=-1 is not allowed",
                                                        "run_name": "max_batch=-1", "start_time": time.time()}))
     c = client(uri)
-    run_id = upload_run(c, c.create_experiment("unit"), run_dir, {})
+    run_id = upload_run(c, c.create_experiment("unit", artifact_location=str(tmp_path / "artifacts")), run_dir, {})
     run = c.get_run(run_id)
     assert run.info.status == "FAILED" and run.data.tags["error"] == "max_batch=-1 is not allowed"
     assert run.info.run_name == "max_batch=-1" and run.data.tags["paged_bench.uploaded"] == "true"
@@ -245,7 +245,7 @@ def test_a_job_on_another_host_logs_itself_under_the_sweeps_parent(tmp_path, mon
     monkeypatch.setenv("PAGED_BENCH_TRACKING_IDLE_S", "20")
     uri = fresh_store(tmp_path)
     c = client(uri)
-    exp = c.create_experiment("paged_bench")
+    exp = c.create_experiment("paged_bench", artifact_location=str(tmp_path / "artifacts"))  # not ./mlruns
     parent = c.create_run(exp, tags={"paged_bench.kind": "sweep"}).info.run_id
     sweep_dir = tmp_path / "sweep"
     sweep_dir.mkdir()
