@@ -28,12 +28,17 @@ serve: install
 	$(PY) -m paged_bench.serve $(ARGS)
 
 # the suite runs in two worker processes (pytest-xdist), a test file to a worker so that a
-# file's shared set-up (a server, cached sweeps) is made once: most tests wait on subprocesses,
-# servers and sockets, so two workers on two cores take 7.5-7.7 min where one took 13.3 (dev
-# VM, 534-536 tests). TEST_WORKERS=0 runs the suite in one process (for -s, --pdb)
+# file's shared set-up (an MLflow server, a sweep, an experiment's runs) is made once. The
+# command line runs in-process where the process boundary is not what a test is about
+# (tests/tracking_support.py: call_cli); signals, exit statuses, launchers and workers keep
+# their processes. Compiled modules are cached (PYTHONDONTWRITEBYTECODE emptied): the workers
+# and the ~200 processes the tests start do not each compile what changed since the last run;
+# the pytest plugins no test uses are not loaded. TEST_WORKERS=0 runs the suite in one process
+# (for -s, --pdb)
 TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
+		-p no:schemathesis -p no:hydra_pytest -p no:anyio $(ARGS)
 
 # the micro-benchmarks, then the whole-run figure (issue 11: steps/s of a 20k-request sim run,
 # with the compiled core and interpreted)

@@ -141,9 +141,9 @@ def test_bad_cluster_settings_are_one_line_errors(config, tmp_path, overrides, k
 
 
 def test_a_cluster_run_through_the_command_line(tmp_path):
-    from tests.tracking_support import run_cli
+    from tests.tracking_support import call_cli
 
-    proc = run_cli(tmp_path, "cluster.replicas=2", "router=least_outstanding", "tracking.enabled=false")
+    proc = call_cli(tmp_path, "cluster.replicas=2", "router=least_outstanding", "tracking.enabled=false")
     assert proc.returncode == 0, proc.stderr
     assert "router=least_outstanding" in proc.stdout
     (run_dir,) = [p.parent for p in tmp_path.glob("runs/20*/*/summary.json")]

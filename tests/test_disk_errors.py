@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from paged_bench.errors import ERROR_CHARS, one_line
+from tests.tracking_support import call_cli
 
 
-def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "paged_bench", *args, "workload.num_requests=20", "tracking.enabled=false"]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120)
+def _cli(cwd: Path, *args: str):
+    return call_cli(cwd, *args, "workload.num_requests=20", "tracking.enabled=false")
 
 
-def _one_line_naming(proc: subprocess.CompletedProcess, path: str, reason: str) -> None:
+def _one_line_naming(proc, path: str, reason: str) -> None:
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     (line,) = proc.stderr.splitlines()
@@ -110,7 +110,6 @@ def test_a_failed_csv_write_leaves_no_partial_file_and_is_one_line(tmp_path, mon
 
     _full_disk_after_some_rows(monkeypatch)
     monkeypatch.setattr(job_module.Job, "current", classmethod(lambda cls: _job(tmp_path)))
-    monkeypatch.setattr(job_module, "_track", lambda *a, **k: None)
     with pytest.raises(SystemExit) as exited:
         job_module.run(OmegaConf.create(config("workload.num_requests=20", "tracking.enabled=false")))
     assert exited.value.code == 1
@@ -133,7 +132,6 @@ def test_an_os_error_elsewhere_stays_a_bug_with_its_traceback(tmp_path, monkeypa
 
     monkeypatch.setattr(job_module, "run_job", reading)
     monkeypatch.setattr(job_module.Job, "current", classmethod(lambda cls: _job(tmp_path / "run")))
-    monkeypatch.setattr(job_module, "_track", lambda *a, **k: None)
     with pytest.raises(FileNotFoundError):
         job_module.run(OmegaConf.create(config("tracking.enabled=false")))
     assert json.loads((tmp_path / "run" / "run_info.json").read_text())["status"] == "failed"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from paged_bench.cli import catalog
 from paged_bench.cli.sweep_jobs import job_overrides
 from paged_bench.run.bench import build
 from paged_bench.run.job import run_job
-from tests.tracking_support import run_cli
+from tests.tracking_support import call_cli
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "experiment"
 EXPERIMENTS = sorted(p.stem for p in CONF.glob("*.yaml"))
@@ -51,27 +52,51 @@ def jobs(name: str) -> list[tuple[list[str], dict]]:
     return out
 
 
+# the experiments whose figures the tests below read: each job is built as it is run, once
+# (``results``), not built a second time on its own (test_cluster_experiments.py's are built here
+# and run there, a file that may run in another process of pytest -n)
+MEASURED = {"seed_batching", "seed_paging", "block_size", "overload", "uniform_lengths", "pool_exhaustion",
+            "prefix_caching", "tp_tradeoff"}  # fmt: skip
+
+
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_job_of_every_experiment_composes_and_builds(name):
     all_jobs = jobs(name)
     assert len(all_jobs) >= 2
     for overrides, cfg in all_jobs:
         assert cfg["experiment_name"] == name  # MLflow groups its runs under its name
+    if name in MEASURED:  # every value checked and every plugin constructed as the job ran
+        assert all(ran.requests for ran in runs(name).values())
+        return
+    for overrides, cfg in all_jobs:
         bench = build(cfg)  # every value checked, every plugin constructed
         assert bench.requests, overrides
 
 
+@dataclass(frozen=True)
+class Ran:
+    """What a job of an experiment measured (its summary) and how many requests it was given."""
+
+    summary: dict
+    requests: int
+
+
 @cache
-def results(name: str) -> dict[str, dict]:
-    """Run every job of the experiment on the sim; summary per job, keyed by its overrides."""
+def runs(name: str) -> dict[str, Ran]:
+    """Run every job of the experiment on the sim, keyed by its overrides."""
     out = {}
     for overrides, cfg in jobs(name):
         assert cfg["backend"]["name"] == "sim"
         with tempfile.TemporaryDirectory(prefix="pb-exp-") as run_dir:  # only the summary is kept
             outcome = run_job(cfg, Path(run_dir))
         assert outcome.status == "finished", (overrides, outcome.error)
-        out[" ".join(overrides)] = outcome.summary
+        out[" ".join(overrides)] = Ran(outcome.summary, len(outcome.result.requests))
     return out
+
+
+def results(name: str) -> dict[str, dict]:
+    """The summary of every job of the experiment, keyed by its overrides."""
+    return {key: ran.summary for key, ran in runs(name).items()}
 
 
 def ttft_gain(r: dict[str, dict], max_batch: int) -> float:
@@ -142,7 +167,7 @@ def test_prefix_caching_hits_and_cuts_ttft():
 
 
 def test_the_listing_command_shows_every_experiment(tmp_path):
-    proc = run_cli(tmp_path, "--experiments")
+    proc = call_cli(tmp_path, "--experiments")
     assert proc.returncode == 0, proc.stderr
     for name in EXPERIMENTS:
         (line,) = [l for l in proc.stdout.splitlines() if l.strip().startswith(name + " ")]
@@ -152,10 +177,10 @@ def test_the_listing_command_shows_every_experiment(tmp_path):
 @pytest.mark.slow
 def test_seed_batching_through_the_cli_and_its_report(tmp_path):
     """The README's results: the issue's command, then the report of its sweep."""
-    proc = run_cli(tmp_path, "-m", "+experiment=seed_batching", "backend=sim", "tracking.enabled=false")
+    proc = call_cli(tmp_path, "-m", "+experiment=seed_batching", "backend=sim", "tracking.enabled=false")
     assert proc.returncode == 0, proc.stderr
     (sweep_dir,) = [p.parent for p in tmp_path.glob("runs/multirun/*/*/sweep.json")]
-    report = run_cli(tmp_path, str(sweep_dir), module="paged_bench.report")
+    report = call_cli(tmp_path, str(sweep_dir), module="paged_bench.report")
     assert report.returncode == 0, report.stderr
     md = report.stdout
     assert md.startswith("### seed_batching") and "continuous vs static" in md

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.plugin_support import fake_distribution
-from tests.tracking_support import run_cli
+from tests.tracking_support import call_cli, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,7 +33,7 @@ def broken_site(tmp_path):
 
 
 def test_the_listing_shows_every_kind_with_its_package(tmp_path):
-    proc = run_cli(tmp_path, "--plugins")
+    proc = call_cli(tmp_path, "--plugins")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     for kind in ("workload", "scheduler", "allocator", "backend"):

@@ -31,7 +31,6 @@ def test_the_command_gives_the_run_no_callback_when_no_bar_can_show(monkeypatch,
 
     monkeypatch.setattr(job_module, "run_job", fake_run_job)
     monkeypatch.setattr(job_module.Job, "current", classmethod(lambda cls: _job(tmp_path)))
-    monkeypatch.setattr(job_module, "_track", lambda *a, **k: None)
     from omegaconf import OmegaConf
 
     try:

@@ -12,14 +12,19 @@ import time
 import pytest
 
 from paged_bench.tracking.runs import rounded
-from tests.tracking_support import MlflowServer, artifact_paths, cli_env, client, run_cli, runs_of
+from tests.tracking_support import MlflowServer, artifact_paths, call_cli, cli_env, client, runs_of
 
 
-@pytest.fixture
-def server(tmp_path):
-    srv = MlflowServer(tmp_path / "server").start()
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server for the module (starting one takes seconds): each test logs to an experiment
+    of its own."""
+    srv = MlflowServer(tmp_path_factory.mktemp("remote")).start()
     yield srv
     srv.stop()
+
+
+FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}  # a dead server: refused at once, not retried for seconds
 
 
 def _split(runs):
@@ -31,7 +36,7 @@ def _split(runs):
 def test_a_run_and_a_sweep_log_to_a_real_server(tmp_path, server):
     work = tmp_path / "work"
     work.mkdir()
-    proc = run_cli(work, "max_batch=8", MLFLOW_TRACKING_URI=server.uri)
+    proc = call_cli(work, "max_batch=8", MLFLOW_TRACKING_URI=server.uri, **FAIL_FAST)
     assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
     (run_dir,) = [p.parent for p in work.glob("runs/20*/*/summary.json")]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -41,7 +46,7 @@ def test_a_run_and_a_sweep_log_to_a_real_server(tmp_path, server):
     assert {"summary.json", "steps.csv", "config.yaml", "plots"} <= artifact_paths(c, run.info.run_id)
     assert not (work / "runs" / "mlflow.db").exists()  # nothing went to the embedded store
 
-    proc = run_cli(work, "-m", "max_batch=4,8", MLFLOW_TRACKING_URI=server.uri)
+    proc = call_cli(work, "-m", "max_batch=4,8", MLFLOW_TRACKING_URI=server.uri, **FAIL_FAST)
     assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
     _, runs = runs_of(server.uri, "paged_bench")
     parent, children = _split([r for r in runs if r.info.run_id != run.info.run_id])
@@ -53,21 +58,21 @@ def test_a_run_and_a_sweep_log_to_a_real_server(tmp_path, server):
 
 
 def _sync(cwd, *paths, **env):
-    return run_cli(cwd, *map(str, paths), module="paged_bench.tracking.sync", **env)
+    return call_cli(cwd, *map(str, paths), module="paged_bench.tracking.sync", **env)
 
 
 @pytest.mark.slow
 def test_a_server_that_dies_mid_sweep_loses_nothing_after_sync(tmp_path, server):
     work = tmp_path / "work"
     work.mkdir()
-    long_jobs = ["workload.num_requests=1500", "max_batch=4,8,16"]  # a few seconds each on the sim
+    long_jobs = ["workload.num_requests=1500", "max_batch=4,8,16", "experiment_name=dies_mid_sweep"]
     proc = subprocess.Popen([sys.executable, "-m", "paged_bench", "-m", *long_jobs], cwd=work,
-                            env=cli_env(MLFLOW_TRACKING_URI=server.uri),
+                            env=cli_env(MLFLOW_TRACKING_URI=server.uri, **FAIL_FAST),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     c = client(server.uri)
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:  # the first job is on the server: kill it
-        exp = c.get_experiment_by_name("paged_bench")
+        exp = c.get_experiment_by_name("dies_mid_sweep")
         runs = c.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'") if exp else []
         if any("mlflow.parentRunId" in r.data.tags for r in runs):
             break
@@ -78,12 +83,13 @@ def test_a_server_that_dies_mid_sweep_loses_nothing_after_sync(tmp_path, server)
     assert err.count("warning: MLflow tracking failed") == 1, err
     (sweep_dir,) = [p.parent for p in work.glob("runs/multirun/*/*/sweep.json")]
     assert "3 job(s), 0 not finished" in out
-    report = run_cli(work, "--experiment", "paged_bench", module="paged_bench.report", MLFLOW_TRACKING_URI=server.uri)
+    report = call_cli(work, "--experiment", "dies_mid_sweep", module="paged_bench.report",
+                      MLFLOW_TRACKING_URI=server.uri, **FAIL_FAST)  # fmt: skip
     assert report.returncode == 1 and report.stderr.startswith("error: report failed: MlflowException:"), report.stderr
     assert report.stderr.count("\n") == 1  # one line, as sync says it, not a traceback
 
     server.start()
-    _, runs = runs_of(server.uri, "paged_bench")
+    _, runs = runs_of(server.uri, "dies_mid_sweep")
     parent, children = _split(runs)
     kept = [r for r in children if r.data.tags.get("paged_bench.uploaded") == "true"]  # others: cut off mid-upload
     assert parent.info.status == "RUNNING" and 1 <= len(kept) < 3  # what the dead server kept
@@ -91,7 +97,7 @@ def test_a_server_that_dies_mid_sweep_loses_nothing_after_sync(tmp_path, server)
     first = _sync(work, sweep_dir, MLFLOW_TRACKING_URI=server.uri)
     assert first.returncode == 0, first.stderr
     assert f"{3 - len(kept)} run(s) uploaded, {len(kept)} already in the store, 1 sweep parent" in first.stdout
-    _, runs = runs_of(server.uri, "paged_bench")
+    _, runs = runs_of(server.uri, "dies_mid_sweep")
     parent, children = _split(runs)
     assert parent.info.status == "FINISHED"
     # the sweep's table as the description, as when the sweep closes its parent itself
@@ -106,4 +112,4 @@ def test_a_server_that_dies_mid_sweep_loses_nothing_after_sync(tmp_path, server)
     second = _sync(work, work / "runs", MLFLOW_TRACKING_URI=server.uri)
     assert second.returncode == 0, second.stderr
     assert second.stdout.strip() == "sync: 0 run(s) uploaded, 3 already in the store, 0 sweep parent run(s) closed"
-    assert len(runs_of(server.uri, "paged_bench")[1]) == 4  # a broken upload is deleted, not listed
+    assert len(runs_of(server.uri, "dies_mid_sweep")[1]) == 4  # a broken upload is deleted, not listed

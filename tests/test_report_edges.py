@@ -17,7 +17,7 @@ from paged_bench.report.load import RunSet, find_runs
 from paged_bench.report.tables import head_to_head_markdown
 from paged_bench.results.whole_files import folder_name
 from tests.test_report import make_sweep
-from tests.tracking_support import fresh_store, run_cli, runs_of
+from tests.tracking_support import call_cli, fresh_store, runs_of
 
 
 @pytest.fixture(scope="module")
@@ -120,11 +120,11 @@ def test_a_report_never_creates_or_alters_a_database(tmp_path, capsys):
 def test_sync_leaves_an_unreadable_run_out_and_uploads_the_others(tmp_path):
     uri = fresh_store(tmp_path)
     for batch in (4, 8, 12):
-        assert run_cli(tmp_path, f"max_batch={batch}", "tracking.enabled=false").returncode == 0
+        assert call_cli(tmp_path, f"max_batch={batch}", "tracking.enabled=false").returncode == 0
     first, second, third = sorted(p.parent for p in tmp_path.glob("runs/20*/*/summary.json"))
     (first / "summary.json").write_text((first / "summary.json").read_text()[:100])
     (second / "steps.csv").write_text("step,time\n0,abc\n")
-    proc = run_cli(tmp_path, str(tmp_path / "runs"), module="paged_bench.tracking.sync")
+    proc = call_cli(tmp_path, str(tmp_path / "runs"), module="paged_bench.tracking.sync")
     assert proc.returncode == 1
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: not uploaded:")]
     assert len(errors) == 2 and str(first / "summary.json") in errors[0] + errors[1]
@@ -136,7 +136,7 @@ def test_sync_leaves_an_unreadable_run_out_and_uploads_the_others(tmp_path):
 
 def test_a_sweep_over_workloads_compares_the_options_chosen_not_the_plugins(tmp_path):
     # workload=seed runs the poisson plugin: the report put the seed job in poisson's column
-    proc = run_cli(tmp_path, "-m", "tracking.enabled=false", "workload=poisson,seed")
+    proc = call_cli(tmp_path, "-m", "tracking.enabled=false", "workload=poisson,seed")
     assert proc.returncode == 0, proc.stderr
     (sweep,) = tmp_path.glob("runs/multirun/*/*")
     runs = RunSet.of(find_runs(sweep))
@@ -148,13 +148,13 @@ def test_a_report_says_what_every_run_was_given_beside_what_varies(tmp_path):
     # the table shows what varies: a sweep's fixed max_batch=8 (beside +experiment=..., whose
     # question reads "at the same max_batch") was nowhere in its report
     fresh_store(tmp_path)
-    proc = run_cli(tmp_path, "-m", "scheduler=static,continuous", "max_batch=8", "workload.num_requests=5",
+    proc = call_cli(tmp_path, "-m", "scheduler=static,continuous", "max_batch=8", "workload.num_requests=5",
                    "experiment_name=fixed", "hydra.sweep.dir=sweep")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     said = "Every run: `max_batch=8 workload.num_requests=5 experiment_name=fixed`"  # not the store's settings
     assert said in (tmp_path / "sweep" / "report" / "report.md").read_text().splitlines()
     # and from MLflow, as report --experiment fetches the sweep
-    proc = run_cli(tmp_path, "--experiment", "fixed", "--out", "from_mlflow", module="paged_bench.report")
+    proc = call_cli(tmp_path, "--experiment", "fixed", "--out", "from_mlflow", module="paged_bench.report")
     assert proc.returncode == 0, proc.stderr
     assert said in (tmp_path / "from_mlflow" / "report.md").read_text().splitlines()
 
@@ -162,7 +162,7 @@ def test_a_report_says_what_every_run_was_given_beside_what_varies(tmp_path):
 def test_a_sweeps_columns_are_set_on_the_command_line_and_a_typo_is_said(tmp_path):
     # report.metrics was no key of the config: it took +report.metrics=..., and a typo in it
     # was a column of n/a and no word
-    proc = run_cli(tmp_path, "-m", "tracking.enabled=false", "workload.num_requests=10", "max_batch=4,8",
+    proc = call_cli(tmp_path, "-m", "tracking.enabled=false", "workload.num_requests=10", "max_batch=4,8",
                    "report.metrics=[p99_ttft_ms,p99_ttft_msx]", "slo.ttft_ms=100")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     header = next(line for line in proc.stdout.splitlines() if line.startswith("| max_batch"))

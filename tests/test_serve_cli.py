@@ -10,17 +10,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 from paged_bench.loadgen.spawn import free_port
+from tests.tracking_support import call_cli
 
 
-def run_serve(*overrides: str) -> subprocess.CompletedProcess:
+def run_serve(*overrides: str):
+    """The command refused before it serves: run in-process, as a fresh process would run it."""
     with tempfile.TemporaryDirectory() as run_dir:  # keeps the checkout's runs/ clean
-        return subprocess.run([sys.executable, "-m", "paged_bench.serve", *overrides, f"hydra.run.dir={run_dir}"],
-                              capture_output=True, text=True, timeout=60, check=False)
+        return call_cli(Path(run_dir), *overrides, f"hydra.run.dir={run_dir}", module="paged_bench.serve")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

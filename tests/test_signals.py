@@ -11,26 +11,16 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.tracking_support import cli_env, fresh_store, runs_of
-
-LONG = ["workload.num_requests=4000", "workload.output_len=400", "max_model_len=1024"]  # ~1.6 M sim steps
+from tests.tracking_support import PACED, cli_env, fresh_store, in_a_child, runs_of, wait_for_jobs
 
 
 def _start(tmp_path, *args, group: bool = False) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "paged_bench", *args], cwd=tmp_path, env=cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=group)  # fmt: skip
-
-
-def _wait_for(tmp_path, pattern: str, count: int = 1) -> None:
-    deadline = time.time() + 60
-    while len(list(tmp_path.glob(pattern))) < count and time.time() < deadline:
-        time.sleep(0.1)
-    time.sleep(2.0)  # well inside the engine loop
 
 
 def _split(runs):
@@ -43,8 +33,8 @@ def _split(runs):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_ends_a_run_killed_with_its_figures_and_the_signals_status(tmp_path, signum):
     uri = fresh_store(tmp_path)
-    proc = _start(tmp_path, "max_batch=1", *LONG)
-    _wait_for(tmp_path, "runs/20*/*/config.yaml")
+    proc = _start(tmp_path, "max_batch=1", *PACED)
+    wait_for_jobs(tmp_path, "runs/20*/*/run_info.json")
     assert proc.poll() is None, "the run ended before the signal"
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
@@ -52,7 +42,7 @@ def test_a_signal_ends_a_run_killed_with_its_figures_and_the_signals_status(tmp_
     assert err.strip().splitlines()[-1].startswith("error: run interrupted") and "Traceback" not in err
     (run_dir,) = [p.parent for p in tmp_path.glob("runs/20*/*/summary.json")]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert 0 < summary["completed"] < 4000
+    assert 0 < summary["completed"] < 2000
     _, (run,) = runs_of(uri, "paged_bench")
     assert run.info.status == "KILLED" and run.data.metrics["completed"] == summary["completed"]
 
@@ -60,8 +50,8 @@ def test_a_signal_ends_a_run_killed_with_its_figures_and_the_signals_status(tmp_
 @pytest.mark.slow
 def test_sigterm_closes_a_sweep_with_its_report_and_the_killed_jobs_figures(tmp_path):
     uri = fresh_store(tmp_path)
-    proc = _start(tmp_path, "-m", "scheduler=static,continuous", "max_batch=2,4", *LONG)
-    _wait_for(tmp_path, "runs/multirun/*/*/0/config.yaml")
+    proc = _start(tmp_path, "-m", "scheduler=static,continuous", "max_batch=2,4", *PACED)
+    wait_for_jobs(tmp_path, "runs/multirun/*/*/0/run_info.json")
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
@@ -77,35 +67,7 @@ def test_sigterm_closes_a_sweep_with_its_report_and_the_killed_jobs_figures(tmp_
     assert child.info.status == "KILLED" and child.data.metrics["completed"] == summary["completed"] > 0
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds a process has used (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _wait_inside_engines(tmp_path, count: int, cpu_s: float = 1.5) -> None:
-    """Until ``count`` jobs of the sweep each used ``cpu_s`` of CPU since they recorded their
-    process (building one takes ~0.2 s of CPU; the first request is done a few ms into the
-    engine loop): each is inside its engine loop and has measured something. CPU time, not a
-    sleep, so that a loaded machine makes it slower, not wrong."""
-    since: dict[int, float] = {}  # pid -> its CPU time when first seen
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        for info in tmp_path.glob("runs/multirun/*/*/*/run_info.json"):
-            try:
-                pid = json.loads(info.read_text()).get("pid")
-            except ValueError:  # being written
-                continue
-            if pid is not None and pid not in since:
-                since[pid] = _cpu_s(pid)
-        if sum(_cpu_s(pid) - t0 >= cpu_s for pid, t0 in since.items()) >= count:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{count} jobs did not get inside their engine loops: {since}")
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads the jobs' CPU time from /proc")
 @pytest.mark.parametrize(("n_jobs", "max_batch", "how"), [
     (2, "4,8,16", "ctrl-c"),  # the third job is handed to a worker as the sweep stops: not run
     (3, "4,8", "ctrl-c"),  # a worker idle when Ctrl-C lands must not take the others down with it
@@ -115,10 +77,9 @@ def test_ctrl_c_on_a_joblib_sweep_logs_the_interrupted_jobs(tmp_path, n_jobs, ma
     """Both jobs running when the signal lands end KILLED with what they measured (no worker
     is SIGKILLed while it writes, none starts another job), the rest are not run."""
     uri = fresh_store(tmp_path)
-    long = ["workload.num_requests=20000", *LONG[1:]]  # ~10 s of engine per job: neither ends first
     proc = _start(tmp_path, "-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={n_jobs}", f"max_batch={max_batch}",
-                  *long, group=True)  # fmt: skip
-    _wait_inside_engines(tmp_path, count=2)
+                  *PACED, group=True)  # fmt: skip  (a minute and more a job: neither ends first)
+    wait_for_jobs(tmp_path, "runs/multirun/*/*/*/run_info.json", count=2)
     if how == "ctrl-c":
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to every process of the command
     else:
@@ -134,7 +95,7 @@ def test_ctrl_c_on_a_joblib_sweep_logs_the_interrupted_jobs(tmp_path, n_jobs, ma
     (sweep_dir,) = [p.parent for p in tmp_path.glob("runs/multirun/*/*/sweep.json")]
     for child in children:  # what they measured before the signal, written whole and logged
         summary = json.loads((sweep_dir / child.data.tags["job_num"] / "summary.json").read_text())
-        assert 0 < child.data.metrics["completed"] == summary["completed"] < 20000
+        assert 0 < child.data.metrics["completed"] == summary["completed"] < 2000
     not_run = len(max_batch.split(",")) - 2
     assert parent.data.tags["failed_jobs"] == "2" and parent.data.tags["jobs_not_run"] == str(not_run)
     # how it was launched, which wall-clock figures depend on (the overrides tag left it out)
@@ -176,7 +137,7 @@ def test_a_terminated_job_s_exception_crosses_to_the_sweep_s_process():
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_a_signal_while_a_run_is_written_waits_for_the_files(monkeypatch, config, tmp_path, replicas):
+def test_a_signal_while_a_run_is_written_waits_for_the_files(config, tmp_path, replicas):
     """Ctrl-C as the engine's figures are being written (one engine, or a cluster of two):
     the files are written whole, the run ends as it did (here every request finished), and
     the signal is noted for the CLI."""
@@ -184,46 +145,49 @@ def test_a_signal_while_a_run_is_written_waits_for_the_files(monkeypatch, config
     from paged_bench.cluster import cluster_job
     from paged_bench.run import job as app
 
-    monkeypatch.setattr(signals, "_received", None)
-    module, name = (app, "write_run") if replicas == 1 else (cluster_job, "write_cluster_run")
-    write = getattr(module, name)
-
-    def interrupted_write(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)  # delivered at the next bytecode, mid-write
-        time.sleep(0.05)
-        return write(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, interrupted_write)
     cfg = config("workload.num_requests=20", "tracking.enabled=false", f"cluster.replicas={replicas}")
-    try:
-        with signals.stop_on_signals(signals.WITH_CTRL_C):
-            outcome = app.run_job(cfg, tmp_path, shield=signals.deferred)
-    except signals.Terminated:
-        pytest.fail("the signal cut the writing short")
-    assert signals.received() == signal.SIGINT
-    assert outcome.status == "finished" and json.loads((tmp_path / "summary.json").read_text())["completed"] == 20
-    assert (tmp_path / "requests.csv").is_file() and (tmp_path / "run_info.json").is_file()
+
+    def scenario() -> None:
+        module, name = (app, "write_run") if replicas == 1 else (cluster_job, "write_cluster_run")
+        write = getattr(module, name)
+
+        def interrupted_write(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGINT)  # delivered at the next bytecode, mid-write
+            time.sleep(0.05)
+            return write(*args, **kwargs)
+
+        setattr(module, name, interrupted_write)
+        try:
+            with signals.stop_on_signals(signals.WITH_CTRL_C):
+                outcome = app.run_job(cfg, tmp_path, shield=signals.deferred)
+        except signals.Terminated:
+            raise AssertionError("the signal cut the writing short") from None
+        assert signals.received() == signal.SIGINT
+        assert outcome.status == "finished" and json.loads((tmp_path / "summary.json").read_text())["completed"] == 20
+        assert (tmp_path / "requests.csv").is_file() and (tmp_path / "run_info.json").is_file()
+
+    in_a_child(scenario)
 
 
-def test_a_worker_notes_a_signal_between_jobs_instead_of_exiting(monkeypatch):
+def test_a_worker_notes_a_signal_between_jobs_instead_of_exiting():
     """Raised in loky's wait for the next job, a signal would end the worker, and loky would
     SIGKILL the others; noted, it only stops the worker from starting another job."""
     from paged_bench.cli import signals
 
-    monkeypatch.setattr(signals, "_received", None)
-    before = {s: signal.getsignal(s) for s in signals.WITH_CTRL_C}
-    try:
+    def noted() -> None:
         signals.note_between_jobs()
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # between two jobs of the worker
         time.sleep(0.05)
-        assert signals.received() == signal.SIGTERM
+        assert signals.received() == signal.SIGTERM  # noted, not raised
+
+    def raised_in_a_job() -> None:
+        signals.note_between_jobs()
         with pytest.raises(signals.Terminated), signals.stop_on_signals(signals.WITH_CTRL_C):
-            monkeypatch.setattr(signals, "_received", None)
             os.kill(os.getpid(), signal.SIGINT)  # inside a job it stops the job
             time.sleep(0.05)
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
+
+    in_a_child(noted)
+    in_a_child(raised_in_a_job)
 
 
 def test_a_stopped_sweep_withdraws_the_jobs_that_never_began(tmp_path):
@@ -243,14 +207,19 @@ def test_a_stopped_sweep_withdraws_the_jobs_that_never_began(tmp_path):
     assert info["status"] == "interrupted" and info["run_name"] == "max_batch=8"
 
 
-def test_a_signal_noted_as_a_job_starts_stops_it_on_entry(monkeypatch):
+def test_a_signal_noted_as_a_job_starts_stops_it_on_entry():
     """Noted between the worker's check and the job's own handlers, a signal would otherwise
     let the job run to its end, unstoppable, until the launcher kills it."""
     from paged_bench.cli import signals
 
-    monkeypatch.setattr(signals, "_received", signal.SIGINT)
-    with pytest.raises(signals.Terminated), signals.stop_on_signals(signals.WITH_CTRL_C):
-        pytest.fail("the job ran")
+    def noted_then_a_job() -> None:
+        signals.note_between_jobs()
+        os.kill(os.getpid(), signal.SIGINT)  # noted, as the worker hands the job on
+        time.sleep(0.05)
+        with pytest.raises(signals.Terminated), signals.stop_on_signals(signals.WITH_CTRL_C):
+            raise AssertionError("the job ran")
+
+    in_a_child(noted_then_a_job)
 
 
 def test_a_job_stopped_before_its_engine_ran_says_nothing_was_measured(monkeypatch, config, tmp_path):
@@ -265,7 +234,6 @@ def test_a_job_stopped_before_its_engine_ran_says_nothing_was_measured(monkeypat
     monkeypatch.setattr(job_module, "run_job", building)
     monkeypatch.setattr(job_module.Job, "current", classmethod(
         lambda cls: job_module.Job(run_dir=tmp_path, multirun=False, sweep_dir=None, num=None, name="default")))  # fmt: skip
-    monkeypatch.setattr(job_module, "_track", lambda *a, **k: None)
     with pytest.raises(signals.Terminated):
         job_module.run(OmegaConf.create(config("tracking.enabled=false")))
     info = json.loads((tmp_path / "run_info.json").read_text())
@@ -275,14 +243,14 @@ def test_a_job_stopped_before_its_engine_ran_says_nothing_was_measured(monkeypat
 
 LATE_SIGNAL = """
 import os, signal, sys
-from paged_bench.cli import sweep
+from paged_bench.report import document
 from paged_bench.__main__ import cli
 
-summarize = sweep._summarize
-def _summarize(s):  # Ctrl-C lands as the report is built, after the last job ended
+build_report = document.build_report
+def late(*args, **kwargs):  # Ctrl-C lands as the sweep's report is built, after the last job ended
     os.kill(os.getpid(), signal.SIGINT)
-    return summarize(s)
-sweep._summarize = _summarize
+    return build_report(*args, **kwargs)
+document.build_report = late
 sys.argv = ["paged_bench", *sys.argv[1:]]
 cli()
 """

@@ -5,11 +5,13 @@ half-migrated ``runs/mlflow.db`` that no later run or sync can open."""
 from __future__ import annotations
 
 import fcntl
+import os
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -49,17 +51,18 @@ def test_processes_that_create_the_store_at_once_all_log_into_one_whole_store(tm
 
 def test_a_creator_stopped_midway_leaves_no_store_and_the_next_one_makes_it_whole(tmp_path, monkeypatch):
     path = tmp_path / "mlflow.db"
-    real = store._forget_engine
+    real = os.replace
 
-    def stopped(uri):  # the tables are made; the process is stopped before the file is in place
-        real(uri)
-        raise KeyboardInterrupt
+    def stopped(src, dst, **kwargs):  # the tables are made; the process is stopped before the file is in place
+        if Path(dst) == path:
+            raise KeyboardInterrupt
+        return real(src, dst, **kwargs)
 
-    monkeypatch.setattr(store, "_forget_engine", stopped)
+    monkeypatch.setattr(os, "replace", stopped)
     with pytest.raises(KeyboardInterrupt):
         store.prepare_sqlite(path)
     assert not path.exists() and not list(tmp_path.glob(".mlflow.db.*.tmp*"))
-    monkeypatch.setattr(store, "_forget_engine", real)
+    monkeypatch.setattr(os, "replace", real)
     store.prepare_sqlite(path)
     assert {"experiments", "runs"} <= _tables(path)
 
@@ -79,7 +82,9 @@ def test_a_second_creator_waits_for_the_first_and_then_opens_its_store(tmp_path)
         waiter.start()
         time.sleep(0.5)
         assert waiter.is_alive() and not path.exists()
-        store._create_sqlite(path)  # the other process finishes
+        made = tmp_path / "other" / "mlflow.db"  # the other process finishes: its store is moved into place
+        store.prepare_sqlite(made)
+        os.replace(made, path)
         created = path.stat().st_ino
     waiter.join(60)
     assert not waiter.is_alive() and path.stat().st_ino == created  # opened, not made again

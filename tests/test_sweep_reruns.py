@@ -15,7 +15,7 @@ import sys
 import time
 
 from paged_bench.cli import sweep, sweep_folder
-from tests.tracking_support import client, fresh_store, run_cli, runs_of
+from tests.tracking_support import call_cli, client, fresh_store, in_a_child, runs_of, sweep_config
 
 SMALL = ["workload.num_requests=20"]
 UNTRACKED = [*SMALL, "tracking.enabled=false"]
@@ -29,11 +29,11 @@ def _children(uri: str, experiment: str):
 
 def test_a_sweep_rerun_into_its_folder_reports_and_logs_only_its_own_jobs(tmp_path):
     uri = fresh_store(tmp_path)
-    first = run_cli(tmp_path, "-m", "max_batch=2,8", *SMALL, "hydra.sweep.dir=runs/same", "experiment_name=first")
+    first = call_cli(tmp_path, "-m", "max_batch=2,8", *SMALL, "hydra.sweep.dir=runs/same", "experiment_name=first")
     assert first.returncode == 0, first.stderr
     # job 0 fails before it measures anything; job 1's folder is the first sweep's alone
     # (a pool too small for one sequence: refused as the job builds its engine, not before the sweep)
-    second = run_cli(tmp_path, "-m", "num_blocks=2", *SMALL, "hydra.sweep.dir=runs/same", "experiment_name=second")
+    second = call_cli(tmp_path, "-m", "num_blocks=2", *SMALL, "hydra.sweep.dir=runs/same", "experiment_name=second")
     assert second.returncode == 1, second.stderr
     assert "1 job(s), 1 not finished" in second.stdout
     assert "| metric" not in second.stdout  # no empty table of the one job's figures
@@ -50,9 +50,9 @@ def test_a_sweep_rerun_into_its_folder_reports_and_logs_only_its_own_jobs(tmp_pa
 
 
 def test_a_sweep_counts_only_its_jobs_not_older_runs_below_its_folder(tmp_path):
-    old = run_cli(tmp_path, *UNTRACKED, "hydra.run.dir=runs/nest/old")
+    old = call_cli(tmp_path, *UNTRACKED, "hydra.run.dir=runs/nest/old")
     assert old.returncode == 0, old.stderr
-    proc = run_cli(tmp_path, "-m", "max_batch=2,8", *UNTRACKED, "hydra.sweep.dir=runs/nest")
+    proc = call_cli(tmp_path, "-m", "max_batch=2,8", *UNTRACKED, "hydra.sweep.dir=runs/nest")
     assert proc.returncode == 0, proc.stderr
     assert "2 job(s), 0 not finished" in proc.stdout
     table = (tmp_path / "runs" / "nest" / "report" / "table.csv").read_text().splitlines()
@@ -61,10 +61,10 @@ def test_a_sweep_counts_only_its_jobs_not_older_runs_below_its_folder(tmp_path):
 
 def test_a_reused_run_folder_keeps_no_results_of_the_run_before(tmp_path):
     run_dir = tmp_path / "runs" / "again"
-    assert run_cli(tmp_path, *UNTRACKED, f"hydra.run.dir={run_dir}").returncode == 0
+    assert call_cli(tmp_path, *UNTRACKED, f"hydra.run.dir={run_dir}").returncode == 0
     (run_dir / "plots").mkdir()
     (run_dir / "notes.txt").write_text("mine")
-    proc = run_cli(tmp_path, *UNTRACKED, "max_batch=0", f"hydra.run.dir={run_dir}")
+    proc = call_cli(tmp_path, *UNTRACKED, "max_batch=0", f"hydra.run.dir={run_dir}")
     assert proc.returncode == 2, proc.stderr
     assert not any((run_dir / name).exists() for name in ("summary.json", "requests.csv", "steps.csv", "plots"))
     assert json.loads((run_dir / "run_info.json").read_text())["status"] == "failed"
@@ -118,19 +118,29 @@ time.sleep(30)
 """
 
 
-def test_a_stopping_sweep_passes_the_signal_to_jobs_in_folders_not_named_by_number(tmp_path, monkeypatch):
-    sweep_id = _sweep_folder(tmp_path, time.time())
+def test_a_stopping_sweep_passes_the_signal_to_jobs_in_folders_not_named_by_number(tmp_path):
+    config = sweep_config(tmp_path, "max_batch=4")
     run_dir = tmp_path / "max_batch=4"
     run_dir.mkdir()
     record = run_dir / "run_info.json"
-    record.write_text(json.dumps({"sweep_id": sweep_id}))
+    record.write_text("{}")
     job = subprocess.Popen([sys.executable, "-c", STOPPABLE_JOB, str(record)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert job.stdout.readline() == "ready\n"
+
+    def scenario() -> None:  # the sweep's process: Ctrl-C on it, its handler passes it on
+        sweep.start(config)
+        sweep_id = sweep_folder.sweep_info(tmp_path)["id"]
         record.write_text(json.dumps({"sweep_id": sweep_id, "job_num": 0, "pid": job.pid,
                                       "host": socket.gethostname()}))  # fmt: skip
-        monkeypatch.setattr(sweep, "_active", sweep._Sweep(tmp_path, 1, "paged_bench", None, None))
-        sweep._on_stop(signal.SIGINT)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            return
+        raise AssertionError("Ctrl-C did not stop the sweep")
+
+    try:
+        assert job.stdout.readline() == "ready\n"
+        in_a_child(scenario)
         assert job.wait(timeout=5) == 0
     finally:
         job.kill()
@@ -139,7 +149,7 @@ def test_a_stopping_sweep_passes_the_signal_to_jobs_in_folders_not_named_by_numb
 
 
 def test_a_sweep_over_experiments_that_are_sweeps_is_refused_before_any_job(tmp_path):
-    proc = run_cli(tmp_path, "-m", "+experiment=seed_paging,block_size", *UNTRACKED)
+    proc = call_cli(tmp_path, "-m", "+experiment=seed_paging,block_size", *UNTRACKED)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "seed_paging, block_size are sweeps" in lines[0], proc.stderr
@@ -148,7 +158,7 @@ def test_a_sweep_over_experiments_that_are_sweeps_is_refused_before_any_job(tmp_
 
 
 def test_experiments_may_be_swept_when_the_command_line_gives_their_swept_keys(tmp_path):
-    proc = run_cli(tmp_path, "-m", "+experiment=seed_paging,block_size", "allocator=paged", "block_size=16",
+    proc = call_cli(tmp_path, "-m", "+experiment=seed_paging,block_size", "allocator=paged", "block_size=16",
                    *UNTRACKED)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "2 job(s), 0 not finished" in proc.stdout
@@ -156,7 +166,7 @@ def test_experiments_may_be_swept_when_the_command_line_gives_their_swept_keys(t
 
 def test_a_sweep_of_no_jobs_is_refused_and_logs_no_parent(tmp_path):
     uri = fresh_store(tmp_path)
-    proc = run_cli(tmp_path, "-m", "max_batch=range(4,4)", *SMALL)
+    proc = call_cli(tmp_path, "-m", "max_batch=range(4,4)", *SMALL)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "error: max_batch='range(4,4)' is not allowed: a sweep of at least one value (this one has no jobs)"
@@ -166,7 +176,7 @@ def test_a_sweep_of_no_jobs_is_refused_and_logs_no_parent(tmp_path):
 
 
 def test_a_batch_hydra_refuses_prints_no_table_and_writes_no_report(tmp_path):
-    proc = run_cli(tmp_path, "-m", "scheduler=continuous,preemptive", "+scheduler.mode=swap", *UNTRACKED,
+    proc = call_cli(tmp_path, "-m", "scheduler=continuous,preemptive", "+scheduler.mode=swap", *UNTRACKED,
                    "hydra.sweep.dir=runs/refused")  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert "|" not in proc.stdout and "job(s)" not in proc.stdout
@@ -177,7 +187,7 @@ def test_a_sweep_logs_no_store_setting_as_a_param_a_name_or_a_tag(tmp_path):
     """A tracking URI may carry credentials: the runs' params leave tracking.* out, but the sweep
     parent's params, its overrides tag and its jobs' run names carried it."""
     uri = fresh_store(tmp_path)
-    proc = run_cli(tmp_path, "-m", "max_batch=2,4", "workload.num_requests=10", f"tracking.uri={uri}",
+    proc = call_cli(tmp_path, "-m", "max_batch=2,4", "workload.num_requests=10", f"tracking.uri={uri}",
                    "experiment_name=no_store_params")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     _, runs = runs_of(uri, "no_store_params")

@@ -9,7 +9,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from omegaconf import OmegaConf
@@ -19,7 +18,16 @@ from paged_bench.cli.sweep_folder import SWEEP_FILE, job_counts
 from paged_bench.cli.sweep_jobs import count_jobs
 from paged_bench.run.outcome import Progress
 from tests.plugin_support import fake_distribution
-from tests.tracking_support import artifact_paths, cli_env, fresh_store, run_cli, runs_of
+from tests.tracking_support import (
+    PACED,
+    artifact_paths,
+    call_cli,
+    cli_env,
+    fresh_store,
+    run_cli,
+    runs_of,
+    wait_for_jobs,
+)
 
 REPORT_FILES = {"table.csv", "table.md", "report.md", "ttft_cdf.png", "vs_max_batch.png", "kv_over_time.png"}
 
@@ -38,7 +46,7 @@ def _split(runs):
 
 def test_a_sweep_is_a_parent_run_with_a_child_per_job_and_exits_1_when_jobs_fail(tmp_path):
     uri = fresh_store(tmp_path)
-    proc = run_cli(tmp_path, "-m", "scheduler=static,continuous", "max_batch=4,-1")
+    proc = call_cli(tmp_path, "-m", "scheduler=static,continuous", "max_batch=4,-1")
     assert proc.returncode == 1, proc.stderr
     assert "error: 2 of 4 sweep jobs did not finish" in proc.stderr
     assert proc.stderr.count("max_batch=-1 is not allowed") == 2 and "Traceback" not in proc.stderr
@@ -108,7 +116,7 @@ def test_a_job_that_raises_still_gets_the_sweep_closed_and_summarised(tmp_path):
 
 def test_a_failing_store_does_not_stop_a_sweep(tmp_path):
     (tmp_path / "garbage.db").write_text("not a database\n" * 100)
-    proc = run_cli(tmp_path, "-m", "max_batch=4,8", MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'garbage.db'}")
+    proc = call_cli(tmp_path, "-m", "max_batch=4,8", MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'garbage.db'}")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("warning: MLflow tracking failed") == 1
     sweep_dir = _sweep_dir(tmp_path)
@@ -118,7 +126,7 @@ def test_a_failing_store_does_not_stop_a_sweep(tmp_path):
 
 def test_an_experiment_sweep_groups_under_its_name_and_reports_from_mlflow(tmp_path):
     uri = fresh_store(tmp_path)
-    proc = run_cli(tmp_path, "-m", "+experiment=seed_paging")
+    proc = call_cli(tmp_path, "-m", "+experiment=seed_paging")
     assert proc.returncode == 0, proc.stderr
     _, runs = runs_of(uri, "seed_paging")
     parent, children = _split(runs)
@@ -127,7 +135,7 @@ def test_an_experiment_sweep_groups_under_its_name_and_reports_from_mlflow(tmp_p
         "allocator=paged",
     ]
     reserved = [r.data.metrics["kv_reserved_slots_peak"] for r in children]
-    report = run_cli(tmp_path, "--experiment", "seed_paging", module="paged_bench.report")
+    report = call_cli(tmp_path, "--experiment", "seed_paging", module="paged_bench.report")
     assert report.returncode == 0, report.stderr
     assert "### seed_paging" in report.stdout and "paged vs contiguous" in report.stdout
     gain = reserved[0] / reserved[1]
@@ -139,13 +147,9 @@ def test_an_experiment_sweep_groups_under_its_name_and_reports_from_mlflow(tmp_p
 @pytest.mark.slow
 def test_ctrl_c_stops_the_sweep_and_marks_it_killed(tmp_path):
     uri = fresh_store(tmp_path)
-    long_job = ["workload.num_requests=4000", "workload.output_len=400", "max_model_len=1024"]  # ~1.6 M steps
-    proc = subprocess.Popen([sys.executable, "-m", "paged_bench", "-m", "max_batch=1,2", *long_job], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "paged_bench", "-m", "max_batch=1,2", *PACED], cwd=tmp_path,
                             env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.time() + 60
-    while not list(tmp_path.glob("runs/multirun/*/*/0/config.yaml")) and time.time() < deadline:
-        time.sleep(0.2)
-    time.sleep(2.5)  # inside job 0's engine loop
+    wait_for_jobs(tmp_path, "runs/multirun/*/*/0/run_info.json")  # inside job 0's engine loop
     assert proc.poll() is None, "the job ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)

@@ -12,22 +12,22 @@ import time
 
 import pytest
 
-from tests.tracking_support import cli_env, fresh_store, run_cli, runs_of
+from tests.tracking_support import call_cli, cli_env, fresh_store, runs_of
 
 
 def _sync(cwd, *paths):
-    return run_cli(cwd, *map(str, paths), module="paged_bench.tracking.sync")
+    return call_cli(cwd, *map(str, paths), module="paged_bench.tracking.sync")
 
 
 def test_untracked_runs_are_uploaded_once(tmp_path):
     uri = fresh_store(tmp_path)
     for batch in (4, 8):
-        assert run_cli(tmp_path, f"max_batch={batch}", "tracking.enabled=false").returncode == 0
+        assert call_cli(tmp_path, f"max_batch={batch}", "tracking.enabled=false").returncode == 0
     # a command refused leaves its record but ran nothing: sync uploaded it as a FAILED run (a
     # bad value, then a sweep's config without -m, an interpolation to nothing, hydra.job.chdir)
     for refused in (["max_batch=0"], ["+experiment=uniform_lengths"], ["max_batch=${nosuch}"],
                     ["hydra.job.chdir=true"]):  # fmt: skip
-        assert run_cli(tmp_path, *refused, "tracking.enabled=false").returncode == 2
+        assert call_cli(tmp_path, *refused, "tracking.enabled=false").returncode == 2
     assert len(list(tmp_path.glob("runs/20*/*/run_info.json"))) == 6
     run_dirs = sorted(p.parent for p in tmp_path.glob("runs/20*/*/summary.json"))
     assert not _has_experiment(uri)  # tracking was off: nothing in the store yet
@@ -50,7 +50,7 @@ def test_a_run_is_uploaded_to_the_store_its_config_named(tmp_path):
     # its tracking.uri was not recorded: sync copied it into the default store, beside that one
     default, own = fresh_store(tmp_path), fresh_store(tmp_path / "own")
     relative = "sqlite:///own/runs/mlflow.db"  # read from where the run ran, not where sync runs
-    assert run_cli(tmp_path, "max_batch=4", "tracking.enabled=false", f"tracking.uri={relative}").returncode == 0
+    assert call_cli(tmp_path, "max_batch=4", "tracking.enabled=false", f"tracking.uri={relative}").returncode == 0
     (tmp_path / "elsewhere").mkdir()
     proc = _sync(tmp_path / "elsewhere", tmp_path / "runs")
     assert proc.returncode == 0 and "1 run(s) uploaded" in proc.stdout, proc.stderr
@@ -72,7 +72,7 @@ def test_a_missing_folder_is_one_line(tmp_path):
 @pytest.mark.slow
 def test_a_parent_left_running_by_a_killed_sweep_is_closed(tmp_path):
     uri = fresh_store(tmp_path)
-    long_jobs = ["workload.num_requests=4000", "max_batch=4,8"]
+    long_jobs = ["clock=wall", "workload.num_requests=20", "max_batch=4,8"]  # a second of wall time each
     proc = subprocess.Popen([sys.executable, "-m", "paged_bench", "-m", *long_jobs], cwd=tmp_path, env=cli_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.time() + 120
@@ -124,7 +124,7 @@ def test_a_job_killed_as_it_begins_is_still_known_by_name(monkeypatch, config, t
 def test_a_sweep_parent_sync_makes_gets_the_table_as_its_description(tmp_path):
     """As a parent closed by the sweep itself does: its report.md is the run's description."""
     uri = fresh_store(tmp_path)
-    proc = run_cli(tmp_path, "-m", "max_batch=4,8", "workload.num_requests=8", "tracking.enabled=false")
+    proc = call_cli(tmp_path, "-m", "max_batch=4,8", "workload.num_requests=8", "tracking.enabled=false")
     assert proc.returncode == 0, proc.stderr
     (sweep_dir,) = [p.parent for p in tmp_path.glob("runs/multirun/*/*/sweep.json")]
     synced = _sync(tmp_path, sweep_dir)

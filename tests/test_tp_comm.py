@@ -22,6 +22,12 @@ from paged_bench.distributed.group import free_port  # noqa: E402
 from paged_bench.errors import EngineError  # noqa: E402
 
 
+# the peers are forked from a server process that imported this module (torch) once, not each
+# spawned to import it again: seconds a peer on a shared machine
+PEERS = mp.get_context("forkserver")
+PEERS.set_forkserver_preload([__name__])
+
+
 def _peer(port: int, mode: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2,
                             timeout=timedelta(seconds=30))  # fmt: skip
@@ -39,7 +45,7 @@ def _peer(port: int, mode: str) -> None:
 @pytest.fixture
 def group(request):
     port = free_port()
-    peer = mp.get_context("spawn").Process(target=_peer, args=(port, request.param), daemon=True)
+    peer = PEERS.Process(target=_peer, args=(port, request.param), daemon=True)
     peer.start()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2,
                             timeout=timedelta(seconds=30))  # fmt: skip
@@ -93,7 +99,7 @@ def test_a_broken_groups_teardown_does_not_wait_out_a_pending_collective():
     from paged_bench.distributed import group as tp_group
 
     port = free_port()
-    peer = mp.get_context("spawn").Process(target=_peer, args=(port, "stopped"), daemon=True)
+    peer = PEERS.Process(target=_peer, args=(port, "stopped"), daemon=True)
     peer.start()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2,
                             timeout=timedelta(seconds=30))  # fmt: skip

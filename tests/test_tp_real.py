@@ -24,7 +24,7 @@ from paged_bench.errors import ConfigError
 from paged_bench.run.bench import build
 from paged_bench.run.compose import compose_config
 from tests.test_model_reference import _run, checkpoint  # noqa: F401  (the shared tiny checkpoint fixture)
-from tests.tracking_support import cli_env, run_cli
+from tests.tracking_support import call_cli, cli_env, run_cli
 
 TP2 = ("backend.tensor_parallel_size=2",)
 
@@ -189,7 +189,7 @@ def test_bad_tp_sizes_are_one_line_errors(checkpoint):  # noqa: F811
 
 @pytest.mark.slow
 def test_the_command_line_runs_tp2(tmp_path):
-    proc = run_cli(tmp_path, "backend=torch", "workload.num_requests=8", "tracking.enabled=false", *TP2, timeout=180)
+    proc = call_cli(tmp_path, "backend=torch", "workload.num_requests=8", "tracking.enabled=false", *TP2)
     assert proc.returncode == 0, proc.stderr
     assert "ranks x" not in proc.stderr  # a rank a thread, on this job's cores: nothing to say
     (summary,) = tmp_path.glob("runs/*/*/summary.json")
@@ -201,11 +201,13 @@ def test_tp2_runs_inside_a_joblib_sweep_job(tmp_path):
     """A joblib job's process-wide start method is loky's, which the spawned worker was told to
     set and could not find: every TP job of a joblib sweep failed ("cannot find context for
     'loky'")."""
+    # one job is enough: with n_jobs=2 joblib still hands it to a worker process of its own
     proc = run_cli(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "backend=torch",
-                   "workload.num_requests=4", "tracking.enabled=false", "seed=0,1", *TP2, timeout=240)  # fmt: skip
+                   "workload.num_requests=4", "tracking.enabled=false", "seed=0", *TP2, timeout=240)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    summaries = list(tmp_path.glob("**/summary.json"))
-    assert len(summaries) == 2 and all(json.loads(p.read_text())["completed"] == 4 for p in summaries)
+    (summary,) = tmp_path.glob("**/summary.json")
+    assert json.loads(summary.read_text())["completed"] == 4
+    assert "Joblib.Parallel" in proc.stdout + proc.stderr  # it really was the joblib launcher
 
 
 def _ctrl_c_after_a_worker_starts(tmp_path: Path, delay: float, *overrides: str) -> tuple[int, str, list[int]]:
@@ -234,8 +236,8 @@ def _ctrl_c_after_a_worker_starts(tmp_path: Path, delay: float, *overrides: str)
 @pytest.mark.slow
 def test_ctrl_c_on_the_command_line_leaves_no_worker(tmp_path):
     """Rank 0 stops the run and its workers (which ignore the signal themselves)."""
-    status, _, workers = _ctrl_c_after_a_worker_starts(tmp_path, 3.0, "backend.model=bench-200m",
-                                                       "workload.num_requests=64")  # fmt: skip
+    # the tiny model, many requests: a run of a minute and more, whose weights take no time to make
+    status, _, workers = _ctrl_c_after_a_worker_starts(tmp_path, 3.0, "workload.num_requests=2000")
     assert status != 0
     assert _wait_gone(workers) == []
 

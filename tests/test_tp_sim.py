@@ -17,7 +17,7 @@ from paged_bench.run.bench import build
 from paged_bench.run.compose import compose_config
 from paged_bench.run.job import run_job
 from paged_bench.sizing.tp_shard import TPShard, tp_shard
-from tests.tracking_support import run_cli
+from tests.tracking_support import call_cli
 
 ROOFLINE = ("backend=sim", "backend.cost_model=roofline", "tracking.enabled=false")
 
@@ -54,7 +54,7 @@ def test_a_model_too_big_for_one_gpu_is_a_one_line_error_suggesting_tp(tmp_path)
         build(compose_config(*ROOFLINE, "backend.model=llama-3-70b"))
     fits = build(compose_config(*ROOFLINE, "backend.model=llama-3-70b", "backend.tensor_parallel_size=4"))
     assert fits.kv_budget.tokens > 100_000
-    proc = run_cli(tmp_path, *ROOFLINE, "backend.model=llama-3-70b")
+    proc = call_cli(tmp_path, *ROOFLINE, "backend.model=llama-3-70b")
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "backend.tensor_parallel_size=2" in line

@@ -4,7 +4,9 @@ exit 0), and an interrupted run (KILLED, never RUNNING)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,7 +19,7 @@ import pytest
 from paged_bench.report.load import load_run
 from paged_bench.tracking import store
 from paged_bench.tracking.runs import PREEMPTIONS_SERIES, STEP_SERIES, params_of, rounded, step_metrics, upload_run
-from tests.tracking_support import artifact_paths, cli_env, client, fresh_store, run_cli, runs_of
+from tests.tracking_support import artifact_paths, call_cli, cli_env, client, fresh_store, runs_of
 
 
 def _run_dirs(root: Path) -> list[Path]:
@@ -26,7 +28,7 @@ def _run_dirs(root: Path) -> list[Path]:
 
 def test_a_run_logs_its_config_summary_steps_and_files_to_the_default_store(tmp_path):
     uri = fresh_store(tmp_path)  # where the CLI looks when MLFLOW_TRACKING_URI is unset
-    proc = run_cli(tmp_path, "max_batch=8", "scheduler=static", "tracking.step_metrics=100000")  # every step
+    proc = call_cli(tmp_path, "max_batch=8", "scheduler=static", "tracking.step_metrics=100000")  # every step
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stderr
     (run_dir,) = _run_dirs(tmp_path)
@@ -74,7 +76,7 @@ def test_a_run_logs_its_config_summary_steps_and_files_to_the_default_store(tmp_
 
 
 def test_tracking_can_be_turned_off(tmp_path):
-    proc = run_cli(tmp_path, "tracking.enabled=false")
+    proc = call_cli(tmp_path, "tracking.enabled=false")
     assert proc.returncode == 0, proc.stderr
     assert _run_dirs(tmp_path) and not (tmp_path / "runs" / "mlflow.db").exists()
 
@@ -90,7 +92,7 @@ def test_a_failing_store_warns_once_and_keeps_the_results(tmp_path, broken):
         (tmp_path / "folder.db").mkdir()
         uri = f"sqlite:///{tmp_path / 'folder.db'}"
     started = time.monotonic()
-    proc = run_cli(tmp_path, MLFLOW_TRACKING_URI=uri, MLFLOW_HTTP_REQUEST_MAX_RETRIES="0")
+    proc = call_cli(tmp_path, MLFLOW_TRACKING_URI=uri, MLFLOW_HTTP_REQUEST_MAX_RETRIES="0")
     assert time.monotonic() - started < 30, "the store took long to fail"
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("warning: MLflow tracking failed") == 1, proc.stderr
@@ -103,17 +105,40 @@ def test_a_failing_store_warns_once_and_keeps_the_results(tmp_path, broken):
         assert "cannot open the SQLite store" in proc.stderr, proc.stderr  # which store, and why
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds process ``pid`` has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_inside_engine(root: Path, cpu_s: float = 0.25) -> None:
+    """Until the run recorded its process (as it starts to build its engine) and used ``cpu_s``
+    of CPU since: its engine (~0.06 s of CPU to build) has run ~0.2 s, some 80,000 steps.
+    CPU time, not a sleep: a loaded machine makes it slower, not wrong, and the run's files
+    as large."""
+    deadline, pid, since = time.monotonic() + 120, None, 0.0
+    while time.monotonic() < deadline:
+        if pid is None:
+            for info in root.glob("runs/20*/*/run_info.json"):
+                with contextlib.suppress(ValueError):  # being written
+                    pid = json.loads(info.read_text()).get("pid")
+            since = _cpu_s(pid) if pid is not None else 0.0
+        elif _cpu_s(pid) - since >= cpu_s:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the run did not start its engine")
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads the run's CPU time from /proc")
 def test_ctrl_c_marks_the_run_killed_and_keeps_what_was_measured(tmp_path):
+    """On the simulator's virtual clock: the compiled engine loop stops on Ctrl-C too."""
     uri = fresh_store(tmp_path)
-    # 1.6 million one-sequence steps: tens of seconds on the sim, so the signal lands inside the run
+    # 1.6 million one-sequence steps: seconds on the sim, so the signal lands inside the run
     args = ["workload.num_requests=4000", "workload.output_len=400", "max_model_len=1024", "max_batch=1"]
     proc = subprocess.Popen([sys.executable, "-m", "paged_bench", *args], cwd=tmp_path, env=cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.time() + 60
-    while not list(tmp_path.glob("runs/20*/*/config.yaml")) and time.time() < deadline:
-        time.sleep(0.2)
-    time.sleep(2.5)  # past building the engine (well under a second for 2000 requests)
+    _wait_inside_engine(tmp_path)
     assert proc.poll() is None, "the run ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
@@ -183,7 +208,7 @@ def test_a_job_that_failed_is_logged_failed_with_its_error(tmp_path):
     (run_dir / "run_info.json").write_text(json.dumps({"status": "failed", "error": "max_batch=-1 is not allowed",
                                                        "run_name": "max_batch=-1", "start_time": time.time()}))
     c = client(uri)
-    run_id = upload_run(c, c.create_experiment("unit"), run_dir, {})
+    run_id = upload_run(c, c.create_experiment("unit", artifact_location=str(tmp_path / "artifacts")), run_dir, {})
     run = c.get_run(run_id)
     assert run.info.status == "FAILED" and run.data.tags["error"] == "max_batch=-1 is not allowed"
     assert run.info.run_name == "max_batch=-1" and run.data.tags["paged_bench.uploaded"] == "true"
@@ -221,7 +246,7 @@ def test_a_job_on_another_host_logs_itself_under_the_sweeps_parent(tmp_path, mon
     monkeypatch.setenv("PAGED_BENCH_TRACKING_IDLE_S", "20")
     uri = fresh_store(tmp_path)
     c = client(uri)
-    exp = c.create_experiment("paged_bench")
+    exp = c.create_experiment("paged_bench", artifact_location=str(tmp_path / "artifacts"))  # not ./mlruns
     parent = c.create_run(exp, tags={"paged_bench.kind": "sweep"}).info.run_id
     sweep_dir = tmp_path / "sweep"
     sweep_dir.mkdir()

@@ -272,6 +272,13 @@ def failed_jobs() -> tuple[int, int] | None:
     return _outcome if _outcome and _outcome[0] else None
 
 
+def forget_last() -> None:
+    """Forget the sweep this process ended last (``failed_jobs``): a process that runs commands
+    one after another in-process (the tests) starts each as a new process would."""
+    global _outcome
+    _outcome = None
+
+
 def _at_exit() -> None:
     if _active is not None:
         finish("FAILED")
