@@ -19,6 +19,7 @@ import pytest
 
 from paged_bench.cli import sweep, sweep_folder
 from paged_bench.cli.track import track_job
+from paged_bench.run.tracking_settings import TrackingSettings
 from paged_bench.tracking import store, uploader
 from tests.tracking_support import call_cli, fresh_store, in_a_child, runs_of, sweep_config
 
@@ -111,7 +112,7 @@ def _log_as_the_run_ends(run_dir, uri: str) -> None:
     """What a run's own process does as it ends (``track_job``): hand its folder to the tracking
     helper, and wait for it."""
     store.reset_failure()
-    track_job({"tracking": {"uri": uri}}, run_dir, None)
+    track_job(TrackingSettings(uri=uri), run_dir, None)
     uploader.close_shared()
     assert store.failure() is None
 

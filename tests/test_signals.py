@@ -243,14 +243,14 @@ def test_a_job_stopped_before_its_engine_ran_says_nothing_was_measured(monkeypat
 
 LATE_SIGNAL = """
 import os, signal, sys
-from paged_bench.report import document
+from paged_bench.cli import sweep
 from paged_bench.__main__ import cli
 
-build_report = document.build_report
+build_report = sweep.build_report
 def late(*args, **kwargs):  # Ctrl-C lands as the sweep's report is built, after the last job ended
     os.kill(os.getpid(), signal.SIGINT)
     return build_report(*args, **kwargs)
-document.build_report = late
+sweep.build_report = late
 sys.argv = ["paged_bench", *sys.argv[1:]]
 cli()
 """

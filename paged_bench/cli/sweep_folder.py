@@ -140,12 +140,14 @@ def _job_folders(path: Path, depth: int = 4) -> Iterator[Path]:
 
 
 def _of_sweep(run_dir: Path, info: dict[str, Any]) -> bool:
-    """Whether the job in ``run_dir`` is the sweep's: it recorded the sweep's id, or Hydra
-    started it after the sweep began (a job cut off before it recorded who it is)."""
+    """Whether the job in ``run_dir`` is the sweep's: it recorded the sweep's id (a single run
+    records none), or, cut off before it recorded who it is, Hydra started it after the sweep
+    began."""
     if "id" not in info:
         return True
-    if job_info(run_dir).get(SWEEP_ID) == info["id"]:
-        return True
+    recorded = job_info(run_dir)
+    if SWEEP_ID in recorded:
+        return recorded[SWEEP_ID] == info["id"]
     try:
         return (run_dir / HYDRA_DIR / "hydra.yaml").stat().st_mtime >= info["started"] - CLOCK_SLACK_S
     except (OSError, KeyError, TypeError):
