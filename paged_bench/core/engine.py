@@ -104,28 +104,15 @@ class Engine:
         if plan.is_empty:
             if plan.num_preempted:  # everyone was preempted: they are readmitted next step
                 return []
-            raise EngineError(
-                f"scheduler {sched.name!r} planned an empty step with {len(sched.running)} running and "
-                f"{len(sched.waiting)} waiting requests"
-            )
+            raise EngineError(f"scheduler {sched.name!r} planned an empty step with {len(sched.running)} running "
+                              f"and {len(sched.waiting)} waiting requests")  # fmt: skip
         # KV as the step holds it: after scheduling, before finished requests are freed
         live, reserved, free_blocks = allocator.live_slots, allocator.reserved_slots, allocator.num_free_blocks
-        # called as Python calls it, so that the answer reaches the check below as the plugin gave
-        # it (compiled, a direct call would first check it is a StepOutput: a bare TypeError)
-        execute: Callable[[StepPlan], object] = self.backend.execute
-        output = execute(plan)
-        if not (isinstance(output, StepOutput) and _well_formed(output, plan)):  # a plugin's: fail, naming it
-            raise EngineError(_bad_output(self.backend, plan, output))
+        output = self._execute(plan)
         if self._timed and not output.duration:
             output.duration = time.perf_counter() - began
         end = self.clock.advance(start, output.duration)
-        try:
-            finished = sched.update(plan, output, end)
-        except (TypeError, OverflowError):
-            # a token id that is no integer >= 0 fails in the scheduler: name the backend instead
-            if all(map(_is_token, output.token_ids)):
-                raise
-            raise EngineError(_bad_output(self.backend, plan, output)) from None
+        finished = self._update(plan, output, end)
         self.steps.record(
             step=self.num_steps,
             time=end,
@@ -143,6 +130,26 @@ class Engine:
         )
         self.num_steps += 1
         return finished
+
+    def _execute(self, plan: StepPlan) -> StepOutput:
+        """The backend's answer to ``plan``, checked: a plugin's wrong answer stops the run naming it."""
+        # called as Python calls it, so that the answer reaches the check below as the plugin gave
+        # it (compiled, a direct call would first check it is a StepOutput: a bare TypeError)
+        execute: Callable[[StepPlan], object] = self.backend.execute
+        output = execute(plan)
+        if not (isinstance(output, StepOutput) and _well_formed(output, plan)):
+            raise EngineError(_bad_output(self.backend, plan, output))
+        return output
+
+    def _update(self, plan: StepPlan, output: StepOutput, end: float) -> list[Request]:
+        """The scheduler advances its requests by the step's tokens; returns those that finished."""
+        try:
+            return self.scheduler.update(plan, output, end)
+        except (TypeError, OverflowError):
+            # a token id that is no integer >= 0 fails in the scheduler: name the backend instead
+            if all(map(_is_token, output.token_ids)):
+                raise
+            raise EngineError(_bad_output(self.backend, plan, output)) from None
 
     def run(
         self,
