@@ -31,8 +31,8 @@ from __future__ import annotations
 import enum
 from array import array
 from collections.abc import Iterable
-from typing import SupportsIndex
 from dataclasses import dataclass, field
+from typing import SupportsIndex
 
 import numpy as np
 from mypy_extensions import mypyc_attr

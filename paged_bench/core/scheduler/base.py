@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar, Final, Literal, SupportsIndex
+from typing import ClassVar, Final, Literal, SupportsIndex
 
 from mypy_extensions import mypyc_attr
 
