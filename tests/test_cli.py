@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from paged_bench.results.metrics import LATENCIES, PERCENTILES, SPREADS
+from tests.tracking_support import Ran, call_cli
 
 SUMMARY_KEYS = {
     *(f"{p}_{m}_ms" for m in LATENCIES for p in (*PERCENTILES, *SPREADS)),
@@ -23,11 +24,11 @@ SUMMARY_KEYS = {
 }  # fmt: skip
 
 
-def cli(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, Path]:
+def cli(tmp_path: Path, *overrides: str) -> tuple[Ran, Path]:
+    """``python -m paged_bench OVERRIDES`` into ``tmp_path/run``, untracked, run in-process as a
+    fresh process would (``call_cli``): what it prints, its files and its exit status."""
     run_dir = tmp_path / "run"
-    args = [sys.executable, "-m", "paged_bench", *overrides, f"hydra.run.dir={run_dir}", "tracking.enabled=false"]
-    proc = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    return proc, run_dir
+    return call_cli(tmp_path, *overrides, f"hydra.run.dir={run_dir}", "tracking.enabled=false"), run_dir
 
 
 def rows(path: Path) -> list[dict[str, str]]:

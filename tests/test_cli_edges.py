@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,14 +24,18 @@ from paged_bench.sizing.kv_bytes import as_flags
 from paged_bench.sizing.kv_bytes import main as kv_bytes_main
 from paged_bench.tracking.sync import main as sync_main
 from tests.test_report import make_sweep
+from tests.tracking_support import IN_PROCESS, Ran, call_cli, run_cli
 
 
-def command(tmp_path: Path, module: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+def command(tmp_path: Path, module: str, *args: str) -> Ran:
+    """``python -m MODULE ARGS`` in ``tmp_path``: in-process (``call_cli``) for the commands it
+    runs as a fresh process would, else in a process of its own."""
+    if module in IN_PROCESS:
+        return call_cli(tmp_path, *args, module=module)
+    return run_cli(tmp_path, *args, module=module)
 
 
-def one_error_line(proc: subprocess.CompletedProcess, code: int = 2) -> str:
+def one_error_line(proc: Ran | subprocess.CompletedProcess, code: int = 2) -> str:
     assert proc.returncode == code, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr

@@ -105,6 +105,9 @@ _FRESH_FILTERS = (("default", DeprecationWarning, "__main__"), ("ignore", Deprec
                   ("ignore", ResourceWarning, ""))  # fmt: skip
 
 
+IN_PROCESS = ("paged_bench", "paged_bench.tracking.sync", "paged_bench.report", "paged_bench.serve")  # call_cli's
+
+
 def _entry(module: str):
     """``python -m MODULE``'s main, called in-process: returns its exit status or raises SystemExit."""
     if module == "paged_bench":
