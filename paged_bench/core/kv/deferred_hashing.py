@@ -86,8 +86,6 @@ class DeferredHashingPool(BlockPool):
         """Index the run's blocks still in the cache under ``hashes`` (chain positions from 0)."""
         self.close_run(run)
         live = [(block, h) for block, h in zip(run.blocks[1 : run.end], hashes[1:]) if self.block_hash[block] is run]
-        for block, _ in live:
-            self.block_hash[block] = None
         self.cache_chain([block for block, _ in live], [h for _, h in live], run.root)
 
     def evict(self, block: int) -> None:
