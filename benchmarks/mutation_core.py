@@ -202,7 +202,9 @@ def copy_tree(dest: Path) -> None:
 
 
 def choose(mutants: list[Mutant], args: argparse.Namespace) -> list[Mutant]:
-    if args.sample is not None:
+    if args.lines:  # a run's timed-out mutants again, say, with a longer --timeout
+        mutants = [m for m in mutants if m.where in args.lines]
+    if args.sample is not None and mutants:
         mutants = sorted(random.Random(f"{args.seed}:{mutants[0].path}").sample(mutants, min(args.sample, len(mutants))),
                          key=lambda m: (m.line, m.start))  # fmt: skip
     return mutants[: args.limit] if args.limit is not None else mutants
@@ -339,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--sample", type=int, help="a random sample of N mutants a module")
     p.add_argument("--seed", default="0", help="the sample's seed")
     group.add_argument("--limit", type=int, help="the first N mutants a module")
+    p.add_argument("--lines", nargs="+", help="only the mutants on these lines, as the check prints them "
+                                              "(paged_bench/core/kv/paged.py:119)")  # fmt: skip
     p.add_argument("--tests", nargs="+", default=list(TESTS), help="test files (globs), run in this order")
     p.add_argument("--timeout", type=float, help="seconds a mutant's tests may take (default: from the unmutated run)")
     p.add_argument("--jobs", type=int, default=1, help="mutants run at once")
