@@ -241,8 +241,7 @@ class PagedAllocator(Allocator):
         if seq.run is not None:
             self._defer_run(req, seq)
         self._unfilled_slots -= seq.capacity - seq.num_slots
-        self.pool.free_blocks(reversed(seq.blocks))
-        seq.blocks, seq.num_slots, seq.capacity = [], 0, 0
+        self.pool.free_blocks(reversed(seq.blocks))  # the table is dropped (free) or replaced (swap_out)
 
     def _uncache_uncomputed(self, req: Request, seq: _Seq) -> None:
         """A table released before its step ran (preempted, or the step failed): blocks it
@@ -257,8 +256,8 @@ class PagedAllocator(Allocator):
         bs, first = self.pool_block_slots, seq.num_cached
         num_full = seq.num_slots // bs
         hashes = seq.hashes
-        if len(hashes) < num_full:
-            self._extend_hashes(req.token_ids, hashes, first + 1 if first == 0 and self.defer_unshared else num_full)
+        if not hashes:  # the chain's root: whether another chain showed it decides what is indexed
+            self._extend_hashes(req.token_ids, hashes, 1)
         root = hashes[0]
         if first == 0 and self.defer_unshared and not self._shown(root):
             # a chain nobody else has shown: index its root alone and defer the rest
