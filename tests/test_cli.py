@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,24 @@ def test_default_run_writes_its_files_and_prints_a_summary(tmp_path):
     assert sum(int(r["output_tokens"]) for r in requests) == summary["total_output_tokens"]
     steps = rows(run_dir / "steps.csv")
     assert len(steps) == json.loads((run_dir / "run_info.json").read_text())["num_steps"] > 0
+
+
+def test_the_printed_summary_counts_swapped_blocks(tmp_path):
+    """summary.json had them; the summary printed (and on the MLflow run's page) left them out."""
+    proc, run_dir = cli(tmp_path, "workload.num_requests=40", "workload.rate=100", "scheduler=preemptive",
+                        "scheduler.mode=swap", "num_blocks=40")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    swapped = json.loads((run_dir / "summary.json").read_text())["swapped_blocks"]
+    assert swapped > 0
+    assert re.search(r"^  swapped blocks \(out \+ in\) +(\d+)$", proc.stdout, re.MULTILINE).group(1) == str(swapped)
+
+
+def test_help_names_the_options_a_run_takes(tmp_path):
+    """--help showed ``workload: name: poisson`` only, while the run says ``workload=seed``."""
+    out = call_cli(tmp_path, "--help", "scheduler=static").stdout  # the defaults, and what the command line chose
+    assert ("workload=seed, scheduler=static, allocator=paged, backend=sim, target=engine, cluster=colocated, "
+            "router=round_robin\n") in out  # fmt: skip
+    assert "workload=seed runs poisson" in out
 
 
 def test_the_readme_command_block_size_one(tmp_path):

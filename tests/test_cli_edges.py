@@ -92,7 +92,7 @@ def test_a_sweep_over_routers_on_one_replica_is_refused_before_its_first_job(tmp
                    "router=round_robin,least_kv", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
     assert proc.returncode == 2 and not (tmp_path / "sweep").exists()
     assert one_error_line(proc) == (
-        "error: router='round_robin,least_kv' is not allowed: round_robin (the default) with one replica: "
+        "error: router='least_kv' is not allowed: round_robin (the default) with one replica: "
         "a router needs two or more replicas (set cluster.replicas=N, N >= 2, to compare routers)")
     proc = command(tmp_path, "paged_bench", "-m", "tracking.enabled=false", "workload.num_requests=10",
                    "router=round_robin,least_kv", "cluster.replicas=2", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip

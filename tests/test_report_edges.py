@@ -14,7 +14,7 @@ import pytest
 
 from paged_bench.report.__main__ import main as report_main
 from paged_bench.report.load import RunSet, find_runs
-from paged_bench.report.tables import head_to_head_markdown
+from paged_bench.report.tables import comparison_markdown, head_to_head_markdown
 from paged_bench.results.whole_files import folder_name
 from tests.test_report import make_sweep
 from tests.tracking_support import call_cli, fresh_store, runs_of
@@ -168,3 +168,16 @@ def test_a_sweeps_columns_are_set_on_the_command_line_and_a_typo_is_said(tmp_pat
     header = next(line for line in proc.stdout.splitlines() if line.startswith("| max_batch"))
     assert [c.strip() for c in header.strip("|").split("|")] == ["max_batch", "TTFT p99 (ms)", "p99_ttft_msx"]
     assert "note: report.metrics names p99_ttft_msx, which none of these runs has" in proc.stderr
+
+
+def test_a_boolean_setting_is_shown_as_the_config_spells_it(tmp_path):
+    """The prefix-caching experiment's table said ``False``/``True`` (and ``True vs False``)
+    where its sweep says ``allocator.prefix_caching=false,true``."""
+    jobs = [[f"allocator.prefix_caching={v}"] for v in ("false", "true")]
+    rs = RunSet.of(find_runs(make_sweep(tmp_path, jobs, ("workload.num_requests=8", "tracking.enabled=false"))))
+    assert rs.policy == "allocator.prefix_caching"
+    table = comparison_markdown(rs, ["prefix_cache_hit_rate"])
+    assert [line.split("|")[1].strip() for line in table.splitlines()[2:]] == ["false", "true"]
+    head = head_to_head_markdown(rs, ["prefix_cache_hit_rate"]).splitlines()[0]
+    assert [c.strip() for c in head.strip("|").split("|")] == ["metric", "false", "true", "true vs false"]
+    assert [rs.label(r) for r in rs.runs] == ["allocator.prefix_caching=false", "allocator.prefix_caching=true"]

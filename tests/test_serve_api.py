@@ -88,6 +88,32 @@ def test_models_and_health(server, client):
     assert httpx.get(server.url + "/health").status_code == 200
 
 
+def test_models_retrieve_answers_the_served_model_and_404_for_another(client):
+    """``client.models.retrieve`` (GET /v1/models/{id}) was a 404 'no such route'."""
+    model = client.models.retrieve(MODEL)
+    assert (model.id, model.object, model.owned_by, model.max_model_len) == (MODEL, "model", "paged_bench", 512)
+    assert model == client.models.list().data[0]
+    for other in ("gpt-4", "org/model"):  # a name with a slash reaches the route too
+        with pytest.raises(openai.NotFoundError) as raised:
+            client.models.retrieve(other)
+        assert raised.value.body == {"message": f"The model `{other}` does not exist; this server serves '{MODEL}'",
+                                     "type": "NotFoundError", "param": "model", "code": 404}  # fmt: skip
+
+
+def test_health_is_json_as_its_schema_says_and_405_allows_get_and_head(server):
+    """/health answered an empty body with no content type where /openapi.json says JSON (vLLM
+    answers an empty 200); OPTIONS /health's 405 said ``Allow: HEAD``, leaving GET out."""
+    r = httpx.get(server.url + "/health")
+    assert (r.status_code, r.headers["content-type"], r.json()) == (200, "application/json", {"status": "ok"})
+    head = httpx.head(server.url + "/health")
+    assert (head.status_code, head.content, head.headers["content-type"]) == (200, b"", "application/json")
+    for method in ("OPTIONS", "DELETE"):
+        r = httpx.request(method, server.url + "/health")
+        assert (r.status_code, r.headers["allow"]) == (405, "GET, HEAD")
+        assert r.json()["error"]["code"] == 405
+    assert httpx.request("OPTIONS", server.url + "/v1/completions").headers["allow"] == "POST"
+
+
 def test_completion_non_streaming(client):
     r = client.completions.create(model=MODEL, prompt="hello there", max_tokens=7)
     assert r.object == "text_completion"

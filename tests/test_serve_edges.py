@@ -67,7 +67,7 @@ def test_a_text_too_long_to_fit_is_refused_before_it_is_tokenized():
     ctx, seen = _context(max_token_bytes=4)  # 99 tokens of at most 4 bytes: 396 bytes at most
     for body, parse, param in (({"prompt": "é" * 199}, parse_completion, "prompt"),  # 398 bytes
                                ({"messages": [{"role": "user", "content": "x" * 393}]}, parse_chat, "messages"),  # 397 with its role
-                               ({"messages": [{"role": "u" * 397, "content": ""}]}, parse_chat, "messages")):  # fmt: skip
+                               ({"messages": [{"role": "assistant", "content": "x" * 388}]}, parse_chat, "messages")):  # fmt: skip
         with pytest.raises(RequestError) as refused:
             parse(body, ctx)
         assert refused.value.param == param and "at least 100 tokens" in refused.value.message

@@ -4,6 +4,7 @@ the server up and the KV pool whole. Simulated backend, real time, loopback only
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import httpx
 import openai
@@ -125,3 +126,24 @@ def test_engine_error_in_a_non_streaming_request_is_500():
         wait_for(lambda: all_free(handle))
     finally:
         handle.stop()
+
+
+def test_shutdown_answers_a_request_still_running_with_503():
+    """Past the grace period, a non-streaming request was answered 500 (a server error) where
+    a server going away answers 503, OpenAI-shaped, with Retry-After."""
+    handle = serve_in_thread(*SLOW, "server.graceful_shutdown_s=0.2")
+    answers: list[httpx.Response] = []
+    request = threading.Thread(
+        target=lambda: answers.append(
+            httpx.post(handle.url + "/v1/completions", json={"prompt": "x", "max_tokens": 400}, timeout=30)
+        )
+    )
+    request.start()
+    wait_for(lambda: metric(handle.url, "paged_bench_num_requests_running") == 1)
+    handle.stop()
+    request.join(30)
+    (resp,) = answers
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["error"] == {"message": "the server is shutting down", "type": "server_error", "param": None,
+                                    "code": 503}  # fmt: skip
+    assert resp.headers["retry-after"] == "1"

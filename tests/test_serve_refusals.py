@@ -161,10 +161,93 @@ def test_an_empty_model_name_is_the_served_model_as_vllm(sim):
     assert r.status_code == 200, r.text
 
 
-def test_a_chat_too_long_names_messages_and_counts_its_roles(sim):
+def test_a_chat_too_long_names_messages_and_a_megabyte_role_is_no_role(sim):
     r = httpx.post(sim.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "a" * 5000}]})
     assert (r.status_code, r.json()["error"]["param"]) == (400, "messages")
-    # a role is written into the prompt too: a megabyte of it is refused before tokenizing
-    r = httpx.post(sim.url + "/v1/chat/completions", json={"messages": [{"role": "u" * 600_000, "content": "hi"}]})
-    assert (r.status_code, r.json()["error"]["param"]) == (400, "messages")
     assert "bytes, so at least" in r.json()["error"]["message"]
+    # a role is written into the prompt too: a megabyte of it is refused before tokenizing, short
+    r = httpx.post(sim.url + "/v1/chat/completions", json={"messages": [{"role": "u" * 600_000, "content": "hi"}]})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "messages.0.role")
+    assert len(r.content) < 500
+
+
+# -- the schema says what the server refuses ------------------------------------------------
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+REFUSED = [  # (endpoint, body): each 400 from the server, and outside its /openapi.json
+    ("completions", {"prompt": ""}),
+    ("completions", {"prompt": []}),
+    ("completions", {"prompt": [[]]}),
+    ("completions", {"prompt": ["hi", ""]}),
+    ("completions", {"prompt": [1, -5]}),
+    ("completions", {"prompt": [1, 10**6]}),  # past the vocabulary
+    ("completions", {"prompt": ["a"] * 65}),  # server.max_prompts
+    ("completions", {"prompt": "hi", "max_tokens": 0}),
+    ("completions", {"prompt": "hi", "max_tokens": 512}),  # the context is 512: a prompt leaves less
+    ("completions", {"prompt": "hi", "stop": ""}),
+    ("completions", {"prompt": "hi", "stop": ["x"] * 17}),
+    ("completions", {"prompt": "hi", "stop_token_ids": [-1]}),
+    ("completions", {"prompt": "hi", "n": 129}),
+    ("completions", {"prompt": "hi", "allowed_token_ids": [1, 2]}),
+    ("completions", {"prompt": "hi", "allowed_token_ids": []}),
+    ("completions", {"prompt": "hi", "min_tokens": 2}),
+    ("completions", {"prompt": "hi", "response_format": {"type": "json_object"}}),
+    ("completions", {"prompt": "hi", "top_k": 5}),
+    ("chat", {**CHAT, "max_tokens": 0}),
+    ("chat", {**CHAT, "max_completion_tokens": 0}),
+    ("chat", {**CHAT, "echo": True}),
+    ("chat", {**CHAT, "messages": [{"role": "robot", "content": "hi"}]}),
+    ("chat", {**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+    ("chat", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+]  # fmt: skip
+ACCEPTED = [
+    ("completions", {"prompt": "hi", "max_tokens": 0, "echo": True}),
+    ("completions", {"prompt": [[1, 2], [3]], "max_tokens": 1, "min_tokens": 0, "top_k": -1, "allowed_token_ids": None}),
+    ("chat", {**CHAT, "messages": [{"role": r, "content": "hi"} for r in ("developer", "system", "user")]}),
+    ("chat", {**CHAT, "skip_special_tokens": True, "response_format": {"type": "text"}, "echo": False}),
+]  # fmt: skip
+
+
+def _body_schema(spec: dict, endpoint: str):
+    jsonschema = pytest.importorskip("jsonschema")
+    name = "CompletionRequest" if endpoint == "completions" else "ChatRequest"
+    # the component at the root, beside the components its $refs ("#/components/...") name
+    return jsonschema.Draft202012Validator({**spec["components"]["schemas"][name], "components": spec["components"]})
+
+
+def test_the_openapi_schema_refuses_what_the_server_refuses(sim):
+    """The schema took an empty prompt, max_tokens 0, allowed_token_ids, min_tokens ... that
+    the server refuses: a client generated from it (or a fuzzer) was told they were fine."""
+    spec = httpx.get(sim.url + "/openapi.json").json()
+    schemas = {endpoint: _body_schema(spec, endpoint) for endpoint in ("completions", "chat")}
+    with httpx.Client(base_url=sim.url + "/v1") as client:
+        for endpoint, body in REFUSED:
+            r = client.post(endpoint.replace("chat", "chat/completions"), json=body)
+            assert r.status_code == 400, (body, r.text)
+            assert not schemas[endpoint].is_valid(body), body
+        for endpoint, body in ACCEPTED:
+            r = client.post(endpoint.replace("chat", "chat/completions"), json=body)
+            assert r.status_code == 200, (body, r.text)
+            schemas[endpoint].validate(body)
+
+
+def test_the_openapi_schema_lists_no_422_and_the_errors_it_answers(sim):
+    spec = httpx.get(sim.url + "/openapi.json").json()
+    assert "422" not in json.dumps(spec["paths"]) and "HTTPValidationError" not in spec["components"]["schemas"]
+    post = spec["paths"]["/v1/completions"]["post"]
+    assert {"400", "401", "404", "408", "413", "415", "429", "500", "503"} <= set(post["responses"])
+    health = spec["paths"]["/health"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert health["$ref"].endswith("/HealthStatus")
+
+
+def test_a_chat_role_is_one_openai_takes(sim):
+    """Any role was taken, and written into the prompt as it came."""
+    r = httpx.post(sim.url + "/v1/chat/completions", json={**CHAT, "messages": [{"role": "robot", "content": "hi"}]})
+    error = r.json()["error"]
+    assert (r.status_code, error["param"], error["type"]) == (400, "messages.0.role", "invalid_request_error")
+    assert "'system', 'user', 'assistant', 'tool', 'developer' or 'function'" in error["message"]
+    assert '(got "robot")' in error["message"]
+    client = openai.OpenAI(base_url=sim.url + "/v1", api_key="x", max_retries=0)
+    for role in ("system", "user", "assistant", "tool", "developer", "function"):
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": role, "content": "hi"}], max_tokens=1)
+        assert r.usage.completion_tokens == 1

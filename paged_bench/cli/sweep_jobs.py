@@ -136,15 +136,16 @@ def _refuse_unknown_keys(config: DictConfig, jobs: list[list[str]]) -> None:
 def _refuse_routers_without_a_cluster(config: DictConfig, jobs: list[list[str]]) -> None:
     """A sweep over routers (``router=a,b``), or with one, on one replica: every job but round
     robin's would fail at its start with the same line (a router needs a cluster), after the
-    first ones ran."""
+    first ones ran. The line names the router a job would refuse (``router=round_robin,least_kv``
+    was named whole, round robin with it, next to "round_robin (the default) ... is allowed")."""
     routers = [o for o in safe_overrides(config) if o.key_or_group.split(".")[0] == "router"]
     for overrides in jobs if routers else ():
         try:
             cluster_spec(_job_config(config, overrides))
         except ConfigError as e:
             if e.key == "router":  # the job's other settings: its launcher reports them
-                raise ConfigError(routers[0].get_key_element(), _typed_value(routers[0]),
-                                  f"{e.allowed} (set cluster.replicas=N, N >= 2, to compare routers)") from e  # fmt: skip
+                raise ConfigError(e.key, e.value, f"{e.allowed} (set cluster.replicas=N, N >= 2, to compare "
+                                                  "routers)") from e  # fmt: skip
 
 
 def _refuse_sweeping_the_record(config: DictConfig) -> None:

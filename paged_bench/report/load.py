@@ -20,7 +20,7 @@ import yaml
 
 from paged_bench.errors import PagedBenchError
 from paged_bench.results.whole_files import write_whole
-from paged_bench.run.flat import display_key, flatten
+from paged_bench.run.flat import display_key, display_value, flatten
 
 CONFIG_FILE = "config.yaml"
 RUN_INFO = "run_info.json"  # the run's status, error, choices, name, start and end
@@ -252,7 +252,7 @@ class RunSet:
         keys = self.dims if keys is None else keys
         if not keys:
             return run.path.name if run.job is None else f"job {run.job}"
-        return " ".join(f"{display_key(k)}={self.value(run, k)}" for k in keys)
+        return " ".join(f"{display_key(k)}={display_value(self.value(run, k))}" for k in keys)
 
     def policy_values(self) -> list[Any]:
         """The policy's values in sweep order: the first one is the baseline."""

@@ -21,7 +21,7 @@ from typing import Any
 from paged_bench.report.load import Run, RunSet
 from paged_bench.report.tables import figures, metric
 from paged_bench.results.step_series import cluster_columns
-from paged_bench.run.flat import display_key
+from paged_bench.run.flat import display_key, display_value
 
 MAX_PANELS = 12
 
@@ -96,7 +96,7 @@ def ttft_cdf(rs: RunSet, out_dir: Path) -> Path | None:
             ttft = np.sort(df["ttft_ms"].dropna().to_numpy()) if df is not None else np.array([])
             if not len(ttft):
                 continue
-            name = str(rs.value(run, rs.policy)) if rs.policy else rs.label(run)
+            name = display_value(rs.value(run, rs.policy)) if rs.policy else rs.label(run)
             color = colors.get(rs.value(run, rs.policy)) if rs.policy else None
             # a run that stopped part-way: the requests that got a first token, told apart
             partial = run.status != "finished"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from paged_bench.report.load import Run, RunSet, derived_figures
-from paged_bench.run.flat import display_key
+from paged_bench.run.flat import display_key, display_value
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def comparison_markdown(rs: RunSet, metrics: list[str]) -> str:
     )
     rows = []
     for run in rs.runs:
-        row = [str(rs.value(run, k)) for k in rs.dims] + ([run.status] if show_status else [])
+        row = [display_value(rs.value(run, k)) for k in rs.dims] + ([run.status] if show_status else [])
         row += [fmt(metric(k), figures(run).get(k)) for k in metrics]
         rows.append(row)
     numeric = [k in rs.axes for k in rs.dims] + ([False] if show_status else []) + [True] * len(metrics)
@@ -165,7 +165,7 @@ def head_to_head_markdown(rs: RunSet, metrics: list[str]) -> str | None:
     others = [k for k in rs.dims if k != rs.policy]
     cells: dict[tuple, dict[Any, Run]] = {}
     for run in rs.runs:
-        setting, policy = tuple(str(rs.value(run, k)) for k in others), rs.value(run, rs.policy)
+        setting, policy = tuple(display_value(rs.value(run, k)) for k in others), rs.value(run, rs.policy)
         repeat = 1
         while policy in cells.get((*setting, repeat), {}):
             repeat += 1
@@ -173,7 +173,7 @@ def head_to_head_markdown(rs: RunSet, metrics: list[str]) -> str | None:
     repeated = any(key[-1] > 1 for key in cells)
     base = values[0]
     headers = [display_key(k) for k in others] + (["repeat"] if repeated else []) + ["metric"]
-    headers += [str(v) for v in values] + [f"{v} vs {base}" for v in values[1:]]
+    headers += [display_value(v) for v in values] + [f"{display_value(v)} vs {display_value(base)}" for v in values[1:]]
     rows = []
     for key, by_policy in cells.items():
         finished = {v: r for v, r in by_policy.items() if r.status == "finished" and r.summary}

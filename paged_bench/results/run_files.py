@@ -199,6 +199,7 @@ _TABLE = (
     ("KV live / reserved peak (slots)", ("kv_live_slots_peak", "kv_reserved_slots_peak"), "{} / {}"),
     ("KV waste at peak (%)", ("kv_waste_pct",), "{:.1f}"),
     ("preemptions", ("num_preemptions",), "{}"),
+    ("swapped blocks (out + in)", ("swapped_blocks",), "{}"),
     ("prefix cache hit rate", ("prefix_cache_hit_rate",), "{:.1%}"),
     ("goodput (req/s)", ("goodput",), "{:.2f}"),
     ("GPUs, output tok/s per GPU", ("num_gpus", "output_throughput_per_gpu"), "{}, {:.1f}"),

@@ -1,13 +1,16 @@
 """The FastAPI app: OpenAI-compatible routes over an ``EngineLoop``.
 
-``GET /health``, ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
-(streaming as server-sent events, or one JSON response), ``GET /metrics``. A request with
+``GET /health`` (``{"status": "ok"}``; 503 once the engine has stopped), ``GET /v1/models`` and
+``GET /v1/models/{id}`` (OpenAI's ``models.retrieve``), ``POST /v1/completions``,
+``POST /v1/chat/completions`` (streaming as server-sent events, or one JSON response),
+``GET /metrics``; ``/openapi.json`` says what they answer and refuse (``openapi``). A request with
 ``n`` choices per prompt, or a list of prompts, fans out into one engine request per choice
 (vLLM v1's parallel sampling); identical prompts share their full KV blocks through the
 prefix cache. Every error is an OpenAI-shaped body (``errors``); more requests waiting than
 ``max_waiting`` get 429 with ``Retry-After``; a client that goes away has its requests aborted
 (their KV blocks are freed at the engine's next step boundary); an engine error ends the
-affected streams with an error event, and the server goes on.
+affected streams with an error event, and the server goes on; at shutdown, requests still in
+flight past the grace period are answered 503 (streams: an error event).
 """
 
 from __future__ import annotations
@@ -29,16 +32,30 @@ from paged_bench.core.request import FinishReason, Request
 from paged_bench.model.logprobs import LogprobSink, LogprobsRequest, TokenLogprob
 from paged_bench.serve import errors, schemas
 from paged_bench.serve.engine_loop import EngineLoop, Stream
+from paged_bench.serve.openapi import GENERATE_RESPONSES, KEY, error, openapi
 from paged_bench.serve.prom import CONTENT_TYPE, ServerMetrics
-from paged_bench.serve.protocol import GenerationParams, RequestError, ServingContext
-from paged_bench.serve.responses import ChoiceResult, Kind, LogprobFormatter, ResponseFormat, models_list, usage
+from paged_bench.serve.protocol import GenerationParams, RequestError, ServingContext, check_model_name
+from paged_bench.serve.responses import (
+    ChoiceResult,
+    Kind,
+    LogprobFormatter,
+    ResponseFormat,
+    model_card,
+    models_list,
+    usage,
+)
 from paged_bench.serve.text import TextStream
 
 PARSE_IN_THREAD_BYTES = 64 * 1024  # tokenizing a bigger body would hold up every stream
 
 
 class GenerationFailed(Exception):
-    """The engine ended a request without finishing it (engine error, shutdown)."""
+    """The engine ended a request without finishing it: 500 for an engine error, 503 when the
+    server is shutting down (aborted: a client that went away is not answered at all)."""
+
+    def __init__(self, message: str, reason: FinishReason) -> None:
+        super().__init__(message)
+        self.status = 503 if reason == FinishReason.ABORT else 500
 
 
 @dataclass
@@ -157,7 +174,8 @@ class OpenAIServer:
                 if update.finish_reason.succeeded:  # echo without generation
                     yield Token(choice.index, "", update.finish_reason.value)
                     return
-                raise GenerationFailed(update.error or f"the request ended: {update.finish_reason.value}")
+                raise GenerationFailed(update.error or f"the request ended: {update.finish_reason.value}",
+                                       update.finish_reason)  # fmt: skip
 
     def submit(self, params: GenerationParams, echo_text: Callable[[list[int]], str]) -> list[Choice]:
         if not self.loop.alive:
@@ -221,7 +239,7 @@ class OpenAIServer:
         req = choice.stream.req
         if len(req.prompt_logprobs) != len(choice.prompt_ids) - 1:  # never a misaligned answer
             raise GenerationFailed(f"only {len(req.prompt_logprobs)} of the prompt's {len(choice.prompt_ids) - 1} "
-                                   "log-probabilities were computed")  # fmt: skip
+                                   "log-probabilities were computed", FinishReason.ERROR)  # fmt: skip
         prompt_entries: list[TokenLogprob | None] = [None, *req.prompt_logprobs]
         return fmt.completion(prompt_entries + list(entries), choice.prompt_ids + [e.token_id for e in entries])
 
@@ -235,7 +253,8 @@ class OpenAIServer:
                 for c in choices:
                     self.loop.finish(c.stream)
                 if isinstance(failed, GenerationFailed):
-                    return errors.response(RequestError(str(failed), status=500))
+                    headers = {"Retry-After": "1"} if failed.status == 503 else None
+                    return errors.response(RequestError(str(failed), status=failed.status), headers)
                 raise failed
             results = [t.result() for t in tasks]
         finally:
@@ -300,7 +319,7 @@ class OpenAIServer:
                 if params.include_usage:
                     yield _sse(fmt.usage_chunk(usage(prompt_tokens, n)))
             except GenerationFailed as e:
-                yield _sse(errors.body(RequestError(str(e), status=500)))
+                yield _sse(errors.body(RequestError(str(e), status=e.status)))
             finished = True
             yield "data: [DONE]\n\n"
         finally:
@@ -311,16 +330,14 @@ class OpenAIServer:
     def health(self) -> Response:
         if not self.loop.alive:
             return errors.response(RequestError("the engine is not running", status=503))
-        return Response(status_code=200)
+        return JSONResponse({"status": "ok"})
 
-
-_GENERATE_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"model": schemas.ErrorResponse, "description": "a bad request"},
-    401: {"model": schemas.ErrorResponse, "description": "missing or wrong API key"},
-    404: {"model": schemas.ErrorResponse, "description": "unknown model"},
-    413: {"model": schemas.ErrorResponse, "description": "request body too large"},
-    429: {"model": schemas.ErrorResponse, "description": "too many requests waiting"},
-}
+    def model(self, model_id: str) -> JSONResponse:
+        try:
+            check_model_name(model_id, self.ctx)
+        except RequestError as e:
+            return errors.response(e)
+        return JSONResponse(model_card(self.ctx.model_name, self.ctx.max_model_len, self.created))
 
 
 def create_app(server: OpenAIServer) -> FastAPI:
@@ -337,24 +354,30 @@ def create_app(server: OpenAIServer) -> FastAPI:
     app.state.server = server
     errors.install(app)
 
-    @app.get("/health", responses={503: {"model": schemas.ErrorResponse}})
+    @app.get("/health", response_model=schemas.HealthStatus, responses={503: error("the engine is not running")})
     @app.head("/health", include_in_schema=False)  # load balancers' health checks use HEAD
     async def health() -> Response:
         return server.health()
 
-    @app.get("/v1/models", response_model=schemas.ModelList)
+    @app.get("/v1/models", response_model=schemas.ModelList, responses=KEY)
     async def models() -> JSONResponse:
         return JSONResponse(models_list(server.ctx.model_name, server.ctx.max_model_len, server.created))
+
+    # :path, as a model's name may have a slash (org/model), which the openai client sends as is
+    @app.get("/v1/models/{model_id:path}", response_model=schemas.ModelCard,
+             responses={**KEY, 404: error("unknown model")})  # fmt: skip
+    async def model(model_id: str) -> JSONResponse:
+        return server.model(model_id)
 
     sse = {"text/event-stream": {"schema": {"type": "string"}}}
 
     @app.post("/v1/completions", response_model=schemas.Completion,
-              responses={200: {"content": sse}, **_GENERATE_RESPONSES})  # fmt: skip
+              responses={200: {"content": sse}, **GENERATE_RESPONSES})  # fmt: skip
     async def completions(body: schemas.CompletionRequest, request: HTTPRequest) -> Response:
         return await server.generate(request, body, "completions")
 
     @app.post("/v1/chat/completions", response_model=schemas.ChatCompletion,
-              responses={200: {"content": sse}, **_GENERATE_RESPONSES})  # fmt: skip
+              responses={200: {"content": sse}, **GENERATE_RESPONSES})  # fmt: skip
     async def chat_completions(body: schemas.ChatRequest, request: HTTPRequest) -> Response:
         return await server.generate(request, body, "chat")
 
@@ -362,4 +385,5 @@ def create_app(server: OpenAIServer) -> FastAPI:
     async def metrics() -> Response:
         return Response(server.metrics.render(), media_type=CONTENT_TYPE)
 
+    app.openapi = lambda: app.openapi_schema or openapi(app, server.ctx)  # type: ignore[method-assign]
     return app

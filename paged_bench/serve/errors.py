@@ -2,7 +2,8 @@
 "code"}}`` (vLLM's ``ErrorResponse``), with the right status, and leaves the connection usable.
 
 - a ``RequestError`` from validation: its status (400, 404, 413, 429, ...);
-- FastAPI's own (unknown route 404, wrong method 405, a body it cannot parse 400, saying why:
+- FastAPI's own (unknown route 404, wrong method 405 with every method of the path in
+  ``Allow``, a body it cannot parse 400, saying why:
   not UTF-8, nested too deeply) and body
   validation errors (400, naming the parameter, as vLLM answers them: not 422);
 - anything unexpected: 500 with a generic message and an id to find the traceback in the log.
@@ -21,6 +22,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.routing import Route
 
 from paged_bench.serve import protocol
 from paged_bench.serve.protocol import GenerationParams, RequestError, ServingContext
@@ -111,4 +113,14 @@ def install(app: FastAPI) -> None:
         message = _HTTP_MESSAGES.get(exc.status_code, detail or "bad request")
         if exc.status_code in _HTTP_MESSAGES:
             message = f"{message}: {request.method} {request.url.path}"
-        return response(RequestError(message, status=exc.status_code), getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:  # Starlette's names the methods of one route of the path only
+            headers = {**(headers or {}), "Allow": ", ".join(_methods(request))}
+        return response(RequestError(message, status=exc.status_code), headers)
+
+
+def _methods(request: HTTPRequest) -> list[str]:
+    """Every method some route serves at the request's path (``GET`` and ``HEAD`` at ``/health``)."""
+    path = request.scope["path"]
+    routes = [r for r in request.app.routes if isinstance(r, Route) and r.path_regex.match(path)]
+    return sorted({method for r in routes for method in r.methods or ()})

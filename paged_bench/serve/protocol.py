@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from paged_bench.model.sampling import GREEDY_BELOW
-from paged_bench.serve.schemas import ChatMessage, ChatRequest, CompletionRequest, StreamOptions
+from paged_bench.serve.schemas import NOT_IMPLEMENTED, ChatMessage, ChatRequest, CompletionRequest, StreamOptions
 from paged_bench.serve.text import ChatTemplateError
 
 
@@ -115,53 +115,10 @@ class GenerationParams:
 # -- what is refused by name --------------------------------------------------------------
 
 
-def _set(value: Any) -> bool:
-    return value not in (None, False, 0, 0.0, "", [], {})
-
-
-UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "tools": _set,
-    "functions": _set,
-    "tool_choice": lambda v: v not in (None, "none"),
-    "function_call": lambda v: v not in (None, "none"),
-    "parallel_tool_calls": lambda v: v is True,
-    "response_format": lambda v: v is not None and v.get("type") != "text",
-    "logit_bias": _set,
-    "presence_penalty": _set,
-    "frequency_penalty": _set,
-    "repetition_penalty": lambda v: v not in (None, 1.0),
-    "suffix": _set,
-    "best_of": lambda v: v not in (None, 1),
-    "top_k": lambda v: v not in (None, 0, -1),
-    "min_p": _set,
-    # vLLM's extras, refused where they ask for what vLLM would do and this server does not
-    "min_tokens": _set,
-    "include_stop_str_in_output": _set,
-    "skip_special_tokens": lambda v: v is not None and v is not True,  # decoding skips them always
-    "truncate_prompt_tokens": lambda v: v is not None,
-    "allowed_token_ids": lambda v: v is not None,
-    "bad_words": _set,
-    "prompt_logprobs": lambda v: v is not None,
-    "use_beam_search": _set,
-    "guided_json": _set,
-    "guided_regex": _set,
-    "guided_choice": _set,
-    "guided_grammar": _set,
-    "structured_outputs": _set,
-    "add_generation_prompt": lambda v: v is not None and v is not True,  # the prompt always ends with one
-    "continue_final_message": _set,
-    "chat_template": _set,
-    "chat_template_kwargs": _set,
-    "cache_salt": _set,  # a salt for isolation, ignored, would share the cache it asked to keep apart
-    "priority": _set,  # vLLM refuses a priority but 0 unless its priority scheduling is on
-    "logits_processors": _set,
-}
-
-
 def _refuse_unsupported(req: BaseModel) -> None:
-    for name, is_asked in UNSUPPORTED.items():
-        value = getattr(req, name, None)
-        if is_asked(value):
+    for name, not_asked in NOT_IMPLEMENTED.items():
+        value = getattr(req, name, None)  # a field the endpoint lacks asks for nothing
+        if value not in not_asked:
             raise RequestError(f"{name} is not supported by this server (got {_shown(value)})", name)
 
 
@@ -240,6 +197,8 @@ def _prompts(prompt: Any, ctx: ServingContext) -> list[list[int]]:
         raise RequestError(f"{len(prompts)} prompts in one request; at most {ctx.limits.max_prompts}", "prompt")
     out = []
     for p in prompts:
+        if p == "":  # refused whatever the tokenizer makes of it (one with a BOS token makes one token)
+            raise RequestError("the prompt is empty", "prompt")
         if isinstance(p, str):
             _check_text_fits(len(p.encode("utf-8")), ctx)
             out.append(ctx.encode(p))
@@ -273,11 +232,17 @@ def _content_text(msg: ChatMessage, i: int) -> str:
     return "".join(parts)
 
 
-def _check_model(req: BaseModel, ctx: ServingContext) -> None:
-    if req.model and req.model != ctx.model_name:  # an empty name is the served model, as vLLM's
-        name = req.model if len(req.model) <= 100 else req.model[:97] + "..."
-        raise RequestError(f"The model `{name}` does not exist; this server serves {ctx.model_name!r}",
+def check_model_name(name: str, ctx: ServingContext) -> None:
+    """404 (vLLM's message) unless ``name`` is the served model's."""
+    if name != ctx.model_name:
+        shown = name if len(name) <= 100 else name[:97] + "..."
+        raise RequestError(f"The model `{shown}` does not exist; this server serves {ctx.model_name!r}",
                            "model", status=404)  # fmt: skip
+
+
+def _check_model(req: BaseModel, ctx: ServingContext) -> None:
+    if req.model:  # an empty name is the served model, as vLLM's
+        check_model_name(req.model, ctx)
 
 
 def _check_lengths(

@@ -137,6 +137,10 @@ class ResponseFormat:
         return self._envelope("text_completion", out, usage_)
 
 
+def model_card(model: str, max_model_len: int, created: int) -> dict:
+    """OpenAI's model object (``GET /v1/models/{id}``), with vLLM's ``max_model_len``."""
+    return {"id": model, "object": "model", "created": created, "owned_by": "paged_bench", "max_model_len": max_model_len}
+
+
 def models_list(model: str, max_model_len: int, created: int) -> dict:
-    card = {"id": model, "object": "model", "created": created, "owned_by": "paged_bench", "max_model_len": max_model_len}
-    return {"object": "list", "data": [card]}
+    return {"object": "list", "data": [model_card(model, max_model_len, created)]}
