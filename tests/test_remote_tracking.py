@@ -5,6 +5,7 @@ run and a sweep land on it, and a server that dies mid-sweep loses nothing, beca
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -113,3 +114,57 @@ def test_a_server_that_dies_mid_sweep_loses_nothing_after_sync(tmp_path, server)
     assert second.returncode == 0, second.stderr
     assert second.stdout.strip() == "sync: 0 run(s) uploaded, 3 already in the store, 0 sweep parent run(s) closed"
     assert len(runs_of(server.uri, "dies_mid_sweep")[1]) == 4  # a broken upload is deleted, not listed
+
+
+def test_sync_to_a_named_server_uploads_only_the_runs_meant_for_it(tmp_path, server):
+    """With $MLFLOW_TRACKING_URI naming a team's server, sync uploaded every run under runs/,
+    those made against the embedded store too: now only the runs (and sweeps) meant for it go,
+    the others are counted, and --include-other-stores uploads them as well."""
+    work = tmp_path / "work"
+    work.mkdir()
+    quick = ("workload.num_requests=8", "experiment_name=sync_by_store", "tracking.enabled=false")
+    with_password = server.uri.replace("http://", "http://team:secret@")  # the same server, with credentials
+    for name, uri in (("team_run", with_password), ("local_run", None)):  # made while the server was down, say
+        proc = call_cli(work, *quick, f"hydra.run.dir=runs/{name}", **_env(uri))
+        assert proc.returncode == 0, proc.stderr
+    proc = call_cli(work, "-m", *quick, "max_batch=4,8", "hydra.sweep.dir=runs/team_sweep", **_env(server.uri))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((work / "runs/team_run/run_info.json").read_text())["tracking_uri"] == server.uri  # no password
+    # a run and a sweep written before runs recorded their store: taken as meant for the embedded one
+    shutil.copytree(work / "runs/local_run", work / "runs/old_run")
+    shutil.copytree(work / "runs/team_sweep", work / "runs/old_sweep")
+    for record in (work / "runs/old_run/run_info.json", work / "runs/old_sweep/sweep.json"):
+        record.write_text(json.dumps({k: v for k, v in json.loads(record.read_text()).items() if k != "tracking_uri"}))
+
+    first = _sync(work, work / "runs", MLFLOW_TRACKING_URI=server.uri)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == ("sync: 3 run(s) uploaded, 0 already in the store, 1 sweep parent run(s) closed, "
+                                    "4 meant for other stores skipped")  # fmt: skip
+    (note,) = first.stderr.strip().splitlines()
+    embedded = f"sqlite:///{work / 'runs' / 'mlflow.db'}"
+    assert note == (f"note: 4 run(s) meant for other stores not uploaded to {server.uri} (4 for {embedded}; 3 of "
+                    "these written before runs recorded their store: taken as meant for the embedded one): add "
+                    "--include-other-stores to upload them there too, or leave the store unnamed to upload each "
+                    "to its own")  # fmt: skip
+    _, on_server = runs_of(server.uri, "sync_by_store")
+    team = {str(work / "runs/team_run")} | {str(work / f"runs/team_sweep/{j}") for j in "01"}
+    assert {r.data.tags["run_dir"] for r in on_server if "run_dir" in r.data.tags} == team
+    parent, children = _split(on_server)
+    assert parent.info.status == "FINISHED" and [r.info.run_name for r in children] == ["max_batch=4", "max_batch=8"]
+
+    again = _sync(work, work / "runs", MLFLOW_TRACKING_URI=server.uri)
+    assert again.stdout.strip() == ("sync: 0 run(s) uploaded, 3 already in the store, 0 sweep parent run(s) closed, "
+                                    "4 meant for other stores skipped")  # fmt: skip
+
+    every = _sync(work, work / "runs", "--include-other-stores", MLFLOW_TRACKING_URI=server.uri)
+    assert every.returncode == 0 and every.stderr == "", every.stderr
+    assert every.stdout.strip() == "sync: 4 run(s) uploaded, 3 already in the store, 1 sweep parent run(s) closed"
+    _, on_server = runs_of(server.uri, "sync_by_store")
+    assert len(on_server) == 9  # 7 runs and 2 sweep parents
+    old_sweep = next(r for r in on_server if r.data.tags.get("sweep_dir") == str(work / "runs/old_sweep"))
+    assert sum(r.data.tags.get("mlflow.parentRunId") == old_sweep.info.run_id for r in on_server) == 2
+    assert not (work / "runs" / "mlflow.db").exists()  # a sync to a server never opened the embedded store
+
+
+def _env(uri):
+    return {"MLFLOW_TRACKING_URI": uri, **FAIL_FAST} if uri else {}

@@ -117,3 +117,19 @@ def test_a_long_error_keeps_what_failed_and_why():
     refused = f"Max retries exceeded (Caused by NewConnectionError({'x' * 300} [Errno 111] Connection refused'))"
     assert store.one_line(OSError(refused)).endswith("[Errno 111] Connection refused'))")
     assert store.one_line(ValueError("short")) == "ValueError: short"
+
+
+def test_a_store_is_known_by_where_it_is_not_how_its_uri_is_spelt(tmp_path, monkeypatch):
+    """What sync compares a run's recorded store with the one it is told to upload to: spelt
+    another way, the store a run was meant for is still that store (and another is not)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(store.URI_ENV, raising=False)
+    assert store.same_store("http://Team.Example:5000/", "http://user:pw@team.example:5000")
+    assert not store.same_store("http://team.example:5000", "http://team.example:5001")
+    assert store.same_store("sqlite:///runs/mlflow.db", store.default_uri())  # relative: from where sync runs
+    assert not store.same_store(store.default_uri(), f"sqlite:///{tmp_path / 'other.db'}")
+    # a password that came from $MLFLOW_TRACKING_URI is not written into the run's folder (uploaded with it)
+    monkeypatch.setenv(store.URI_ENV, "https://me:secret@team.example/mlflow")
+    assert store.recorded_uri(None) == "https://team.example/mlflow"
+    assert store.recorded_uri(123) == "https://team.example/mlflow"  # an untracked run's unchecked tracking.uri
+    assert store.recorded_uri("sqlite:///x.db") == f"sqlite:///{tmp_path / 'x.db'}"

@@ -48,7 +48,7 @@ from paged_bench.results.whole_files import cannot_write
 from paged_bench.run.job import run_job
 from paged_bench.run.outcome import JobOutcome
 from paged_bench.run.tracking_settings import TrackingSettings
-from paged_bench.tracking.store import resolve_uri
+from paged_bench.tracking.store import recorded_uri
 
 # what a run writes into its folder (outputs.write_run, a cluster's replicas.csv, its config,
 # its plots, a report of it, the server it spawned): never another tool's files
@@ -226,12 +226,10 @@ def run(cfg: DictConfig) -> None:
 
 
 def _store_of(config: Mapping[str, Any]) -> dict[str, str]:
-    """The store the config names (``tracking.uri``), as ``run_info.json`` records it for a later
-    ``sync`` (which otherwise uploads to its own default store): absolute, as the job read it."""
-    uri = (config.get("tracking") or {}).get("uri")
-    if not isinstance(uri, str) or not uri:
-        return {}
-    return {TRACKING_URI_KEY: resolve_uri(uri)}
+    """The store the job is meant for, as ``run_info.json`` records it for a later ``sync`` (which
+    uploads it there, and to another store only when told to): ``tracking.uri``, else
+    ``$MLFLOW_TRACKING_URI``, else the embedded store, absolute, as the job read them."""
+    return {TRACKING_URI_KEY: recorded_uri((config.get("tracking") or {}).get("uri"))}
 
 
 def _refuse(message: str, job: Job, started: float) -> None:

@@ -42,7 +42,7 @@ from paged_bench.cli.progress import SweepBar
 from paged_bench.cli.sweep_jobs import check_jobs, count_jobs, safe_overrides, value_text
 from paged_bench.errors import PagedBenchError
 from paged_bench.report.document import build_report
-from paged_bench.report.load import REPORT_DIR, Run, load_run
+from paged_bench.report.load import REPORT_DIR, TRACKING_URI_KEY, Run, load_run
 from paged_bench.run.tracking_settings import TrackingSettings
 from paged_bench.tracking import store, uploader
 from paged_bench.tracking.runs import SWEEP_DIR_TAG
@@ -90,6 +90,7 @@ def _start(config: DictConfig) -> None:
     info["id"] = uuid.uuid4().hex  # what this sweep's jobs record, to be told from an earlier sweep's
     # what every job shares (e.g. +experiment=...): a job's name is what is left, its own settings
     info["shared_keys"] = [o.get_key_element() for o in safe_overrides(config) if not o.is_sweep_override()]
+    info[TRACKING_URI_KEY] = store.recorded_uri(tracking.uri)  # the store it is meant for: a later sync's
     link = _open_parent(tracking, info) if tracking.enabled else None
     info["tracking"] = link
     folder.write_info(sweep_dir, info)

@@ -24,7 +24,7 @@ from paged_bench.run.flat import display_key, display_value, flatten
 
 CONFIG_FILE = "config.yaml"
 RUN_INFO = "run_info.json"  # the run's status, error, choices, name, start and end
-TRACKING_URI_KEY = "tracking_uri"  # in RUN_INFO: the store tracking.uri named, absolute
+TRACKING_URI_KEY = "tracking_uri"  # in RUN_INFO and sweep.json: the store it is meant for (store.recorded_uri)
 REPORT_DIR = "report"  # where a report of a directory goes; never read back as a run
 NOT_RUNS = (REPORT_DIR, "mlartifacts", "plots")  # copies of runs' files (the embedded store's artifacts)
 _RUN_MARKERS = ("summary.json", RUN_INFO)  # what only a run writes (a config.yaml may be anyone's)

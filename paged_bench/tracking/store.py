@@ -13,7 +13,7 @@ import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlunparse
 
 import paged_bench.tracking  # noqa: F401  (telemetry off before mlflow is imported)
 from paged_bench.errors import check, one_line
@@ -59,6 +59,42 @@ def resolve_uri(configured: str | None = None) -> str:
     if path is not None:
         return f"sqlite:///{path}"
     return Path(uri).resolve().as_uri() if _is_file_store(uri) and not urlparse(uri).scheme else uri  # a folder
+
+
+def recorded_uri(configured: Any = None) -> str:
+    """The store a run or sweep is meant for, as its folder records it (``sync`` uploads it
+    there, and to no other store unless told to): ``resolve_uri``'s, less a user name and password
+    that came from ``$MLFLOW_TRACKING_URI`` (a run's files go to the store with it; those in
+    ``tracking.uri`` are in its ``config.yaml`` already). Not a URI (an untracked run's
+    ``tracking.uri`` is not checked): as if none was named."""
+    if isinstance(configured, str) and configured.strip():
+        return resolve_uri(configured)
+    return without_credentials(resolve_uri())
+
+
+def without_credentials(uri: str) -> str:
+    """``uri`` less its user name and password: ``https://user:pw@host`` -> ``https://host``."""
+    parts = urlparse(uri)
+    if "@" not in parts.netloc:
+        return uri
+    return urlunparse(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def same_store(a: str, b: str) -> bool:
+    """Whether two URIs name one store: SQLite and file stores by their absolute path, others
+    by scheme, host and path, whatever the case of the host, a trailing slash or credentials
+    (``http://127.0.0.1:5000/`` is ``http://user@127.0.0.1:5000``)."""
+    return _identity(a) == _identity(b)
+
+
+def _identity(uri: str) -> str:
+    uri = resolve_uri(uri)
+    path = sqlite_path(uri)
+    if path is not None:
+        return f"sqlite:///{path}"
+    parts = urlparse(without_credentials(uri))
+    return urlunparse((parts.scheme.lower(), parts.netloc.lower(), parts.path.rstrip("/"), parts.params,
+                       parts.query, ""))  # fmt: skip
 
 
 # what MLflow's tracking-store registry opens (mlflow/tracking/_tracking_service/utils.py):
@@ -121,10 +157,16 @@ def artifact_root(uri: str) -> Path | None:
 def client(uri: str) -> Any:
     """The ``MlflowClient`` for ``uri``, one per process (a new SQLite store object checks its
     schema again), or a new one when the SQLite file was replaced (``rm -rf runs``)."""
+    _set_http_defaults()  # on each call: MLflow reads them as it works (a run's URL is printed as it ends)
     path = sqlite_path(uri)
     if path is not None:
         prepare_sqlite(path)
     return _client(uri, path.stat().st_ino if path is not None else None)
+
+
+def _set_http_defaults() -> None:
+    for key, value in _HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
 
 
 def prepare_sqlite(path: Path) -> None:
@@ -205,8 +247,6 @@ def _client(uri: str, identity: int | None) -> Any:
 
 
 def _new_client(uri: str) -> Any:
-    for key, value in _HTTP_DEFAULTS.items():
-        os.environ.setdefault(key, value)
     if sqlite_path(uri) is not None:
         _forget_engine(uri)
     from mlflow import MlflowClient

@@ -10,8 +10,15 @@ without a store). What a process still running on this host will log itself is l
 said in one line: a run whose process runs, every job of a sweep whose process runs (a process
 that took a dead one's pid later is told apart by its start time; one on another host cannot be
 seen from here: its runs are uploaded, as before).
-Idempotent: a second call uploads nothing. A folder with no runs uploads
-nothing and says so (exit 0), but a store named by ``--tracking-uri`` (or
+
+A run or sweep records the store it was meant for (``tracking_uri`` in ``run_info.json`` and
+``sweep.json``); one that records none (written before runs did) is taken as meant for the
+embedded store, ``./runs/mlflow.db`` here. With no store named, each goes to its own store. With
+one named (``--tracking-uri``, else ``$MLFLOW_TRACKING_URI``: a team's server), only the runs
+meant for it go; the others are counted, and ``--include-other-stores`` uploads them there too.
+
+Idempotent: a second call uploads nothing. A folder with no runs uploads nothing and says so
+(exit 0), but a store named by ``--tracking-uri`` (or
 ``$MLFLOW_TRACKING_URI``) is opened all the same: one it cannot open fails as it would with runs.
 """
 
@@ -21,6 +28,7 @@ import argparse
 import os
 import socket
 import sys
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +60,29 @@ class Tally:
     replaced: int = 0
     running: int = 0  # left to the process still running them
     unreadable: list[str] = field(default_factory=list)  # runs left out: why, naming the file
+    other_stores: Counter[str] = field(default_factory=Counter)  # store -> runs meant for it, not the one named
+    unrecorded: int = 0  # of those, runs that record no store (taken as meant for the embedded one)
+
+    def skip(self, meant: str | None, runs: int) -> None:
+        self.other_stores[store.without_credentials(meant or store.default_uri())] += runs
+        self.unrecorded += runs if meant is None else 0
+
+
+@dataclass(frozen=True)
+class Target:
+    """The store named to sync into (``uri``; None: none was, each run goes to its own) and
+    whether runs meant for other stores go there too (``--include-other-stores``)."""
+
+    uri: str | None
+    other_stores: bool = False
+
+    def store_of(self, meant: str | None) -> str | None:
+        """Where a run meant for ``meant`` (None: it records no store) is uploaded; None: nowhere."""
+        if self.uri is None:
+            return store.resolve_uri(meant)  # its own (recorded absolute), else the embedded store
+        if self.other_stores or store.same_store(meant or store.default_uri(), self.uri):
+            return self.uri
+        return None
 
 
 class Store:
@@ -176,39 +207,65 @@ def _groups(paths: Iterable[Path], unreadable: list[RunFileError]) -> tuple[dict
     return sweeps, singles
 
 
-def _uri_for(option: str | None, recorded: str | None) -> str:
-    return store.resolve_uri(option or os.environ.get("MLFLOW_TRACKING_URI") or recorded)
-
-
-def sync(paths: list[Path], tracking_uri: str | None = None) -> tuple[Tally, list[str]]:
+def sync(paths: list[Path], tracking_uri: str | None = None, other_stores: bool = False) -> tuple[Tally, list[str]]:
     wait_for_helper()  # what a killed command handed over is being logged right now
     unreadable: list[RunFileError] = []
     sweeps, singles = _groups(paths, unreadable)
+    named = tracking_uri or os.environ.get(store.URI_ENV)
+    target = Target(store.resolve_uri(named) if named else None, other_stores)
     stores: dict[str, Store] = {}
 
-    def store_for(recorded: str | None) -> Store:
-        uri = _uri_for(tracking_uri, recorded)
+    def store_for(uri: str) -> Store:
         if uri not in stores:
             stores[uri] = Store(uri)
         return stores[uri]
 
     tally, notes = Tally(unreadable=[str(e) for e in unreadable]), []
-    if not (sweeps or singles or unreadable) and (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")):
-        store_for(None)  # nothing to upload, but a store named that cannot be opened fails as with runs
+    if not (sweeps or singles or unreadable) and target.uri:
+        store_for(target.uri)  # nothing to upload, but a store named that cannot be opened fails as with runs
     for sweep_dir, runs in sorted(sweeps.items()):
-        link = sweep_info(sweep_dir).get("tracking") or {}
-        notes += sync_sweep(store_for(link.get("uri")), sweep_dir, runs, tally)
-    # a run names the store its config named, if any (it went to the default store of sync's folder)
-    recorded = (read_json(run.path / RUN_INFO).get(TRACKING_URI_KEY) for run in singles)
-    notes += [note for note in (sync_run(store_for(uri), run, tally) for run, uri in zip(singles, recorded)) if note]
+        info = sweep_info(sweep_dir)
+        link = (info.get("tracking") or {}).get("uri")  # the parent run's store (an older sweep records only it)
+        meant = info.get(TRACKING_URI_KEY) or link
+        uri = target.store_of(meant)
+        if uri is None:
+            tally.skip(meant, len(runs))
+            continue
+        # the link's URI, not the record's: the one the sweep opened, credentials and all
+        notes += sync_sweep(store_for(link if uri == meant and link else uri), sweep_dir, runs, tally)
+    for run in singles:
+        meant = read_json(run.path / RUN_INFO).get(TRACKING_URI_KEY)
+        uri = target.store_of(meant)
+        if uri is None:
+            tally.skip(meant, 1)
+        elif (note := sync_run(store_for(uri), run, tally)) is not None:
+            notes.append(note)
+    if tally.other_stores:
+        notes.append(_skipped_note(tally, str(target.uri)))
     return tally, notes
+
+
+def _skipped_note(tally: Tally, target: str) -> str:
+    """What was left out for being meant for another store, and how to upload it all the same."""
+    stores = [f"{n} for {uri}" for uri, n in tally.other_stores.most_common(3)]
+    more = len(tally.other_stores) - len(stores)
+    unrecorded = (f"; {tally.unrecorded} of these written before runs recorded their store: taken as meant for "
+                  "the embedded one" if tally.unrecorded else "")  # fmt: skip
+    return (f"{sum(tally.other_stores.values())} run(s) meant for other stores not uploaded to "
+            f"{store.without_credentials(target)} ({', '.join(stores)}{f', {more} more store(s)' if more else ''}"
+            f"{unrecorded}): add --include-other-stores to upload them there too, or leave the store unnamed to "
+            "upload each to its own")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m paged_bench.tracking.sync", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", type=Path, help="run or sweep folders, or folders above them (runs/)")
-    parser.add_argument("--tracking-uri", help="the store (default: $MLFLOW_TRACKING_URI, else the one the sweep "
-                                               "used, else ./runs/mlflow.db)")  # fmt: skip
+    parser.add_argument("--tracking-uri", help="the store to upload to (default: $MLFLOW_TRACKING_URI, else each run's "
+                                               "own: the one its folder records, else ./runs/mlflow.db); only the "
+                                               "runs meant for it go")  # fmt: skip
+    parser.add_argument("--include-other-stores", action="store_true",
+                        help="with a store named, upload to it the runs meant for other stores too (by default "
+                             "they are counted and left out; a run that records no store is meant for ./runs/mlflow.db)")  # fmt: skip
     args = parser.parse_args(argv)
     missing = [str(p) for p in args.paths if not p.exists()]
     if missing:
@@ -225,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     try:
-        tally, notes = sync(args.paths, args.tracking_uri)
+        tally, notes = sync(args.paths, args.tracking_uri, args.include_other_stores)
     except Exception as e:  # noqa: BLE001  (one line: the store is unreachable or refused)
         print(f"error: sync failed: {one_line(e)}", file=sys.stderr)
         return 1
@@ -236,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sync: {tally.uploaded} run(s) uploaded, {tally.present} already in the store, "
           f"{tally.closed} sweep parent run(s) closed" + (f", {tally.replaced} broken upload(s) replaced" if tally.replaced else "")
           + (f", {tally.running} still running left alone" if tally.running else "")
+          + (f", {sum(tally.other_stores.values())} meant for other stores skipped" if tally.other_stores else "")
           + (f", {len(tally.unreadable)} unreadable run(s) left out" if tally.unreadable else ""))  # fmt: skip
     return 1 if tally.unreadable else 0
 
