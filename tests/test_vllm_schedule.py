@@ -110,14 +110,20 @@ def test_the_gaps_are_gamma_with_shape_burstiness_and_mean_one_over_rate(shape):
     assert gaps.std() / gaps.mean() == pytest.approx(1 / math.sqrt(shape), rel=0.05)
 
 
-def test_auto_is_vllms_against_a_server_and_ours_in_process():
-    assert _arrivals(PoissonWorkload, "auto", WorkloadContext(1000, CTX.encode, remote=True)).tolist() == \
+def test_auto_is_vllms_with_target_openai_and_ours_in_process_and_served():
+    """target=openai measures a server as vLLM's client would; target=served compares our server
+    with the same config in-process (experiment serve_overhead), so it keeps the engine's arrivals."""
+    assert _arrivals(PoissonWorkload, "auto", WorkloadContext(1000, CTX.encode, "openai")).tolist() == \
         _vllm_delay_ts(200, 8.0, 1.0, 3)  # fmt: skip
     assert _arrivals(PoissonWorkload, "auto")[0] == 0
     knobs = ("workload=poisson", "workload.num_requests=20", "seed=5", "backend=sim")
-    served = build(compose_config(*knobs, "target=openai"))
-    assert [r.arrival_time for r in served.requests] == _vllm_delay_ts(20, 25.0, 1.0, 5)
-    assert build(compose_config(*knobs)).requests[0].arrival_time == 0
+    remote = build(compose_config(*knobs, "target=openai"))
+    assert [r.arrival_time for r in remote.requests] == _vllm_delay_ts(20, 25.0, 1.0, 5)
+    in_process = [r.arrival_time for r in build(compose_config(*knobs)).requests]
+    assert in_process[0] == 0
+    assert [r.arrival_time for r in build(compose_config(*knobs, "target=served")).requests] == in_process
+    assert [r.arrival_time for r in build(compose_config(*knobs, "workload.schedule=vllm")).requests] == \
+        _vllm_delay_ts(20, 25.0, 1.0, 5)  # fmt: skip
 
 
 def test_bad_schedules_and_seeds_are_named():

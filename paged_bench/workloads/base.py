@@ -31,9 +31,10 @@ class WorkloadContext:
 
     vocab_size: int
     encode: Callable[[str], list[int]]  # text -> token ids, for workloads that carry text
-    # the requests go to a server over HTTP (target=openai|served): workload.schedule=auto is
-    # then vllm bench serve's, so the same knobs offer a server the same load as vLLM's client
-    remote: bool = False
+    # where the requests go: engine (in process), openai (a server, measured as vllm bench serve
+    # measures it: workload.schedule=auto is then vLLM's, so the same knobs offer the same load)
+    # or served (our server with this config, compared with the same run in-process: ours)
+    target: str = "engine"
 
 
 class Workload(ABC):
@@ -102,7 +103,7 @@ def random_prompts(rng: np.random.Generator, lengths: np.ndarray, vocab_size: in
 class SyntheticWorkload(Workload):
     """``num_requests`` requests at ``rate`` per second; subclasses give the gaps' shape, and
     ``schedule`` where the gaps put the requests (``workloads.schedule``): ``first_at_zero``,
-    ``vllm`` (vllm bench serve's), or ``auto``: vLLM's against a server, ours in-process."""
+    ``vllm`` (vllm bench serve's), or ``auto``: vLLM's with target=openai, else ours."""
 
     # the gamma shape of the gaps, as vLLM's --burstiness (1: Poisson, inf: even), which the
     # vllm schedule draws as vLLM does; None: some other process, whose own gaps it lays out
@@ -153,7 +154,7 @@ class SyntheticWorkload(Workload):
         arrival_rng, prompt_rng, output_rng, token_rng = (
             np.random.default_rng(s) for s in np.random.SeedSequence(self.seed).spawn(4)
         )
-        if self.schedule == "vllm" or (self.schedule == "auto" and ctx.remote):
+        if self.schedule == "vllm" or (self.schedule == "auto" and ctx.target == "openai"):
             arrivals = vllm_arrivals(n, self.rate, self.burstiness, self.seed, lambda k: self.gaps(arrival_rng, k))
         else:
             arrivals = first_at_zero(self.gaps(arrival_rng, n - 1))
