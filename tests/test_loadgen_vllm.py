@@ -8,7 +8,9 @@ response ended) is the truth the figures are checked against, within a few ms of
 - E2EL ends at the last chunk carrying content, not at the usage chunk or ``[DONE]``;
 - TPOT = (E2EL - TTFT) / (output tokens - 1), output tokens from ``usage`` (else the
   tokenizer's count of the text), not the number of chunks;
-- the duration lasts until every request has returned, the failed one included.
+- the duration lasts until every request has returned, the failed one included;
+- on vLLM's schedule (``target=openai``'s default) the server receives the first request one
+  gap after the start and the last at N / rate.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import pytest
 
 from paged_bench.loadgen.spawn import free_port
 from paged_bench.results.records import text_digest
+from paged_bench.run.compose import compose_config
 from paged_bench.run.job import run_job
+from paged_bench.workloads.schedule import vllm_arrivals
 from tests import fake_openai_server as fake
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,8 +68,6 @@ def fake_server():
 def measured(fake_server, tmp_path_factory):
     """One run: warm-up, then the 4 requests one at a time (concurrency 1, all due at t=0)."""
     run_dir = tmp_path_factory.mktemp("run")
-    from paged_bench.run.compose import compose_config
-
     # the fake server speaks bytes: a client's vocabulary of bytes counts its text as it does
     cfg = compose_config(*WORKLOAD, "target=openai", f"target.base_url={fake_server}/v1", "target.warmup=1",
                          "target.concurrency=1", "backend.vocab_size=258")  # fmt: skip
@@ -131,3 +133,25 @@ def test_rows_carry_the_outcome_and_the_text_digest(measured):
     assert rows[3]["error"].startswith("HTTP 500: injected failure")
     assert {r["text_digest"] for r in rows[:3]} == {text_digest("x" * TOKENS)}
     assert all(r["output_digest"] == "" and r["cached_tokens"] == "" for r in rows)  # unknown to a client
+
+
+def test_vllms_schedule_is_what_the_server_sees(fake_server, tmp_path):
+    """target=openai sends on vLLM's schedule by default (workload.schedule=auto): the first
+    request one gap after the start, the last at N / rate (tests/test_vllm_schedule.py checks
+    the times themselves against vLLM's get_request), as sent and as the server received them."""
+    n, rate = 8, 20.0
+    planned = vllm_arrivals(n, rate, 1.0, 4, lambda k: np.zeros(k))
+    before = len(httpx.get(f"{fake_server}/log").json())
+    cfg = compose_config("workload=poisson", f"workload.num_requests={n}", f"workload.rate={rate}", "seed=4",
+                         "workload.prompt_len.low=8", "workload.prompt_len.high=9", "workload.output_len.max=3",
+                         "target=openai", f"target.base_url={fake_server}/v1", "target.warmup=0",
+                         "backend.vocab_size=258")  # fmt: skip
+    run_job(cfg, tmp_path)
+    log = httpx.get(f"{fake_server}/log").json()[before:]
+    with (tmp_path / "requests.csv").open() as f:
+        sent = sorted(float(r["arrival_time"]) for r in csv.DictReader(f))
+    assert planned[0] > 0.005 and planned[-1] == pytest.approx(n / rate)
+    assert sent == pytest.approx(planned.tolist(), abs=TOLERANCE_MS * 1e-3)
+    received = sorted(e["received"] for e in log)
+    assert len(received) == n
+    assert received[-1] - received[0] == pytest.approx(planned[-1] - planned[0], abs=TOLERANCE_MS * 1e-3)

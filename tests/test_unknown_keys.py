@@ -28,7 +28,7 @@ def test_a_misspelled_option_of_a_plugin_names_the_nearest_and_how_to_add_one(tm
     line = one_error_line(command(tmp_path, "paged_bench", "workload.rte=10", "tracking.enabled=false"))
     assert line == ("error: workload.rte=10 is not allowed: not a key of the workload section (did you mean "
                     "workload.rate?); its keys are max_concurrency, name, num_requests, output_len, prompt_len, rate, "
-                    "seed, shared_prefix; a plugin option its file leaves out is added with +workload.rte=10")  # fmt: skip
+                    "schedule, seed, shared_prefix; a plugin option its file leaves out is added with +workload.rte=10")  # fmt: skip
 
 
 def test_an_option_of_another_choice_of_the_group_names_that_choice(tmp_path):

@@ -90,13 +90,15 @@ async def _stream(client: httpx.AsyncClient, target: TargetConfig, body: dict, o
             out.error = _error_text(resp.status_code, await resp.aread())
             return
         done = False
+        # read to the body's end, as vLLM's client does: a response left unread past [DONE] (its
+        # terminating chunk) closed its connection, and each request paid a new one
         async for line in resp.aiter_lines():
-            if not line.startswith("data:"):
+            if done or not line.startswith("data:"):
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
                 done = True
-                break
+                continue
             t = now()
             chunk = json.loads(data)
             if err := chunk.get("error"):  # a server may send "error": null in every chunk

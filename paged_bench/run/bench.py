@@ -187,13 +187,15 @@ def build_workload(config: BenchConfig | Mapping[str, Any]) -> Workload:
     return typed(config).plugins["workload"].build()
 
 
-def workload_requests(workload: Workload, backend: Backend, tokenizer: str = "auto") -> list[Request]:
+def workload_requests(workload: Workload, backend: Backend, tokenizer: str = "auto",
+                      target: str = "engine") -> list[Request]:  # fmt: skip
     """The workload's requests, tokenized for ``backend``: a list of ``Request`` with ids of their
     own (a plugin's otherwise failed deep in a run, or ran as another workload). A text is read
     as our server reads it for this backend (``tokenizer``: ``server.tokenizer``'s choice), so a
-    text trace's prompts are as long in-process as served; loaded only for a workload with text."""
+    text trace's prompts are as long in-process as served; loaded only for a workload with text.
+    ``target``: where they go (``WorkloadContext.target``)."""
     speaks = functools.cache(lambda: serving_tokenizer(tokenizer, backend.tokenizer, backend.vocab_size))
-    reqs = workload.requests(WorkloadContext(backend.vocab_size, lambda text: speaks().encode(text)))
+    reqs = workload.requests(WorkloadContext(backend.vocab_size, lambda text: speaks().encode(text), target))
     # checked by type, not per request: a big trace's 20,000 requests cost a Python call each
     if not (isinstance(reqs, list) and all(issubclass(t, Request) for t in set(map(type, reqs)))):
         raise PluginError(f"workload {workload.name!r}: requests() returned {type(reqs).__name__}"
@@ -227,7 +229,7 @@ def build(cfg: BenchConfig | Mapping[str, Any]) -> Bench:
     engine, budget = build_engine(config)
     try:
         tokenizer = (config.source.get("server") or {}).get("tokenizer", "auto")
-        requests = workload_requests(workload, engine.backend, tokenizer)
+        requests = workload_requests(workload, engine.backend, tokenizer, config.run.target)
     except BaseException:
         engine.backend.close()
         raise

@@ -19,9 +19,10 @@ import numpy as np
 
 from paged_bench.core.clock import HORIZON_S
 from paged_bench.core.request import Request
-from paged_bench.errors import MAX_TOKENS, ConfigError, check, check_int, check_number
+from paged_bench.errors import MAX_TOKENS, ConfigError, check, check_choice, check_int, check_number
 from paged_bench.run.memory import check_requests_fit
 from paged_bench.workloads.lengths import length_dist
+from paged_bench.workloads.schedule import SCHEDULES, first_at_zero, vllm_arrivals
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,10 @@ class WorkloadContext:
 
     vocab_size: int
     encode: Callable[[str], list[int]]  # text -> token ids, for workloads that carry text
+    # where the requests go: engine (in process), openai (a server, measured as vllm bench serve
+    # measures it: workload.schedule=auto is then vLLM's, so the same knobs offer the same load)
+    # or served (our server with this config, compared with the same run in-process: ours)
+    target: str = "engine"
 
 
 class Workload(ABC):
@@ -96,7 +101,13 @@ def random_prompts(rng: np.random.Generator, lengths: np.ndarray, vocab_size: in
 
 
 class SyntheticWorkload(Workload):
-    """``num_requests`` requests at ``rate`` per second; subclasses give the gaps' shape."""
+    """``num_requests`` requests at ``rate`` per second; subclasses give the gaps' shape, and
+    ``schedule`` where the gaps put the requests (``workloads.schedule``): ``first_at_zero``,
+    ``vllm`` (vllm bench serve's), or ``auto``: vLLM's with target=openai, else ours."""
+
+    # the gamma shape of the gaps, as vLLM's --burstiness (1: Poisson, inf: even), which the
+    # vllm schedule draws as vLLM does; None: some other process, whose own gaps it lays out
+    burstiness: float | None = None
 
     def __init__(
         self,
@@ -108,6 +119,7 @@ class SyntheticWorkload(Workload):
         shared_prefix: Mapping[str, Any] | None = None,
         max_concurrency: int | None = None,
         seed: int = 0,
+        schedule: str = "auto",
     ) -> None:
         self.num_requests = check_int("workload.num_requests", num_requests)
         self.rate = check_number("workload.rate", rate, 0, strict=True, finite=False)
@@ -120,6 +132,7 @@ class SyntheticWorkload(Workload):
         self.num_prefixes, self.prefix_len = check_shared_prefix(shared_prefix, self.num_requests)
         self.max_concurrency = check_max_concurrency(max_concurrency)
         self.seed = check_int("workload.seed", seed, 0)
+        self.schedule = check_choice("workload.schedule", schedule, SCHEDULES, ", ")
 
     @abstractmethod
     def gaps(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -141,8 +154,10 @@ class SyntheticWorkload(Workload):
         arrival_rng, prompt_rng, output_rng, token_rng = (
             np.random.default_rng(s) for s in np.random.SeedSequence(self.seed).spawn(4)
         )
-        # the first request arrives at t=0, as in vLLM's benchmark client
-        arrivals = np.concatenate(([0.0], np.cumsum(self.gaps(arrival_rng, n - 1)))) if n > 1 else np.zeros(1)
+        if self.schedule == "vllm" or (self.schedule == "auto" and ctx.target == "openai"):
+            arrivals = vllm_arrivals(n, self.rate, self.burstiness, self.seed, lambda k: self.gaps(arrival_rng, k))
+        else:
+            arrivals = first_at_zero(self.gaps(arrival_rng, n - 1))
         prompt_lens = self.prompt_len.sample(prompt_rng, n)
         output_lens = self.output_len.sample(output_rng, n)
         prefixes = random_prompts(token_rng, np.full(self.num_prefixes, self.prefix_len), ctx.vocab_size)

@@ -9,6 +9,7 @@ from paged_bench.workloads.base import SyntheticWorkload
 
 class PoissonWorkload(SyntheticWorkload):
     name = "poisson"
+    burstiness = 1.0  # vLLM's default --burstiness: exponential gaps
 
     def gaps(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.exponential(1.0 / self.rate, size=n)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from paged_bench.workloads.base import SyntheticWorkload
@@ -9,6 +11,7 @@ from paged_bench.workloads.base import SyntheticWorkload
 
 class UniformWorkload(SyntheticWorkload):
     name = "uniform"
+    burstiness = math.inf  # vLLM's --burstiness inf: every gap 1 / rate
 
     def gaps(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, 1.0 / self.rate)
