@@ -16,6 +16,10 @@ from omegaconf import OmegaConf
 
 from paged_bench.cli import catalog
 from paged_bench.cli.sweep_jobs import job_overrides
+from paged_bench.report import canvas
+from paged_bench.report.document import build_report
+from paged_bench.report.load import RunSet, find_runs, save_config
+from paged_bench.report.tables import DEFAULT_METRICS
 from paged_bench.run.bench import build
 from paged_bench.run.job import run_job
 from tests.tracking_support import call_cli
@@ -208,3 +212,45 @@ def test_tp_tradeoff_tp_cuts_itl_less_than_linearly_and_costs_throughput_per_gpu
     # one GPU barely holds 70B: a short pool preempts; a second rank nearly doubles the throughput
     assert fig(1, "llama-3-70b", 200.0, "num_preemptions") > 0 == fig(2, "llama-3-70b", 200.0, "num_preemptions")
     assert fig(2, "llama-3-70b", 200.0, "output_throughput") > 1.5 * fig(1, "llama-3-70b", 200.0, "output_throughput")
+
+
+def synthetic_sweep(name: str, root: Path) -> Path:
+    """The experiment's sweep folder as its jobs leave it, each job's config its own, its figures
+    and tables made up (cheap: no job runs); a remote target's run has no engine steps, and the
+    first with steps preempts once."""
+    preempted = False
+    for num, (overrides, cfg) in enumerate(jobs(name)):
+        run_dir = root / str(num)
+        save_config(run_dir, cfg)
+        metrics = [*DEFAULT_METRICS, *((cfg.get("report") or {}).get("metrics") or [])]
+        (run_dir / "summary.json").write_text(json.dumps({m: 10.0 ** (num % 4) + num for m in metrics}))
+        choices = dict(o.split("=", 1) for o in overrides if "." not in o.split("=", 1)[0])
+        (run_dir / "run_info.json").write_text(json.dumps({"status": "finished", "choices": choices}))
+        (run_dir / "requests.csv").write_text("ttft_ms\n" + "".join(f"{num + i}.5\n" for i in range(5)))
+        if not cfg["target"].get("spawn") and cfg["target"]["name"] != "openai":
+            rows = "".join(f"{t},0.1,{t * 10},{t * 16},{int(not preempted and t == 2)},1\n" for t in range(1, 5))
+            preempted = True
+            (run_dir / "steps.csv").write_text("time,duration,kv_live_slots,kv_reserved_slots,preemptions,running\n"
+                                               + rows)  # fmt: skip
+    return root
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_figure_of_every_experiments_report_shows_every_run(name, tmp_path, monkeypatch):
+    """tp_tradeoff's KV plot showed 12 of its 16 runs (a 12-panel cap), with no word of the
+    other 4: each figure, over its pages, draws every run or names it in a note. The figures
+    are drawn, not written (PNG encoding is most of a report's time)."""
+    monkeypatch.setattr(canvas, "write_png", lambda fig, path: None)
+    runs = find_runs(synthetic_sweep(name, tmp_path / "sweep"))
+    assert len(runs) == len(jobs(name))
+    rs = RunSet.of(runs)
+    assert rs.notes == []  # the axes the experiment declares are settings its sweep varies
+    report = build_report(runs, tmp_path / "report", title=name)
+    shown: dict[str, set[str]] = {}
+    for plot in report.plots:
+        stem = plot.path.stem.rstrip("0123456789").removesuffix("_") if plot.path.stem[-1].isdigit() else plot.path.stem
+        shown.setdefault(stem, set()).update(plot.shown)
+    assert {"ttft_cdf", "kv_over_time", "preemptions_over_time"} <= set(shown), sorted(shown)
+    assert any(stem.startswith("vs_") for stem in shown) == bool(rs.axes)  # a numeric setting swept: its plot
+    every = {r.source for r in runs}
+    assert {stem: sorted(every - runs_shown) for stem, runs_shown in shown.items()} == {stem: [] for stem in shown}

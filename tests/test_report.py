@@ -154,12 +154,12 @@ def test_a_single_run_gets_its_figures_and_plots(tmp_path):
 
 
 def test_a_run_that_stopped_part_way_is_a_dashed_curve_named_by_its_status(tmp_path, monkeypatch):
-    from paged_bench.report import plots
+    from paged_bench.report import canvas, plots
 
     sweep = make_sweep(tmp_path / "sweep", [["scheduler=static"], ["scheduler=continuous"]])
     (sweep / "0" / "run_info.json").write_text(json.dumps({"status": "interrupted", "error": "interrupted"}))
     drawn = []
-    monkeypatch.setattr(plots, "_save", lambda plt, fig, path: drawn.append(fig) or path)
+    monkeypatch.setattr(canvas, "write_png", lambda fig, path: drawn.append(fig))
     plots.ttft_cdf(RunSet.of(find_runs(sweep)), tmp_path)
     lines = {line.get_label(): line.get_linestyle() for line in drawn[0].axes[0].get_lines()}
     assert lines == {"static (interrupted)": "--", "continuous": "-"}
