@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -235,17 +236,44 @@ def synthetic_sweep(name: str, root: Path) -> Path:
     return root
 
 
+@dataclass
+class Drawn:
+    """An experiment's report of synthetic runs: the runs, the figures by file name (drawn, not
+    written: PNG encoding is most of a report's time) and the report."""
+
+    runs: list
+    figures: dict
+    report: Any
+
+
+@pytest.fixture(scope="module")
+def drawn(tmp_path_factory):
+    """``drawn(name)``: the experiment's report, made once; ``undeclare``: as if its YAML
+    declared no axes."""
+    made: dict[tuple[str, bool], Drawn] = {}
+
+    def report_of(name: str, undeclare: bool = False) -> Drawn:
+        if (name, undeclare) not in made:
+            root, figures = tmp_path_factory.mktemp(name), {}
+            runs = find_runs(synthetic_sweep(name, root / "sweep"))
+            for run in runs if undeclare else ():
+                run.config["report"] = {"metrics": run.config["report"]["metrics"]}
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(canvas, "write_png", lambda fig, path: figures.setdefault(path.name, fig))
+                made[name, undeclare] = Drawn(runs, figures, build_report(runs, root / "report", title=name))
+        return made[name, undeclare]
+
+    return report_of
+
+
 @pytest.mark.parametrize("name", EXPERIMENTS)
-def test_every_figure_of_every_experiments_report_shows_every_run(name, tmp_path, monkeypatch):
+def test_every_figure_of_every_experiments_report_shows_every_run(name, drawn):
     """tp_tradeoff's KV plot showed 12 of its 16 runs (a 12-panel cap), with no word of the
-    other 4: each figure, over its pages, draws every run or names it in a note. The figures
-    are drawn, not written (PNG encoding is most of a report's time)."""
-    monkeypatch.setattr(canvas, "write_png", lambda fig, path: None)
-    runs = find_runs(synthetic_sweep(name, tmp_path / "sweep"))
+    other 4: each figure, over its pages, draws every run or names it in a note."""
+    runs, report = drawn(name).runs, drawn(name).report
     assert len(runs) == len(jobs(name))
     rs = RunSet.of(runs)
     assert rs.notes == []  # the axes the experiment declares are settings its sweep varies
-    report = build_report(runs, tmp_path / "report", title=name)
     shown: dict[str, set[str]] = {}
     for plot in report.plots:
         stem = plot.path.stem.rstrip("0123456789").removesuffix("_") if plot.path.stem[-1].isdigit() else plot.path.stem
@@ -254,3 +282,39 @@ def test_every_figure_of_every_experiments_report_shows_every_run(name, tmp_path
     assert any(stem.startswith("vs_") for stem in shown) == bool(rs.axes)  # a numeric setting swept: its plot
     every = {r.source for r in runs}
     assert {stem: sorted(every - runs_shown) for stem, runs_shown in shown.items()} == {stem: [] for stem in shown}
+
+
+def test_tp_tradeoff_puts_tp_on_the_x_axis_and_compares_the_tp_sizes(drawn):
+    """Its YAML's axes: TP on the x axis (not the two-point rate), a line per model, a column
+    of panels per rate; the table's gains compare each TP size with TP 1, not the models."""
+    fig = drawn("tp_tradeoff").figures["vs_backend_tensor_parallel_size.png"]
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == 12  # 6 metrics x 2 rates
+    assert {ax.get_title().split("\n")[1] for ax in panels} == {"workload.rate=1.0", "workload.rate=200.0"}
+    for ax in panels:
+        assert {tuple(line.get_xdata()) for line in ax.get_lines()} == {(1, 2, 4, 8)}
+        assert {line.get_label() for line in ax.get_lines()} == {
+            "backend.model=llama-3-8b",
+            "backend.model=llama-3-70b",
+        }
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8"]
+    markdown = drawn("tp_tradeoff").report.markdown
+    header = next(line for line in markdown.splitlines() if "| metric" in line)
+    assert "tensor_parallel_size=2 vs 1" in header and "tensor_parallel_size=8 vs 1" in header
+    assert "llama-3-70b vs" not in markdown
+    # as before the YAML declared them: 8 lines a panel, their legend beside the panels, not on them
+    undeclared = drawn("tp_tradeoff", undeclare=True)
+    fig = undeclared.figures["vs_workload_rate.png"]
+    assert not any(ax.get_legend() for ax in fig.axes) and len(fig.legends) == 1
+    assert len(fig.legends[0].get_texts()) == 8 and fig.legends[0].get_bbox_to_anchor().x0 >= fig.bbox.x1
+    assert "llama-3-70b vs llama-3-8b" in undeclared.report.markdown
+
+
+def test_disaggregation_counts_whole_replicas_on_a_log_scale_where_latencies_span_orders(drawn):
+    figures = drawn("disaggregation").figures
+    panels = {ax.get_title(): ax for ax in figures["vs_cluster_prefill_replicas.png"].axes if ax.get_visible()}
+    for ax in panels.values():
+        assert list(ax.get_xticks()) == [0, 1, 2, 3]  # no 0.5 replica
+    # the runs' TTFTs: 1, 11, 102 and 1,003 ms (synthetic_sweep): 1,000x, on a log scale
+    assert panels["TTFT p50 (ms)"].get_yscale() == "log"
+    assert "prefill_replicas=1 vs 0" in drawn("disaggregation").report.markdown  # each split against colocated

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from paged_bench.report.__main__ import main as report_main
+from paged_bench.report.axes import Question, resolve
 from paged_bench.report.document import build_report, run_plots
 from paged_bench.report.load import RunSet, find_runs, save_config
 from paged_bench.report.plots import plotted_metrics, step_curve
@@ -228,3 +229,28 @@ def test_a_store_that_is_down_is_one_line_in_seconds(tmp_path, capsys, monkeypat
 def test_a_folder_as_the_store_is_refused_in_one_line(tmp_path, capsys):
     assert report_main(["--experiment", "sched", "--tracking-uri", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(f"error: --tracking-uri='{tmp_path}' is not allowed: a tracking URI")
+
+
+def test_declared_axes_are_read_as_the_sweep_names_them_and_a_typo_is_a_note():
+    settings = {"scheduler.name", "max_batch", "workload.rate", "backend.model"}
+    dims, numeric = ["scheduler.name", "max_batch", "workload.rate"], ["max_batch", "workload.rate"]
+    section = {"x": "workload.rate", "series": ["scheduler", "backend.model"], "facets": "max_batch",
+               "compare": "scheduler"}  # fmt: skip
+    # a group is its plugin's choice; a setting the runs do not vary (backend.model) is passed over
+    assert resolve(section, settings, dims, numeric) == (Question("workload.rate", ("scheduler.name",),
+                                                                  ("max_batch",), "scheduler.name"), [])  # fmt: skip
+    question, notes = resolve({"x": "max_bach", "compare": ["a", "b"], "series": 3}, settings, dims, numeric)
+    assert question == Question() and len(notes) == 3
+    assert "report.x names max_bach, which no run has as a setting; settings that vary: scheduler.name" in notes[0]
+    assert notes[1].startswith("report.series=3 is not allowed") and "one setting" in notes[2]
+    assert resolve({"x": "scheduler"}, settings, dims, numeric)[1] == [
+        "report.x=scheduler.name is not allowed: the x axis takes a numeric setting (max_batch, workload.rate)"]
+
+
+def test_a_mistyped_axis_still_gets_its_report_and_one_line_saying_so(sweep, tmp_path, capsys):
+    runs = find_runs(sweep)
+    for run in runs:
+        run.config["report"] = {"x": "max_bach"}
+    rep = build_report(runs, tmp_path, plots=False)
+    assert "continuous vs static" in rep.markdown  # the report's own choice
+    assert capsys.readouterr().err.startswith("note: report.x names max_bach, which no run has as a setting")

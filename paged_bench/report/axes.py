@@ -1,6 +1,9 @@
 """The axes of an experiment's question, as its YAML declares them under ``report``
 (conf/experiment/*.yaml), and how a report reads them:
 
+Each names a setting as the sweep does (``backend.tensor_parallel_size``; a config group, such
+as ``scheduler``, its plugin's choice):
+
 - ``x``: the numeric setting on the x axis of the versus plot (``vs_<x>.png``);
 - ``series``: a setting, or a list of them, drawn as a line each in that plot;
 - ``facets``: a setting, or a list, that gets a column of panels per value in that plot;
@@ -59,7 +62,9 @@ def _names(key: str, value: Any, notes: list[str]) -> list[str]:
     return []
 
 
-def resolve(section: Mapping[str, Any], settings: set[str], dims: list[str], numeric: list[str]) -> tuple[Question, list[str]]:
+def resolve(
+    section: Mapping[str, Any], settings: set[str], dims: list[str], numeric: list[str]
+) -> tuple[Question, list[str]]:
     """The ``report`` section's axes, kept where the runs vary them. ``settings``: every flat
     config key the runs have; ``dims``: those that vary; ``numeric``: the varying numbers.
     Returns the question and the notes to print (one line each)."""
@@ -70,6 +75,8 @@ def resolve(section: Mapping[str, Any], settings: set[str], dims: list[str], num
         if len(names) > 1 and key in ("x", "compare"):
             notes.append(f"report.{key}={names!r} is not allowed: one setting; the report chose its own")
             names = []
+        # a config group names its plugin's setting: ``compare: scheduler`` is ``scheduler.name``
+        names = [f"{n}.name" if n not in settings and f"{n}.name" in settings else n for n in names]
         unknown = [n for n in names if n not in settings]
         if unknown:
             notes.append(f"report.{key} names {', '.join(unknown)}, which no run has as a setting; settings that "

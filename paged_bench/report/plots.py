@@ -135,7 +135,7 @@ def versus_axis(rs: RunSet, metrics: list[str], out_dir: Path) -> list[Plot]:
              Note(f"{display_key(axis)} off the axis (in the table)", infinite, [rs.label(r) for r in infinite])]  # fmt: skip
     by_facet: dict[str, dict[str, list[Run]]] = {}
     for run in drawn:
-        line = rs.label(run, keys) if keys else "runs"
+        line = rs.label(run, keys) if keys else ""
         by_facet.setdefault(rs.label(run, facets) if facets else "", {}).setdefault(line, []).append(run)
     plt = pyplot()
     colors = _colors(rs)
@@ -153,7 +153,9 @@ def versus_axis(rs: RunSet, metrics: list[str], out_dir: Path) -> list[Plot]:
                 color = colors.get(rs.value(runs[0], rs.policy)) if keys == [rs.policy] else None
                 values = [figures(r).get(key) for r in runs]
                 ys += values
-                mark(ax.plot([rs.value(r, axis) for r in runs], values, "o-", label=name, color=color), runs)
+                # one line with nothing to tell it apart from others: no legend
+                label = name if keys else None
+                mark(ax.plot([rs.value(r, axis) for r in runs], values, "o-", label=label, color=color), runs)
             x_ticks(ax, xs_all)
             y_scale(ax, ys)
             ax.set_xlabel(display_key(axis))
@@ -176,7 +178,9 @@ def _with_steps(rs: RunSet) -> list[Run]:
 
 def _no_steps(rs: RunSet, runs: list[Run]) -> Note:
     missing = [r for r in rs.runs if r not in runs]
-    return Note("no engine steps (a remote target's run)", missing, [rs.label(r) for r in missing])
+    return Note(
+        "no engine steps to draw (a remote target's run, or no steps.csv)", missing, [rs.label(r) for r in missing]
+    )
 
 
 def _steps(run: Run):
