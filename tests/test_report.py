@@ -243,8 +243,8 @@ def test_declared_axes_are_read_as_the_sweep_names_them_and_a_typo_is_a_note():
     assert question == Question() and len(notes) == 3
     assert "report.x names max_bach, which no run has as a setting; settings that vary: scheduler.name" in notes[0]
     assert notes[1].startswith("report.series=3 is not allowed") and "one setting" in notes[2]
-    assert resolve({"x": "scheduler"}, settings, dims, numeric)[1] == [
-        "report.x=scheduler.name is not allowed: the x axis takes a numeric setting (max_batch, workload.rate)"]
+    _, notes = resolve({"x": "scheduler"}, settings, dims, numeric)
+    assert notes == ["report.x=scheduler.name is not allowed: the x axis takes a numeric setting (max_batch, workload.rate)"]
 
 
 def test_a_mistyped_axis_still_gets_its_report_and_one_line_saying_so(sweep, tmp_path, capsys):
