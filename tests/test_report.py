@@ -58,7 +58,9 @@ def test_the_runs_and_what_varies_between_them(sweep):
 
 
 def test_the_report_tables_hold_the_runs_own_figures(sweep, tmp_path):
+    (tmp_path / "kv_over_time_2.png").write_bytes(PNG)  # an earlier report's second page: 4 runs need one
     rep = build_report(find_runs(sweep), tmp_path, title="batching")
+    assert not (tmp_path / "kv_over_time_2.png").exists()
     summaries = [json.loads((sweep / str(j) / "summary.json").read_text()) for j in range(4)]
     table = pd.read_csv(tmp_path / "table.csv")
     assert list(table["scheduler"]) == ["static", "static", "continuous", "continuous"]

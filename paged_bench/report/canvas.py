@@ -84,6 +84,15 @@ def page_path(out_dir: Path, stem: str, index: int) -> Path:
     return out_dir / (f"{stem}.png" if index == 0 else f"{stem}_{index + 1}.png")
 
 
+def drop_later_pages(out_dir: Path, stem: str, count: int) -> None:
+    """Remove the pages past ``count`` that an earlier report into this folder left (a sweep
+    reported again with fewer runs): ``report.md`` would not link them, a reader would find them."""
+    index = count
+    while (path := page_path(out_dir, stem, index)).is_file():
+        path.unlink()
+        index += 1
+
+
 def page_title(fig, what: str, index: int, total: int, first: int, last: int, of: int) -> None:
     if total > 1:
         fig.suptitle(f"{what}: page {index + 1} of {total} (runs {first}-{last} of {of})", fontsize=11)

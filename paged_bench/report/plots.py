@@ -25,6 +25,7 @@ from paged_bench.report.canvas import (
     MAX_PANELS,
     Note,
     Plot,
+    drop_later_pages,
     grid,
     legends,
     mark,
@@ -100,6 +101,7 @@ def ttft_cdf(rs: RunSet, out_dir: Path) -> list[Plot]:
         if len(panel_pages) > 1:
             fig.suptitle(f"TTFT CDF: page {index + 1} of {len(panel_pages)}", fontsize=11)
         made.append(save(plt, fig, page_path(out_dir, "ttft_cdf", index), [note] if index == 0 else []))
+    drop_later_pages(out_dir, "ttft_cdf", len(made))
     return made
 
 
@@ -143,6 +145,7 @@ def versus_axis(rs: RunSet, metrics: list[str], out_dir: Path) -> list[Plot]:
     cols = len(by_facet) if facets else None
     made = []
     metric_pages = pages(metrics, max(1, MAX_PANELS // len(by_facet)))
+    stem = f"vs_{display_key(axis).replace('.', '_')}"
     for index, page in enumerate(metric_pages):
         fig, axes = grid(plt, len(page) * len(by_facet), cols=cols)
         cells = [(key, facet, series) for key in page for facet, series in by_facet.items()]
@@ -162,8 +165,8 @@ def versus_axis(rs: RunSet, metrics: list[str], out_dir: Path) -> list[Plot]:
             ax.set_title(metric(key).label + (f"\n{wrap(facet)}" if facet else ""), fontsize=10)
             ax.grid(alpha=0.3)
         legends(fig, axes)
-        path = page_path(out_dir, f"vs_{display_key(axis).replace('.', '_')}", index)
-        made.append(save(plt, fig, path, notes))
+        made.append(save(plt, fig, page_path(out_dir, stem, index), notes))
+    drop_later_pages(out_dir, stem, len(made))
     return made
 
 
@@ -232,6 +235,7 @@ def kv_over_time(rs: RunSet, out_dir: Path) -> list[Plot]:
         first += len(page)
         notes = [_no_steps(rs, runs)] if index == 0 else []
         made.append(save(plt, fig, page_path(out_dir, "kv_over_time", index), notes))
+    drop_later_pages(out_dir, "kv_over_time", len(made))
     return made
 
 
