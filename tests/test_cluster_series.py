@@ -58,7 +58,8 @@ def test_a_clusters_steps_are_its_replicas_summed_in_time_order(config, tmp_path
 def test_the_kv_plot_of_a_cluster_is_drawn(config, tmp_path):
     run_job(config(*WORKLOAD), tmp_path / "run")
     (tmp_path / "plots").mkdir()
-    assert kv_over_time(RunSet.of([load_run(tmp_path / "run")]), tmp_path / "plots").is_file()
+    (plot,) = kv_over_time(RunSet.of([load_run(tmp_path / "run")]), tmp_path / "plots")
+    assert plot.path.is_file()
 
 
 def test_a_split_clusters_decode_router_draws_its_own_pairs(config):

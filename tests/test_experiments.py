@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -16,6 +17,10 @@ from omegaconf import OmegaConf
 
 from paged_bench.cli import catalog
 from paged_bench.cli.sweep_jobs import job_overrides
+from paged_bench.report import canvas
+from paged_bench.report.document import build_report
+from paged_bench.report.load import RunSet, find_runs, save_config
+from paged_bench.report.tables import DEFAULT_METRICS
 from paged_bench.run.bench import build
 from paged_bench.run.job import run_job
 from tests.tracking_support import call_cli
@@ -208,3 +213,108 @@ def test_tp_tradeoff_tp_cuts_itl_less_than_linearly_and_costs_throughput_per_gpu
     # one GPU barely holds 70B: a short pool preempts; a second rank nearly doubles the throughput
     assert fig(1, "llama-3-70b", 200.0, "num_preemptions") > 0 == fig(2, "llama-3-70b", 200.0, "num_preemptions")
     assert fig(2, "llama-3-70b", 200.0, "output_throughput") > 1.5 * fig(1, "llama-3-70b", 200.0, "output_throughput")
+
+
+def synthetic_sweep(name: str, root: Path) -> Path:
+    """The experiment's sweep folder as its jobs leave it, each job's config its own, its figures
+    and tables made up (cheap: no job runs); a remote target's run has no engine steps, and the
+    first with steps preempts once."""
+    preempted = False
+    for num, (overrides, cfg) in enumerate(jobs(name)):
+        run_dir = root / str(num)
+        save_config(run_dir, cfg)
+        metrics = [*DEFAULT_METRICS, *((cfg.get("report") or {}).get("metrics") or [])]
+        (run_dir / "summary.json").write_text(json.dumps({m: 10.0 ** (num % 4) + num for m in metrics}))
+        choices = dict(o.split("=", 1) for o in overrides if "." not in o.split("=", 1)[0])
+        (run_dir / "run_info.json").write_text(json.dumps({"status": "finished", "choices": choices}))
+        (run_dir / "requests.csv").write_text("ttft_ms\n" + "".join(f"{num + i}.5\n" for i in range(5)))
+        if not cfg["target"].get("spawn") and cfg["target"]["name"] != "openai":
+            rows = "".join(f"{t},0.1,{t * 10},{t * 16},{int(not preempted and t == 2)},1\n" for t in range(1, 5))
+            preempted = True
+            (run_dir / "steps.csv").write_text("time,duration,kv_live_slots,kv_reserved_slots,preemptions,running\n"
+                                               + rows)  # fmt: skip
+    return root
+
+
+@dataclass
+class Drawn:
+    """An experiment's report of synthetic runs: the runs, the figures by file name (drawn, not
+    written: PNG encoding is most of a report's time) and the report."""
+
+    runs: list
+    figures: dict
+    report: Any
+
+
+@pytest.fixture(scope="module")
+def drawn(tmp_path_factory):
+    """``drawn(name)``: the experiment's report, made once; ``undeclare``: as if its YAML
+    declared no axes."""
+    made: dict[tuple[str, bool], Drawn] = {}
+
+    def report_of(name: str, undeclare: bool = False) -> Drawn:
+        if (name, undeclare) not in made:
+            root, figures = tmp_path_factory.mktemp(name), {}
+            runs = find_runs(synthetic_sweep(name, root / "sweep"))
+            for run in runs if undeclare else ():
+                run.config["report"] = {"metrics": run.config["report"]["metrics"]}
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(canvas, "write_png", lambda fig, path: figures.setdefault(path.name, fig))
+                made[name, undeclare] = Drawn(runs, figures, build_report(runs, root / "report", title=name))
+        return made[name, undeclare]
+
+    return report_of
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_figure_of_every_experiments_report_shows_every_run(name, drawn):
+    """tp_tradeoff's KV plot showed 12 of its 16 runs (a 12-panel cap), with no word of the
+    other 4: each figure, over its pages, draws every run or names it in a note."""
+    runs, report = drawn(name).runs, drawn(name).report
+    assert len(runs) == len(jobs(name))
+    rs = RunSet.of(runs)
+    assert rs.notes == []  # the axes the experiment declares are settings its sweep varies
+    shown: dict[str, set[str]] = {}
+    for plot in report.plots:
+        stem = plot.path.stem.rstrip("0123456789").removesuffix("_") if plot.path.stem[-1].isdigit() else plot.path.stem
+        shown.setdefault(stem, set()).update(plot.shown)
+    assert {"ttft_cdf", "kv_over_time", "preemptions_over_time"} <= set(shown), sorted(shown)
+    assert any(stem.startswith("vs_") for stem in shown) == bool(rs.axes)  # a numeric setting swept: its plot
+    every = {r.source for r in runs}
+    assert {stem: sorted(every - runs_shown) for stem, runs_shown in shown.items()} == {stem: [] for stem in shown}
+
+
+def test_tp_tradeoff_puts_tp_on_the_x_axis_and_compares_the_tp_sizes(drawn):
+    """Its YAML's axes: TP on the x axis (not the two-point rate), a line per model, a column
+    of panels per rate; the table's gains compare each TP size with TP 1, not the models."""
+    fig = drawn("tp_tradeoff").figures["vs_backend_tensor_parallel_size.png"]
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == 12  # 6 metrics x 2 rates
+    assert {ax.get_title().split("\n")[1] for ax in panels} == {"workload.rate=1.0", "workload.rate=200.0"}
+    for ax in panels:
+        assert {tuple(line.get_xdata()) for line in ax.get_lines()} == {(1, 2, 4, 8)}
+        assert {line.get_label() for line in ax.get_lines()} == {
+            "backend.model=llama-3-8b",
+            "backend.model=llama-3-70b",
+        }
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8"]
+    markdown = drawn("tp_tradeoff").report.markdown
+    header = next(line for line in markdown.splitlines() if "| metric" in line)
+    assert "tensor_parallel_size=2 vs 1" in header and "tensor_parallel_size=8 vs 1" in header
+    assert "llama-3-70b vs" not in markdown
+    # as before the YAML declared them: 8 lines a panel, their legend beside the panels, not on them
+    undeclared = drawn("tp_tradeoff", undeclare=True)
+    fig = undeclared.figures["vs_workload_rate.png"]
+    assert not any(ax.get_legend() for ax in fig.axes) and len(fig.legends) == 1
+    assert len(fig.legends[0].get_texts()) == 8 and fig.legends[0].get_bbox_to_anchor().x0 >= fig.bbox.x1
+    assert "llama-3-70b vs llama-3-8b" in undeclared.report.markdown
+
+
+def test_disaggregation_counts_whole_replicas_on_a_log_scale_where_latencies_span_orders(drawn):
+    figures = drawn("disaggregation").figures
+    panels = {ax.get_title(): ax for ax in figures["vs_cluster_prefill_replicas.png"].axes if ax.get_visible()}
+    for ax in panels.values():
+        assert list(ax.get_xticks()) == [0, 1, 2, 3]  # no 0.5 replica
+    # the runs' TTFTs: 1, 11, 102 and 1,003 ms (synthetic_sweep): 1,000x, on a log scale
+    assert panels["TTFT p50 (ms)"].get_yscale() == "log"
+    assert "prefill_replicas=1 vs 0" in drawn("disaggregation").report.markdown  # each split against colocated

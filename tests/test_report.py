@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from paged_bench.report.__main__ import main as report_main
+from paged_bench.report.axes import Question, resolve
 from paged_bench.report.document import build_report, run_plots
 from paged_bench.report.load import RunSet, find_runs, save_config
 from paged_bench.report.plots import plotted_metrics, step_curve
@@ -57,7 +58,9 @@ def test_the_runs_and_what_varies_between_them(sweep):
 
 
 def test_the_report_tables_hold_the_runs_own_figures(sweep, tmp_path):
+    (tmp_path / "kv_over_time_2.png").write_bytes(PNG)  # an earlier report's second page: 4 runs need one
     rep = build_report(find_runs(sweep), tmp_path, title="batching")
+    assert not (tmp_path / "kv_over_time_2.png").exists()
     summaries = [json.loads((sweep / str(j) / "summary.json").read_text()) for j in range(4)]
     table = pd.read_csv(tmp_path / "table.csv")
     assert list(table["scheduler"]) == ["static", "static", "continuous", "continuous"]
@@ -154,12 +157,12 @@ def test_a_single_run_gets_its_figures_and_plots(tmp_path):
 
 
 def test_a_run_that_stopped_part_way_is_a_dashed_curve_named_by_its_status(tmp_path, monkeypatch):
-    from paged_bench.report import plots
+    from paged_bench.report import canvas, plots
 
     sweep = make_sweep(tmp_path / "sweep", [["scheduler=static"], ["scheduler=continuous"]])
     (sweep / "0" / "run_info.json").write_text(json.dumps({"status": "interrupted", "error": "interrupted"}))
     drawn = []
-    monkeypatch.setattr(plots, "_save", lambda plt, fig, path: drawn.append(fig) or path)
+    monkeypatch.setattr(canvas, "write_png", lambda fig, path: drawn.append(fig))
     plots.ttft_cdf(RunSet.of(find_runs(sweep)), tmp_path)
     lines = {line.get_label(): line.get_linestyle() for line in drawn[0].axes[0].get_lines()}
     assert lines == {"static (interrupted)": "--", "continuous": "-"}
@@ -228,3 +231,28 @@ def test_a_store_that_is_down_is_one_line_in_seconds(tmp_path, capsys, monkeypat
 def test_a_folder_as_the_store_is_refused_in_one_line(tmp_path, capsys):
     assert report_main(["--experiment", "sched", "--tracking-uri", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(f"error: --tracking-uri='{tmp_path}' is not allowed: a tracking URI")
+
+
+def test_declared_axes_are_read_as_the_sweep_names_them_and_a_typo_is_a_note():
+    settings = {"scheduler.name", "max_batch", "workload.rate", "backend.model"}
+    dims, numeric = ["scheduler.name", "max_batch", "workload.rate"], ["max_batch", "workload.rate"]
+    section = {"x": "workload.rate", "series": ["scheduler", "backend.model"], "facets": "max_batch",
+               "compare": "scheduler"}  # fmt: skip
+    # a group is its plugin's choice; a setting the runs do not vary (backend.model) is passed over
+    assert resolve(section, settings, dims, numeric) == (Question("workload.rate", ("scheduler.name",),
+                                                                  ("max_batch",), "scheduler.name"), [])  # fmt: skip
+    question, notes = resolve({"x": "max_bach", "compare": ["a", "b"], "series": 3}, settings, dims, numeric)
+    assert question == Question() and len(notes) == 3
+    assert "report.x names max_bach, which no run has as a setting; settings that vary: scheduler.name" in notes[0]
+    assert notes[1].startswith("report.series=3 is not allowed") and "one setting" in notes[2]
+    _, notes = resolve({"x": "scheduler"}, settings, dims, numeric)
+    assert notes == ["report.x=scheduler.name is not allowed: the x axis takes a numeric setting (max_batch, workload.rate)"]
+
+
+def test_a_mistyped_axis_still_gets_its_report_and_one_line_saying_so(sweep, tmp_path, capsys):
+    runs = find_runs(sweep)
+    for run in runs:
+        run.config["report"] = {"x": "max_bach"}
+    rep = build_report(runs, tmp_path, plots=False)
+    assert "continuous vs static" in rep.markdown  # the report's own choice
+    assert capsys.readouterr().err.startswith("note: report.x names max_bach, which no run has as a setting")

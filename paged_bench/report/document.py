@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from paged_bench.report.canvas import Plot
 from paged_bench.report.load import Run, RunSet, load_run
 from paged_bench.report.plots import make_plots
 from paged_bench.report.tables import (
@@ -29,6 +30,7 @@ class Report:
     pictures: list[Path] = field(default_factory=list)
     sections: list[str] = field(default_factory=list)  # the markdown before the pictures
     num_runs: int = 0
+    plots: list[Plot] = field(default_factory=list)  # each figure and the runs it shows
 
     def markdown_at(self, base: Path) -> str:
         """The report as markdown whose links work from a file in folder ``base``."""
@@ -63,6 +65,8 @@ def build_report(
         # the config's list (report.metrics): the runs are done, so a typo is said, not fatal
         print(f"note: report.metrics names {', '.join(unknown)}, which none of these runs has (a column of n/a); "
               f"summary keys such as {', '.join(list(METRICS)[:4])}, ...", file=sys.stderr)  # fmt: skip
+    for note in rs.notes:  # the experiment's declared axes (report.x ...): the runs are done, a note
+        print(f"note: {note}", file=sys.stderr)
     metrics = metrics or default_metrics(runs)
     title = title or rs.experiment_name() or out_dir.parent.name
 
@@ -70,7 +74,8 @@ def build_report(
     comparison_frame(rs).to_csv(files[0], index=False)
     table = comparison_markdown(rs, metrics)
     files[1].write_text(table + "\n")
-    pictures = make_plots(rs, metrics, out_dir) if plots else []
+    drawn = make_plots(rs, metrics, out_dir) if plots else []
+    pictures = [plot.path for plot in drawn]
 
     failed = [r for r in runs if r.status != "finished"]
     parts = [f"### {title}"]
@@ -89,7 +94,7 @@ def build_report(
         )
     files.append(out_dir / "report.md")
     report = Report(
-        out_dir.resolve(), table, files + pictures, len(failed), [p.resolve() for p in pictures], parts, len(runs)
+        out_dir.resolve(), table, files + pictures, len(failed), [p.resolve() for p in pictures], parts, len(runs), drawn
     )
     files[-1].write_text(report.markdown)
     return report
@@ -129,4 +134,4 @@ def _outcome(run: Run) -> str:
 
 def run_plots(run_dir: Path) -> list[Path]:
     """One run's plots in ``<run>/plots``: KV over time, TTFT CDF, preemptions (if any)."""
-    return make_plots(RunSet.of([load_run(run_dir)]), [], run_dir / "plots")
+    return [plot.path for plot in make_plots(RunSet.of([load_run(run_dir)]), [], run_dir / "plots")]

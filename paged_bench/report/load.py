@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from paged_bench.errors import PagedBenchError
+from paged_bench.report.axes import Question, declared_section, resolve
 from paged_bench.results.whole_files import write_whole
 from paged_bench.run.flat import display_key, display_value, flatten
 
@@ -219,12 +220,17 @@ class RunSet:
 
     ``dims`` are the config keys whose values differ (a key that some runs lack is an option
     of one plugin, not a dimension); ``policy`` is the one compared side by side (a plugin
-    choice or another non-numeric key), ``axes`` the numeric ones (e.g. ``max_batch``)."""
+    choice or another non-numeric key, or the one the experiment declares, ``report.compare``),
+    ``axes`` the numeric ones (e.g. ``max_batch``); ``question`` the axes the experiment
+    declares (``report.x``, ``series``, ``facets``: report/axes.py), ``notes`` what was wrong
+    with them."""
 
     runs: list[Run]
     dims: list[str]
     policy: str | None
     axes: list[str]
+    question: Question = field(default_factory=Question)
+    notes: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, runs: list[Run]) -> RunSet:
@@ -242,8 +248,10 @@ class RunSet:
         numeric = [k for k in dims if _numeric([f[k] for f in flats])]
         others = [k for k in dims if k not in numeric]
         ranked = sorted(others, key=lambda k: _POLICY_ORDER.index(k) if k in _POLICY_ORDER else len(_POLICY_ORDER))
-        policy = ranked[0] if ranked else None
-        return cls(runs, dims, policy, numeric)
+        settings = {k for f in flats for k in f}
+        question, notes = resolve(declared_section([r.config for r in runs]), settings, dims, numeric)
+        policy = question.compare or (ranked[0] if ranked else None)
+        return cls(runs, dims, policy, numeric, question, notes)
 
     def value(self, run: Run, key: str) -> Any:
         return run.compared_config.get(key)
@@ -262,6 +270,13 @@ class RunSet:
             if v not in seen:
                 seen.append(v)
         return seen
+
+    def policy_label(self, value: Any) -> str:
+        """A compared value as a column or a legend names it: ``continuous``; a number with its
+        setting's name (``tensor_parallel_size=2``), which alone would say nothing."""
+        if self.policy in self.axes:
+            return f"{display_key(self.policy).rsplit('.', 1)[-1]}={display_value(value)}"
+        return display_value(value)
 
     def report_metrics(self) -> list[str] | None:
         """The metrics the runs' experiment asks its report to show (``report.metrics``)."""

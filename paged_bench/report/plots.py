@@ -1,68 +1,47 @@
-"""PNG plots of a set of runs (matplotlib, Agg: no display needed).
+"""PNG plots of a set of runs; every figure shows every run: drawn, or named in a note under
+it (report/canvas.py records which), and panels beyond a page go on further pages
+(``kv_over_time_2.png``...).
 
-- ``ttft_cdf.png``: the TTFT distribution of each policy, one panel per setting of the other
-  dimensions (e.g. one per max_batch);
-- ``vs_<axis>.png``: each of the report's metrics against a numeric dimension (throughput and
-  TTFT p50/p99 vs max_batch, preemptions, recomputed tokens, ...), a line per policy;
+- ``ttft_cdf.png``: the TTFT distribution of each compared value (a policy, or the
+  experiment's ``report.compare``), one panel per setting of the other dimensions;
+- ``vs_<axis>.png``: each of the report's metrics against a numeric dimension (the experiment's
+  ``report.x``, else max_batch or the first swept number), a line per series (``report.series``,
+  else every other setting), a column of panels per facet value (``report.facets``);
 - ``kv_over_time.png``: KV live vs reserved slots over the run, a panel per run, each step's
   figure drawn over the step's own span (a long prefill shows as busy, not idle);
-- ``preemptions_over_time.png``: cumulative preemptions over the run, when there are any.
+- ``preemptions_over_time.png``: cumulative preemptions over the run of every run, when any
+  run preempted.
 
-A run without engine steps (a remote target) has no KV or preemption curves.
+A run without engine steps (a remote target) has no KV or preemption curves: the figure names it.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from pathlib import Path
 from typing import Any
 
+from paged_bench.report.canvas import (
+    MAX_PANELS,
+    Note,
+    Plot,
+    drop_later_pages,
+    grid,
+    legends,
+    mark,
+    page_path,
+    page_title,
+    pages,
+    pyplot,
+    save,
+    wrap,
+    x_ticks,
+    y_scale,
+)
 from paged_bench.report.load import Run, RunSet
 from paged_bench.report.tables import figures, metric
 from paged_bench.results.step_series import cluster_columns
-from paged_bench.run.flat import display_key, display_value
-
-MAX_PANELS = 12
-
-
-def _pyplot():
-    import logging
-
-    import matplotlib
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font cache notice is not ours to show
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _grid(plt, n: int, width: float = 4.2, height: float = 3.0):
-    cols = min(n, 4 if n > 6 else 3 if n > 2 else n)
-    rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
-    flat = [ax for row in axes for ax in row]
-    for ax in flat[n:]:
-        ax.set_visible(False)
-    return fig, flat[:n]
-
-
-def _legend(ax) -> None:
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-
-
-def _save(plt, fig, path: Path) -> Path:
-    with warnings.catch_warnings():  # labels too long to lay out tightly: the figure is still drawn whole
-        warnings.simplefilter("ignore", UserWarning)
-        fig.tight_layout()
-    with warnings.catch_warnings():  # a long run's curves: placing the legend is slow, not wrong
-        warnings.filterwarnings("ignore", message='Creating legend with loc="best" can be slow', category=UserWarning)
-        fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+from paged_bench.run.flat import display_key
 
 
 def _colors(rs: RunSet) -> dict[Any, Any]:
@@ -72,80 +51,123 @@ def _colors(rs: RunSet) -> dict[Any, Any]:
     return {v: cmap(i % 10) for i, v in enumerate(rs.policy_values())}
 
 
-def _panels(rs: RunSet) -> dict[str, list[Run]]:
+def _panels(rs: RunSet, runs: list[Run]) -> dict[str, list[Run]]:
     """Runs grouped by the dimensions other than the policy: one panel each."""
     others = [k for k in rs.dims if k != rs.policy]
     panels: dict[str, list[Run]] = {}
-    for run in rs.runs:
+    for run in runs:
         panels.setdefault(rs.label(run, others) if others else "", []).append(run)
     return panels
 
 
-def ttft_cdf(rs: RunSet, out_dir: Path) -> Path | None:
+def _ttfts(run: Run):
     import numpy as np
 
-    panels = {k: v for k, v in list(_panels(rs).items())[:MAX_PANELS]}
-    if not any(r.table("requests") is not None for runs in panels.values() for r in runs):
-        return None
-    plt = _pyplot()
+    df = run.table("requests")
+    return np.sort(df["ttft_ms"].dropna().to_numpy()) if df is not None else np.array([])
+
+
+def ttft_cdf(rs: RunSet, out_dir: Path) -> list[Plot]:
+    import numpy as np
+
+    ttfts = {run.source: _ttfts(run) for run in rs.runs}
+    with_ttft = [r for r in rs.runs if len(ttfts[r.source])]
+    if not with_ttft:
+        return []
+    without = [r for r in rs.runs if not len(ttfts[r.source])]
+    note = Note("no first token to plot (see the table)", without, [rs.label(r) for r in without])
+    plt = pyplot()
     colors = _colors(rs)
-    fig, axes = _grid(plt, len(panels))
-    for ax, (title, runs) in zip(axes, panels.items()):
-        for i, run in enumerate(runs):
-            df = run.table("requests")
-            ttft = np.sort(df["ttft_ms"].dropna().to_numpy()) if df is not None else np.array([])
-            if not len(ttft):
-                continue
-            name = display_value(rs.value(run, rs.policy)) if rs.policy else rs.label(run)
-            color = colors.get(rs.value(run, rs.policy)) if rs.policy else None
-            # a run that stopped part-way: the requests that got a first token, told apart
-            partial = run.status != "finished"
-            ax.step(ttft, np.arange(1, len(ttft) + 1) / len(ttft), where="post", color=color,
-                    label=f"{name} ({run.status})" if partial else name, linestyle="--" if partial else "-")  # fmt: skip
-        ax.set_xscale("symlog", linthresh=10)
-        ax.set_xlabel("TTFT (ms)")
-        ax.set_ylabel("share of requests")
-        ax.set_title(title or "TTFT CDF")
-        ax.grid(alpha=0.3)
-        _legend(ax)
-    return _save(plt, fig, out_dir / "ttft_cdf.png")
+    made = []
+    panel_pages = pages(list(_panels(rs, with_ttft).items()))
+    for index, page in enumerate(panel_pages):
+        fig, axes = grid(plt, len(page))
+        for ax, (title, runs) in zip(axes, page):
+            for run in runs:
+                ttft = ttfts[run.source]
+                name = rs.policy_label(rs.value(run, rs.policy)) if rs.policy else rs.label(run)
+                color = colors.get(rs.value(run, rs.policy)) if rs.policy else None
+                # a run that stopped part-way: the requests that got a first token, told apart
+                partial = run.status != "finished"
+                mark(ax.step(ttft, np.arange(1, len(ttft) + 1) / len(ttft), where="post", color=color,
+                             label=f"{name} ({run.status})" if partial else name,
+                             linestyle="--" if partial else "-"), [run])  # fmt: skip
+            ax.set_xscale("symlog", linthresh=10)
+            ax.set_xlabel("TTFT (ms)")
+            ax.set_ylabel("share of requests")
+            ax.set_title(wrap(title) if title else "TTFT CDF", fontsize=9)
+            ax.grid(alpha=0.3)
+        legends(fig, axes)
+        if len(panel_pages) > 1:
+            fig.suptitle(f"TTFT CDF: page {index + 1} of {len(panel_pages)}", fontsize=11)
+        made.append(save(plt, fig, page_path(out_dir, "ttft_cdf", index), [note] if index == 0 else []))
+    drop_later_pages(out_dir, "ttft_cdf", len(made))
+    return made
 
 
-def versus_axis(rs: RunSet, metrics: list[str], out_dir: Path) -> Path | None:
+def _x_axis(rs: RunSet) -> str:
+    return rs.question.x or ("max_batch" if "max_batch" in rs.axes else rs.axes[0])
+
+
+def _series_keys(rs: RunSet, axis: str, facets: list[str]) -> list[str]:
+    """What tells the lines apart: the declared series, then every other setting that varies
+    (two runs never share a point); undeclared, the policy first."""
+    if rs.question.declared:
+        first = list(rs.question.series)
+    else:
+        first = [rs.policy] if rs.policy and rs.policy != axis else []
+    return first + [k for k in rs.dims if k not in (axis, *facets, *first)]
+
+
+def versus_axis(rs: RunSet, metrics: list[str], out_dir: Path) -> list[Plot]:
     if not rs.axes:
-        return None
-    axis = "max_batch" if "max_batch" in rs.axes else rs.axes[0]
-    series: dict[str, list[Run]] = {}
-    rest = [k for k in rs.dims if k not in (axis, rs.policy)]
-    keys = [k for k in (rs.policy, *rest) if k]
+        return []
+    axis = _x_axis(rs)
+    facets = list(rs.question.facets)
+    keys = _series_keys(rs, axis, facets)
     # a run that did not finish measured part of its workload: no point beside those that did;
-    # nor can an infinite setting (workload.rate=inf) sit on an axis
+    # nor can an infinite setting (workload.rate=inf) sit on an axis. Both are named under it
     drawn = [r for r in rs.runs if r.status == "finished" and r.summary and math.isfinite(rs.value(r, axis))]
+    metrics = plotted_metrics(drawn, metrics)
+    if not drawn or not metrics:
+        return []
+    unfinished = [r for r in rs.runs if r.status != "finished" or not r.summary]
+    infinite = [r for r in rs.runs if r not in unfinished and r not in drawn]
+    notes = [Note("not finished (their status is in the table)", unfinished, [rs.label(r) for r in unfinished]),
+             Note(f"{display_key(axis)} off the axis (in the table)", infinite, [rs.label(r) for r in infinite])]  # fmt: skip
+    by_facet: dict[str, dict[str, list[Run]]] = {}
     for run in drawn:
-        series.setdefault(rs.label(run, keys) if keys else "runs", []).append(run)
-    undrawn = sorted({str(rs.value(r, axis)) for r in rs.runs if not math.isfinite(rs.value(r, axis))})
-    metrics = plotted_metrics([r for runs in series.values() for r in runs], metrics)
-    if not series or not metrics:
-        return None
-    plt = _pyplot()
+        line = rs.label(run, keys) if keys else ""
+        by_facet.setdefault(rs.label(run, facets) if facets else "", {}).setdefault(line, []).append(run)
+    plt = pyplot()
     colors = _colors(rs)
-    xs_all = sorted({rs.value(r, axis) for runs in series.values() for r in runs})
-    fig, axes = _grid(plt, len(metrics))
-    for ax, key in zip(axes, metrics):
-        for name, runs in series.items():
-            runs = sorted(runs, key=lambda r: rs.value(r, axis))
-            color = colors.get(rs.value(runs[0], rs.policy)) if rs.policy and not rest else None
-            ax.plot(
-                [rs.value(r, axis) for r in runs], [figures(r).get(key) for r in runs], "o-", label=name, color=color
-            )
-        if len(xs_all) > 2 and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 8:
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(xs_all, [str(x) for x in xs_all])
-        ax.set_xlabel(display_key(axis) + (f" ({', '.join(undrawn)}: in the table)" if undrawn else ""))
-        ax.set_title(metric(key).label)
-        ax.grid(alpha=0.3)
-        _legend(ax)
-    return _save(plt, fig, out_dir / f"vs_{display_key(axis).replace('.', '_')}.png")
+    xs_all = sorted({rs.value(r, axis) for r in drawn})
+    cols = len(by_facet) if facets else None
+    made = []
+    metric_pages = pages(metrics, max(1, MAX_PANELS // len(by_facet)))
+    stem = f"vs_{display_key(axis).replace('.', '_')}"
+    for index, page in enumerate(metric_pages):
+        fig, axes = grid(plt, len(page) * len(by_facet), cols=cols)
+        cells = [(key, facet, series) for key in page for facet, series in by_facet.items()]
+        for ax, (key, facet, series) in zip(axes, cells):
+            ys = []
+            for name, runs in series.items():
+                runs = sorted(runs, key=lambda r: rs.value(r, axis))
+                color = colors.get(rs.value(runs[0], rs.policy)) if keys == [rs.policy] else None
+                values = [figures(r).get(key) for r in runs]
+                ys += values
+                # one line with nothing to tell it apart from others: no legend
+                label = name if keys else None
+                mark(ax.plot([rs.value(r, axis) for r in runs], values, "o-", label=label, color=color), runs)
+            x_ticks(ax, xs_all)
+            y_scale(ax, ys)
+            ax.set_xlabel(display_key(axis))
+            ax.set_title(metric(key).label + (f"\n{wrap(facet)}" if facet else ""), fontsize=10)
+            ax.grid(alpha=0.3)
+        legends(fig, axes)
+        made.append(save(plt, fig, page_path(out_dir, stem, index), notes))
+    drop_later_pages(out_dir, stem, len(made))
+    return made
 
 
 def plotted_metrics(runs: list[Run], metrics: list[str]) -> list[str]:
@@ -154,7 +176,14 @@ def plotted_metrics(runs: list[Run], metrics: list[str]) -> list[str]:
 
 
 def _with_steps(rs: RunSet) -> list[Run]:
-    return [r for r in rs.runs if r.table("steps") is not None][:MAX_PANELS]
+    return [r for r in rs.runs if r.table("steps") is not None]
+
+
+def _no_steps(rs: RunSet, runs: list[Run]) -> Note:
+    missing = [r for r in rs.runs if r not in runs]
+    return Note(
+        "no engine steps to draw (a remote target's run, or no steps.csv)", missing, [rs.label(r) for r in missing]
+    )
 
 
 def _steps(run: Run):
@@ -184,46 +213,54 @@ def step_curve(steps, column: str):
     return x, y
 
 
-def kv_over_time(rs: RunSet, out_dir: Path) -> Path | None:
+def kv_over_time(rs: RunSet, out_dir: Path) -> list[Plot]:
     runs = _with_steps(rs)
     if not runs:
-        return None
-    plt = _pyplot()
-    fig, axes = _grid(plt, len(runs))
-    for ax, run in zip(axes, runs):
-        df = _steps(run)
-        ax.fill_between(*step_curve(df, "kv_live_slots"), alpha=0.5, label="live")
-        ax.plot(*step_curve(df, "kv_reserved_slots"), color="C3", label="reserved")
-        ax.set_xlabel("time (s)")
-        ax.set_ylabel("KV slots")
-        ax.set_title(rs.label(run) if len(rs.runs) > 1 else "KV live vs reserved", fontsize=9)
-        ax.grid(alpha=0.3)
-        _legend(ax)
-    return _save(plt, fig, out_dir / "kv_over_time.png")
+        return []
+    plt = pyplot()
+    made, first = [], 1
+    run_pages = pages(runs)
+    for index, page in enumerate(run_pages):
+        fig, axes = grid(plt, len(page))
+        for ax, run in zip(axes, page):
+            df = _steps(run)
+            mark(ax.fill_between(*step_curve(df, "kv_live_slots"), alpha=0.5, label="live"), [run])
+            mark(ax.plot(*step_curve(df, "kv_reserved_slots"), color="C3", label="reserved"), [run])
+            ax.set_xlabel("time (s)")
+            ax.set_ylabel("KV slots")
+            ax.set_title(wrap(rs.label(run)) if len(rs.runs) > 1 else "KV live vs reserved", fontsize=9)
+            ax.grid(alpha=0.3)
+        legends(fig, axes)
+        page_title(fig, "KV live vs reserved", index, len(run_pages), first, first + len(page) - 1, len(runs))
+        first += len(page)
+        notes = [_no_steps(rs, runs)] if index == 0 else []
+        made.append(save(plt, fig, page_path(out_dir, "kv_over_time", index), notes))
+    drop_later_pages(out_dir, "kv_over_time", len(made))
+    return made
 
 
-def preemptions_over_time(rs: RunSet, out_dir: Path) -> Path | None:
-    runs = [r for r in _with_steps(rs) if r.table("steps")["preemptions"].sum() > 0]
-    if not runs:
-        return None
-    plt = _pyplot()
+def preemptions_over_time(rs: RunSet, out_dir: Path) -> list[Plot]:
+    """Every run's cumulative preemptions (those with none are flat at 0), when any run preempted."""
+    runs = _with_steps(rs)
+    if not any(r.table("steps")["preemptions"].sum() > 0 for r in runs):
+        return []
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in runs:
         df = _steps(run)
-        ax.step(df["time"], df["preemptions"].cumsum(), where="post", label=rs.label(run))
+        mark(ax.step(df["time"], df["preemptions"].cumsum(), where="post", label=rs.label(run)), [run])
     ax.set_xlabel("time (s)")
     ax.set_ylabel("preemptions (cumulative)")
     ax.grid(alpha=0.3)
-    _legend(ax)
-    return _save(plt, fig, out_dir / "preemptions_over_time.png")
+    legends(fig, [ax])
+    return [save(plt, fig, out_dir / "preemptions_over_time.png", [_no_steps(rs, runs)])]
 
 
-def make_plots(rs: RunSet, metrics: list[str], out_dir: Path) -> list[Path]:
+def make_plots(rs: RunSet, metrics: list[str], out_dir: Path) -> list[Plot]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    made = [
-        ttft_cdf(rs, out_dir),
-        versus_axis(rs, metrics, out_dir),
-        kv_over_time(rs, out_dir),
-        preemptions_over_time(rs, out_dir),
+    return [
+        *ttft_cdf(rs, out_dir),
+        *versus_axis(rs, metrics, out_dir),
+        *kv_over_time(rs, out_dir),
+        *preemptions_over_time(rs, out_dir),
     ]
-    return [p for p in made if p is not None]

@@ -173,7 +173,9 @@ def head_to_head_markdown(rs: RunSet, metrics: list[str]) -> str | None:
     repeated = any(key[-1] > 1 for key in cells)
     base = values[0]
     headers = [display_key(k) for k in others] + (["repeat"] if repeated else []) + ["metric"]
-    headers += [display_value(v) for v in values] + [f"{display_value(v)} vs {display_value(base)}" for v in values[1:]]
+    names = [rs.policy_label(v) for v in values]
+    base_value = display_value(base) if rs.policy in rs.axes else names[0]  # tensor_parallel_size=2 vs 1
+    headers += names + [f"{name} vs {base_value}" for name in names[1:]]
     rows = []
     for key, by_policy in cells.items():
         finished = {v: r for v, r in by_policy.items() if r.status == "finished" and r.summary}
