@@ -11,6 +11,7 @@ from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.plan import StepOutput
 from paged_bench.core.request import Request
 from paged_bench.core.scheduler.continuous import ContinuousScheduler
+from tests.test_core_behaviours import preemptive, step
 from tests.test_core_scheduling import Answering, run_with
 
 
@@ -39,3 +40,29 @@ def test_a_type_error_of_the_engines_own_is_not_blamed_on_a_backend_that_answere
 def test_an_answer_that_only_looks_like_a_step_output_is_named_by_its_type():
     result, _ = run_with(Answering(lambda plan: SimpleNamespace(token_ids=[1] * plan.num_reqs, duration=0.01)))
     assert "backend 'answering' returned SimpleNamespace for a step of 2 rows" in result.error, result.error
+
+
+def test_a_victim_scheduled_earlier_in_the_step_takes_its_new_block_back_out_of_the_plan():
+    """``victim=latest_arrival``: "late" (admitted first, arrived last) and "early" both cross
+    into a second block in the same step, a pool of 3 blocks has room for one: late takes it,
+    then early needs one and preempts late, already scheduled: the plan announces early's new
+    block only, and late as preempted."""
+    sched = preemptive(num_blocks=3, budget=64, max_batch=4, prefix_caching=False, victim="latest_arrival")
+    late, early = Request("late", 1.0, range(3), 8), Request("early", 0.0, range(100, 104), 8)
+    sched.add_request(late, 1.0)
+    step(sched)  # late's prompt: 3 tokens in its first block
+    sched.add_request(early, 0.0)
+    step(sched)  # late's 4th token, early's prompt: both first blocks full
+    plan = step(sched)
+    assert plan.preempted_req_ids == ("late",) and plan.req_ids == ("early",)
+    assert list(plan.new_block_ids) == ["early"] and sched.allocator.num_free_blocks == 1
+
+
+def test_each_finished_request_is_announced_to_the_backend_once():
+    sched = preemptive(num_blocks=16, budget=64, max_batch=4)
+    for i, n in enumerate((1, 2, 3)):
+        sched.add_request(Request(i, 0.0, range(10 * i, 10 * i + 4), n), 0.0)
+    announced = []
+    while sched.has_unfinished():
+        announced += step(sched).finished_req_ids
+    assert sorted(announced) == [0, 1]  # the last finished waits for a plan that is never made

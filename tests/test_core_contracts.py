@@ -19,7 +19,7 @@ from paged_bench.core.clock import HORIZON_S, VirtualClock, WallClock, make_cloc
 from paged_bench.core.engine import EngineResult
 from paged_bench.core.kv.base import KVLayout
 from paged_bench.core.plan import NewRequestData, SamplingParams, StepPlan
-from paged_bench.core.request import Request
+from paged_bench.core.request import FinishReason, Request, check_stop
 from paged_bench.core.step_records import CHUNK_ROWS, STEP_COLUMNS, StepRecords
 from paged_bench.errors import EngineError
 
@@ -32,6 +32,18 @@ def test_a_numpy_prompt_becomes_the_requests_token_array():
     assert Request(1, 0.0, np.zeros(0, dtype=np.int64), 4).token_ids == array("Q")
     with pytest.raises(ValueError, match="token id -1 is not a vocabulary index"):
         Request(2, 0.0, np.array([5, -1]), 4)
+    assert Request(3, 0.0, np.array([0, 7]), 4).token_ids == array("Q", [0, 7])  # 0 is a token
+    with pytest.raises(ValueError, match="token id -2 is not a vocabulary index"):
+        Request(4, 0.0, [5, -2], 4)  # a list's too
+
+
+def test_a_request_ignores_eos_unless_asked_as_the_benchmarks_do():
+    """vLLM's benchmark client sends ignore_eos: a request runs to its length unless it asks to stop at EOS."""
+    req = Request(0, 0.0, [1, 2], 4)
+    req.token_ids.append(9)  # the end token
+    assert check_stop(req, frozenset({9})) is None
+    req.ignore_eos = False
+    assert check_stop(req, frozenset({9})) is FinishReason.STOP
 
 
 def test_a_signed_array_prompt_is_held_unsigned():
