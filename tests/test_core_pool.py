@@ -99,3 +99,36 @@ def test_probing_requests_it_does_not_hold_leaves_nothing_behind():
     grown = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     assert grown < 50_000, grown  # a chain of 4 hashes kept per probe would be ~1 MB
+
+
+def test_hashing_is_deferred_by_default():
+    alloc = PagedAllocator(num_blocks=16, block_size=4)
+    req = Request(0, 0.0, range(13), 2)  # three full blocks
+    assert alloc.allocate_slots(req, 13) is not None
+    assert len(alloc.pool.cached) == 1  # the chain's root alone: the rest waits for a second chain
+
+
+def test_a_token_that_fits_the_last_block_needs_no_room_beyond_it():
+    """A watermark guards new blocks: a row whose next token fits the block it has is granted
+    whatever is free (as vLLM's allocate_slots asks for no block then)."""
+    alloc = PagedAllocator(num_blocks=2, block_size=4)
+    req = Request(0, 0.0, range(3), 4)
+    assert alloc.allocate_slots(req, 3) is not None
+    req.num_computed_tokens = 3
+    req.token_ids.append(0)  # the token its prefill sampled
+    assert alloc.allocate_slots(req, 1, min_free_blocks=100) == ()
+
+
+def test_a_finished_requests_hash_chain_is_forgotten_with_its_table():
+    alloc = PagedAllocator(num_blocks=64, block_size=16)
+    reqs = [Request(i, 0.0, range(i, i + 64), 1) for i in range(1001)]
+    tracemalloc.start()
+    for i, req in enumerate(reqs):
+        if i == 1:
+            before = tracemalloc.get_traced_memory()[0]
+        assert alloc.allocate_slots(req, 64) is not None
+        req.num_computed_tokens = 64
+        alloc.free(req)
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 100_000, grown  # a chain of hashes kept per request would be ~0.5 MB

@@ -70,7 +70,6 @@ class PagedAllocator(Allocator):
         self.layout = KVLayout(num_blocks, block_size, swap)
         self.pool_block_slots: int = block_size  # slots per pool block: a slab for contiguous
         self.prefix_caching: bool = prefix_caching
-        self.prefix_hash: str = prefix_hash
         # hash a chain's blocks past its root only once another chain shows the same root
         # (block_pool); False hashes every full block as it is allocated: the reference
         self.defer_unshared: bool = defer_unshared
@@ -261,12 +260,11 @@ class PagedAllocator(Allocator):
         root = hashes[0]
         if first == 0 and self.defer_unshared and not self._shown(root):
             # a chain nobody else has shown: index its root alone and defer the rest
-            self.pool.cache_chain(seq.blocks[:1], hashes[:1], root)
+            self.pool.cache_chain([seq.blocks[0]], [root], root)
             seq.run = self.pool.open_run(root, req, seq.blocks)
             seq.num_cached, seq.cache_at = 1, _NEVER
             return
-        if len(hashes) < num_full:
-            self._extend_hashes(req.token_ids, hashes, num_full)
+        self._extend_hashes(req.token_ids, hashes, num_full)
         self.pool.cache_chain(seq.blocks[first:num_full], hashes[first:num_full], root)
         seq.num_cached = num_full
         seq.cache_at = (num_full + 1) * bs
