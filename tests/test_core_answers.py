@@ -9,7 +9,7 @@ from paged_bench.core.clock import VirtualClock
 from paged_bench.core.engine import Engine
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.plan import StepOutput
-from paged_bench.core.request import Request
+from paged_bench.core.request import FinishReason, Request
 from paged_bench.core.scheduler.continuous import ContinuousScheduler
 from tests.test_core_behaviours import preemptive, step
 from tests.test_core_scheduling import Answering, run_with
@@ -66,3 +66,20 @@ def test_each_finished_request_is_announced_to_the_backend_once():
     while sched.has_unfinished():
         announced += step(sched).finished_req_ids
     assert sorted(announced) == [0, 1]  # the last finished waits for a plan that is never made
+
+
+class NeverAdmits(ContinuousScheduler):
+    name = "never_admits"
+
+    def may_admit(self, plan):
+        return False
+
+
+def test_a_policy_that_plans_an_empty_step_while_requests_wait_stops_the_run_naming_it():
+    alloc = PagedAllocator(num_blocks=10, block_size=4, prefix_caching=False)
+    sched = NeverAdmits(alloc, max_model_len=64, max_batch=2, max_num_batched_tokens=64)
+    engine = Engine(sched, Answering(lambda plan: StepOutput([0] * plan.num_reqs, 0.01)), VirtualClock())
+    req = Request(0, 0.0, range(4), 1)
+    result = engine.run([req])
+    assert result.error == "scheduler 'never_admits' planned an empty step with 0 running and 1 waiting requests"
+    assert req.finish_reason is FinishReason.ERROR and result.leaks == []

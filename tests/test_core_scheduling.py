@@ -298,3 +298,17 @@ def test_a_request_caught_mid_preemption_by_an_interrupt_is_ended_too():
     assert result.interrupted and result.num_preemptions == 1
     assert all(r.finish_reason is FinishReason.ABORT for r in rs)
     assert result.leaks == [] and alloc.num_free_blocks == 40
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_a_preemption_reaches_the_backend_in_the_first_plan_it_runs(mode):
+    """Swapped out, the victim's copies make the plan a step: it is announced there, once.
+    Recomputed, the plan runs nothing and is not executed: the next plan announces it again."""
+    sched = scheduler(SelfVictim, num_blocks=2, mode=mode)
+    sched.add_request(Request("r", 0.0, range(8), 5), 0.0)
+    step(sched)  # the prefill fills both blocks; the next token needs a third
+    plan = step(sched)
+    assert plan.preempted_req_ids == ("r",) and plan.req_ids == ()
+    assert bool(plan.swap_out) is (mode == "swap")
+    after = sched.schedule(0.0)  # nothing fits yet either way
+    assert after.preempted_req_ids == (() if mode == "swap" else ("r",))

@@ -110,7 +110,7 @@ class StepPlan(NamedTuple):
     @property
     def num_prefill_tokens(self) -> int:
         """Every scheduled token that is not a decode: prompt chunks and recomputation."""
-        return sum(self.num_new_tokens) - self.num_decode_tokens
+        return self.num_scheduled_tokens - self.num_decode_tokens
 
     @property
     def num_preempted(self) -> int:

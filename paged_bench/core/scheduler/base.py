@@ -319,7 +319,7 @@ class Scheduler:
             preempted_req_ids=tuple(self._preempted_ids),
             finished_req_ids=tuple(self._finished_ids),
         )
-        if not draft.is_empty:  # an empty plan is not executed: its news wait for the next one
+        if not plan.is_empty:  # an empty plan is not executed: its news wait for the next one
             self._preempted_ids = []
             self._finished_ids = []
         return plan

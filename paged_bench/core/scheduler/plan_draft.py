@@ -28,11 +28,6 @@ class PlanDraft:
     def num_preempted(self) -> int:
         return len(self.preempted)
 
-    @property
-    def is_empty(self) -> bool:
-        """Nothing to compute or copy (as ``StepPlan.is_empty``)."""
-        return not (self.reqs or self.swap_in or self.swap_out)
-
     def add(self, req: Request, n: int, new_blocks: tuple[int, ...] = ()) -> None:
         """Schedule ``n`` new tokens of ``req``, for which its table (known to the backend)
         grew by ``new_blocks``."""
