@@ -154,4 +154,6 @@ def test_vllms_schedule_is_what_the_server_sees(fake_server, tmp_path):
     assert sent == pytest.approx(planned.tolist(), abs=TOLERANCE_MS * 1e-3)
     received = sorted(e["received"] for e in log)
     assert len(received) == n
-    assert received[-1] - received[0] == pytest.approx(planned[-1] - planned[0], abs=TOLERANCE_MS * 1e-3)
+    # a busy machine only delays a request's arrival at the server, so the spread is bounded from
+    # below: requests sent at once (the old schedule's burst, or no schedule) would fail it
+    assert received[-1] - received[0] >= planned[-1] - planned[0] - TOLERANCE_MS * 1e-3
