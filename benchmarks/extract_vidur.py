@@ -7,8 +7,8 @@ Reads ``/work/shared/validation/vidur-profiles`` (microsoft/vidur ``data/profili
 - ``kernels.csv.gz``: per GPU, model, TP degree and token count, the median milliseconds of each
   non-attention operation of one layer (duplicate rows of a shape averaged);
 - ``models.csv``: each profiled model's shape;
-- ``all_reduce.csv.gz``: the all-reduce's median milliseconds by bytes and ranks (rank 0's row,
-  the DGX topologies: NVSwitch boards, what the h100/a100 presets are);
+- ``all_reduce.csv.gz``: the all-reduce's median milliseconds by bytes and ranks, every rank on
+  one node (the DGX topologies: NVSwitch boards, what the h100/a100 presets are);
 - ``engine_cpu.csv``: vLLM v0's per-step CPU milliseconds by model, batch size and TP.
 
     .venv/bin/python benchmarks/extract_vidur.py [--src DIR]
@@ -72,6 +72,8 @@ def all_reduce(src: Path) -> None:
     for topo, gpu in (("h100_dgx", "h100"), ("a100_dgx", "a100")):
         by: dict[tuple[int, int], list[float]] = defaultdict(list)
         for r in _rows(src / "network" / topo / "all_reduce.csv"):
+            if r["devices_per_node"] != r["num_workers"]:
+                continue  # ranks spread over several nodes: not a tensor-parallel group on one board
             by[(int(r["num_workers"]), int(r["size"]))].append(float(r["time_stats.all_reduce.median"]))
         rows += [[gpu, n, size, f"{mean(v):.5g}"] for (n, size), v in sorted(by.items())]
     _write(OUT / "all_reduce.csv.gz", ["gpu", "ranks", "bytes", "ms"], rows)

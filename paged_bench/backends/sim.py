@@ -9,7 +9,7 @@ per sequence):
              + per_swap_block * blocks swapped
 
 ``cost_model=roofline`` prices a step instead by its FLOPs and bytes for a model
-(``backend.model``) on a hardware preset (``backend.hardware``: cpu, a100, h100, h200, b200), and
+(``backend.model``) on a hardware preset (``backend.hardware``: cpu, a100, h100, h200, b200, a40), and
 ``backend.preset=FILE`` replays a roofline calibrated against a real backend
 (``python -m paged_bench.calibration.calibrate``); see ``paged_bench.costmodel.roofline``.
 ``cost_model=measured`` prices it from kernels timed on real GPUs (h100, a100, a40; h200

@@ -54,7 +54,7 @@ class GemmSurface:
 
     def seconds(self, m: np.ndarray | float, n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
         m = np.maximum(np.asarray(m, float), 1.0)
-        eff = np.exp(self._log_eff(np.log2(m), np.log2(np.asarray(n, float) * k)))
+        eff = np.exp(self._log_eff(np.log2(_padded(m)), np.log2(np.asarray(n, float) * k)))
         compute = gemm_flops(_padded(m), n, k) / (self.peak_flops * eff)
         return self.launch + np.maximum(gemm_bytes(m, n, k) / self.bandwidth, compute)
 
@@ -87,7 +87,7 @@ def fit_surface(rows: GemmShapes, peak_flops: float, bandwidth: float) -> GemmSu
     eff[gemm_bytes(rows.m, rows.n, rows.k) * per_byte >= MEMORY_BOUND * left] = np.nan
     # nor does a row of a few tokens (a matrix-vector kernel: its bytes and launch price it)
     eff[rows.m <= TILE // 2] = np.nan
-    lm, ls = np.log2(rows.m), np.log2(rows.n * rows.k)
+    lm, ls = np.log2(_padded(rows.m)), np.log2(rows.n * rows.k)
     sk = np.arange(np.floor(ls.min()), np.ceil(ls.max()) + SIZE_STEP, SIZE_STEP)
     tab = np.full((len(M_KNOTS), len(sk)), np.nan)
     near_m = np.abs(lm[None, :] - M_KNOTS[:, None]) < 0.25

@@ -39,9 +39,6 @@ MEASURED_GPUS = ("h100", "a100", "a40", "h200")
 # a GPU priced from another's profiles: (profiled GPU, its bandwidth over the profiled one's)
 DERIVED = {"h200": ("h100", HARDWARE["h200"].mem_bandwidth / HARDWARE["h100"].mem_bandwidth)}
 LAYER_ELEMENTWISE = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
-# datasheet peaks of the profiled GPUs not among the roofline's presets (A40: 149.7 TFLOPs dense
-# bf16, 696 GB/s GDDR6, NVIDIA A40 datasheet)
-A40_PEAK_FLOPS, A40_BANDWIDTH = 149.7e12, 696e9
 
 
 @dataclass(frozen=True)
@@ -64,9 +61,7 @@ class StepCost:
 
 
 def datasheet(gpu: str) -> tuple[float, float]:
-    """(peak FLOP/s, bytes/s) of a measured GPU."""
-    if gpu == "a40":
-        return A40_PEAK_FLOPS, A40_BANDWIDTH
+    """(peak FLOP/s, bytes/s) of a measured GPU: its hardware preset's datasheet figures."""
     return HARDWARE[gpu].peak_flops, HARDWARE[gpu].mem_bandwidth
 
 
