@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
-from paged_bench.costmodel.measured.profiles import KernelRow
+from paged_bench.costmodel.measured.profiles import KernelRow, kernel_rows
 
 ELEMENTWISE_OPS = ("emb", "input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
 
@@ -55,13 +56,12 @@ class OpCost:
         return self.launch + self.per_element * elements if elements > 0 else 0.0
 
 
-def fit_elementwise(rows: tuple[KernelRow, ...], leave_out: str | None = None) -> dict[str, OpCost]:
-    """Each op's cost on the GPU of ``rows`` (but ``leave_out``'s rows)."""
-    kept = [r for r in rows if r.model.name != leave_out]
+def fit_elementwise(gpu: str, leave_out: str | None = None) -> dict[str, OpCost]:
+    """Each op's cost on ``gpu`` from its profiles (but ``leave_out``'s rows)."""
     out = {}
-    for op in ELEMENTWISE_OPS:
-        pts = [(op_elements(op, row_shape(r), r.num_tokens), r.ms[op] * 1e-3) for r in kept if not math.isnan(r.ms[op])]
-        x, t = np.array(pts).T
+    for op, (names, x, t) in _points(gpu).items():
+        keep = names != leave_out
+        x, t = x[keep], t[keep]
         a = np.column_stack([np.ones_like(x), x]) / t[:, None]
         (launch, per), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
         if launch < 0:  # keep both terms physical: refit the slope alone
@@ -69,4 +69,16 @@ def fit_elementwise(rows: tuple[KernelRow, ...], leave_out: str | None = None) -
         if per < 0:
             launch, per = float(np.median(t)), 0.0
         out[op] = OpCost(float(launch), float(per))
+    return out
+
+
+@cache
+def _points(gpu: str) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per op: (model name, elements, seconds) of every row of ``gpu`` that times it."""
+    rows, out = kernel_rows(gpu), {}
+    for op in ELEMENTWISE_OPS:
+        timed = [r for r in rows if not math.isnan(r.ms[op])]
+        out[op] = (np.array([r.model.name for r in timed]),
+                   np.array([op_elements(op, row_shape(r), r.num_tokens) for r in timed], float),
+                   np.array([r.ms[op] * 1e-3 for r in timed]))  # fmt: skip
     return out

@@ -112,10 +112,17 @@ def gemm_dims(model: ProfiledModel, tp: int) -> dict[str, tuple[int, int]]:
 
 def gemm_rows(gpu: str, leave_out: str | None = None) -> GemmShapes:
     """Every matmul the profiles timed on ``gpu`` (but ``leave_out``'s)."""
+    rows = _gemm_rows(gpu)
+    if leave_out is None:
+        return rows
+    keep = rows.model != leave_out
+    return GemmShapes(rows.m[keep], rows.n[keep], rows.k[keep], rows.ms[keep], rows.model[keep])
+
+
+@cache
+def _gemm_rows(gpu: str) -> GemmShapes:
     cols: dict[str, list[object]] = {"m": [], "n": [], "k": [], "ms": [], "model": []}
     for row in kernel_rows(gpu):
-        if row.model.name == leave_out:
-            continue
         for op, (n, k) in gemm_dims(row.model, row.tp).items():
             for key, value in zip(cols, (row.num_tokens, n, k, row.ms[op], row.model.name)):
                 cols[key].append(value)

@@ -30,7 +30,7 @@ from paged_bench.costmodel.measured.collectives import all_reduce_curves
 from paged_bench.costmodel.measured.elementwise import OpCost, Shape, fit_elementwise, op_elements
 from paged_bench.costmodel.measured.engine_cpu import EngineCPU, engine_cpu
 from paged_bench.costmodel.measured.gemm import GemmSurface, fit_surface
-from paged_bench.costmodel.measured.profiles import GEMM_OPS, gemm_rows, kernel_rows
+from paged_bench.costmodel.measured.profiles import GEMM_OPS, gemm_rows
 from paged_bench.costmodel.roofline import HARDWARE, RooflineCost
 from paged_bench.errors import check
 from paged_bench.model.config import DTYPE_BYTES
@@ -75,7 +75,7 @@ def fit_kernels(gpu: str, leave_out: str | None = None) -> Kernels:
         return Kernels(gpu, surface, ops)
     peak, bandwidth = datasheet(gpu)
     return Kernels(gpu, fit_surface(gemm_rows(gpu, leave_out), peak, bandwidth),
-                   fit_elementwise(kernel_rows(gpu), leave_out))  # fmt: skip
+                   fit_elementwise(gpu, leave_out))  # fmt: skip
 
 
 @cache
