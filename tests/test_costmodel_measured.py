@@ -22,9 +22,9 @@ from paged_bench.run.job import run_job
 # layers of the profiled models (their profiles time one layer; the shape is the rest)
 LAYERS = {"CodeLlama-34b-Instruct-hf": 48, "Llama-2-70b-hf": 80, "Llama-2-7b-hf": 32, "Meta-Llama-3-70B": 80,
           "Meta-Llama-3-8B": 32, "Qwen-72B": 80, "internlm-20b": 60, "phi-2": 32}  # fmt: skip
-# the one held-out point past 10%: on H100, Llama-2-7b's gate/up matmul took 0.130 ms at 256
-# tokens, as long as at 512 (0.134) and 1.8x its 128-token time: cuBLAS chose a slower kernel
-# for that one shape, which no surface over (M, N, K) fitted to other models can know
+# the one held-out point past 10% (-10.9%): on H100, Llama-2-7b's gate/up matmul took 0.130 ms
+# at 256 tokens, as long as at 512 (0.134) and 1.8x its 128-token time: cuBLAS chose a slower
+# kernel for that one shape, which no surface over (M, N, K) fitted to other models can know
 KNOWN_MISSES = {("h100", "Llama-2-7b-hf", 256)}
 
 
@@ -94,8 +94,10 @@ def test_the_roofline_presets_keep_to_the_physics_too():
 
 
 def test_llama_3_8b_batch_1_decode_on_h100():
-    """15 GB of weights at 3.35 TB/s: a 4.5-4.8 ms floor; the measured kernels stream them at
-    ~80% of it (H100's 1-token matmuls in the profiles), so the GPU's step lands above it."""
+    """15 GB of weights at 3.35 TB/s: a 4.5-4.8 ms floor. The measured kernels land above it:
+    the matmuls stream at ~80% of the datasheet with a few microseconds' fixed time each (5.2 ms,
+    as H100's 1-token matmuls in the profiles do), plus 0.6 ms of norms, rotary, activation and
+    adds, 0.4 ms of LM head and 0.1 ms of attention: 6.3 ms."""
     hw = HARDWARE["h100"]
     cost = measured_cost(RooflineCost(PRESETS["llama-3-8b"], hw, "bfloat16"))
     plan = _plans()["decode 1 x 128"]
@@ -103,7 +105,7 @@ def test_llama_3_8b_batch_1_decode_on_h100():
     floor = (w.weight_bytes + w.kv_bytes) / hw.mem_bandwidth
     step = cost.step_cost(plan, 16)
     assert 4.4e-3 <= floor <= 4.8e-3  # 15.0 GB of matmul weights: 4.49 ms
-    assert floor < step.gpu < 1.4 * floor
+    assert floor < step.gpu < 1.5 * floor
     assert step.cpu == pytest.approx(engine_cpu("vllm_v0").seconds(1)) and 0 < step.cpu < 2e-3
     assert step.total == pytest.approx(step.gpu + step.cpu)
     h200 = measured_cost(RooflineCost(PRESETS["llama-3-8b"], HARDWARE["h200"], "bfloat16"))

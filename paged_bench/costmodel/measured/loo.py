@@ -4,12 +4,13 @@ fit that never saw it (issue 35: within 10% at 1, 16, 256 and 2,048 tokens on H1
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from paged_bench.costmodel.measured.elementwise import row_shape
 from paged_bench.costmodel.measured.profiles import gemm_dims, kernel_rows
-from paged_bench.costmodel.measured.step import fit_kernels, layer_seconds
+from paged_bench.costmodel.measured.step import LAYER_ELEMENTWISE, fit_kernels, layer_seconds
 
 TOKENS = (1, 16, 256, 2048)
 
@@ -45,6 +46,7 @@ def leave_one_out(gpu: str, tps: Sequence[int] | None = None, models: Sequence[s
                 continue
             points = []
             for r in sorted((r for r in mine if r.tp == tp), key=lambda r: r.num_tokens):
-                predicted = layer_seconds(fit, gemm_dims(r.model, tp), row_shape(r), r.num_tokens) * 1e3
+                ops = tuple(op for op in LAYER_ELEMENTWISE if not math.isnan(r.ms[op]))  # phi-2: one norm
+                predicted = layer_seconds(fit, gemm_dims(r.model, tp), row_shape(r), r.num_tokens, ops) * 1e3
                 points.append(Point(r.num_tokens, r.layer_ms(), predicted))
             yield HeldOut(gpu, name, tp, tuple(points))

@@ -83,12 +83,14 @@ def kernels(gpu: str) -> Kernels:
     return fit_kernels(gpu)
 
 
-def layer_seconds(k: Kernels, dims: dict[str, tuple[int, int]], shape: Shape, tokens: int) -> float:
-    """One layer's matmuls and elementwise ops on ``tokens`` rows (no attention, no collective):
-    what the profiles time as a layer."""
+def layer_seconds(
+    k: Kernels, dims: dict[str, tuple[int, int]], shape: Shape, tokens: int, ops: tuple[str, ...] = LAYER_ELEMENTWISE
+) -> float:
+    """One layer's matmuls and elementwise ``ops`` on ``tokens`` rows (no attention, no
+    collective): what the profiles time as a layer."""
     n, kk = (np.array([dims[op][i] for op in GEMM_OPS], float) for i in (0, 1))
     gemms = float(k.surface.seconds(np.full(len(GEMM_OPS), float(tokens)), n, kk).sum())
-    return gemms + sum(k.elementwise[op].seconds(op_elements(op, shape, tokens)) for op in LAYER_ELEMENTWISE)
+    return gemms + sum(k.elementwise[op].seconds(op_elements(op, shape, tokens)) for op in ops)
 
 
 def measured_cost(base: RooflineCost, engine: str = "vllm_v0") -> MeasuredCost:
