@@ -12,10 +12,12 @@ fractions, by GPU:
   reaches 50-73% of A100's peak (up to 230 TFLOPs/s of 312); 0.60 is the middle of that range for
   causal attention at head dimension 128, which sits below the non-causal maxima.
 - decode, all GPUs: 0.70 of peak bandwidth. FlashInfer's kernel study (Ye et al., "Accelerating
-  Self-Attentions for LLM Serving with FlashInfer", flashinfer.ai blog, 2024-02-02) measures
-  batch decode against vLLM's PagedAttention: FlashInfer's kernels come near the peak bandwidth
-  at long contexts, vLLM's reach less at the small per-request contexts of serving (a 16-token
-  block per page-table lookup); 0.70 is read off its plots (approximate).
+  Self-Attentions for LLM Serving with FlashInfer", flashinfer.ai blog, 2024-02-02) shows batch
+  decode attention bound by bandwidth and rates kernels by the share of peak bandwidth they
+  reach, vLLM's PagedAttention below FlashInfer's; FlashInfer's README (github
+  flashinfer-ai/flashinfer) puts its paged kernels at 90% of the bandwidth of dense ones. 0.70 is
+  a choice inside that picture (the roofline presets' ``kv_eff``), not a figure read off a plot:
+  an assumption, and the one to revisit first when decode-heavy cases miss.
 - A40 (Ampere, like A100) takes A100's fractions; H200 (Hopper) takes H100's: derived, not measured.
 """
 
