@@ -6,11 +6,12 @@ of peak FLOPs, and a decode kernel (vLLM's PagedAttention) at a fraction of peak
 bounded by the other side at the same efficiencies, plus one launch per kernel and layer. The
 fractions, by GPU:
 
-- prefill, H100: 0.35. FlashAttention-3 (Shah et al., 2024, arXiv:2407.08608, abstract and sec. 1):
-  "FlashAttention-2 achieves only 35% utilization on H100"; vLLM 0.6 ran FlashAttention-2.
-- prefill, A100: 0.60. FlashAttention-2 (Dao, 2023, arXiv:2307.08691, sec. 4.1): the forward pass
-  reaches 50-73% of A100's peak (up to 230 TFLOPs/s of 312); 0.60 is the middle of that range for
-  causal attention at head dimension 128, which sits below the non-causal maxima.
+- prefill, H100: 0.35. FlashAttention-3 (Shah et al., 2024, arXiv:2407.08608, abstract):
+  FlashAttention-2 reaches only 35% of H100's peak; vLLM 0.6 ran FlashAttention-2 (its
+  vllm-flash-attn fork).
+- prefill, A100: 0.60. FlashAttention-2 (Dao, 2023, arXiv:2307.08691, abstract): it
+  reaches 50-73% of A100's theoretical peak; 0.60 sits in that range for causal attention at
+  head dimension 128, below the non-causal maxima.
 - decode, all GPUs: 0.70 of peak bandwidth. FlashInfer's kernel study (Ye et al., "Accelerating
   Self-Attentions for LLM Serving with FlashInfer", flashinfer.ai blog, 2024-02-02) shows batch
   decode attention bound by bandwidth and rates kernels by the share of peak bandwidth they
