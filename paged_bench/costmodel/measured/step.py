@@ -71,7 +71,7 @@ def fit_kernels(gpu: str, leave_out: str | None = None) -> Kernels:
         src, scale = DERIVED[gpu]
         base = fit_kernels(src, leave_out)
         surface = replace(base.surface, bandwidth=base.surface.bandwidth * scale)
-        ops = {op: replace(c, per_element=c.per_element / scale) for op, c in base.elementwise.items()}
+        ops = {op: replace(c, element_scale=c.element_scale / scale) for op, c in base.elementwise.items()}
         return Kernels(gpu, surface, ops)
     peak, bandwidth = datasheet(gpu)
     return Kernels(gpu, fit_surface(gemm_rows(gpu, leave_out), peak, bandwidth),
