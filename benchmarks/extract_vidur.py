@@ -20,6 +20,7 @@ import argparse
 import csv
 import gzip
 import io
+import math
 from collections import defaultdict
 from pathlib import Path
 from statistics import mean
@@ -49,7 +50,7 @@ def _write(path: Path, header: list[str], rows: list[list[object]]) -> None:
 
 
 def _ms(value: float) -> str:
-    return "" if value != value else f"{value:.5g}"  # NaN: not measured
+    return "" if math.isnan(value) else f"{value:.5g}"  # NaN: not measured
 
 
 def kernels(src: Path) -> None:

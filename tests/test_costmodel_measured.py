@@ -88,7 +88,9 @@ def test_the_roofline_presets_keep_to_the_physics_too():
         cost = RooflineCost(PRESETS["llama-3-8b"], hw, "bfloat16")
         for plan in _plans().values():
             w = step_work(plan, cost.model, "bfloat16", 16)
-            floor = max((w.matmul_flops + w.attn_flops) / hw.peak_flops, (w.weight_bytes + w.kv_bytes) / hw.mem_bandwidth)
+            floor = max(
+                (w.matmul_flops + w.attn_flops) / hw.peak_flops, (w.weight_bytes + w.kv_bytes) / hw.mem_bandwidth
+            )
             assert cost.seconds(w) >= floor
 
 
@@ -129,7 +131,9 @@ def test_measured_runs_end_to_end_and_the_engine_cpu_is_its_own_figure(tmp_path)
         assert outcome.status == "finished" and outcome.summary["completed"] == 12
         return outcome.summary
 
-    backend = build(compose_config("backend=sim", "backend.cost_model=measured", "tracking.enabled=false")).engine.backend
+    backend = build(
+        compose_config("backend=sim", "backend.cost_model=measured", "tracking.enabled=false")
+    ).engine.backend
     assert backend.measured is not None and backend.roofline is not None  # the roofline sizes the pool
     with_cpu, without = run(), run("backend.engine_cpu=none")
     assert without["median_itl_ms"] < with_cpu["median_itl_ms"]

@@ -32,7 +32,7 @@ from paged_bench.backends.base import Backend
 from paged_bench.core.kv.base import Allocator
 from paged_bench.core.plan import StepOutput, StepPlan
 from paged_bench.costmodel.linear import LinearCost
-from paged_bench.costmodel.measured.step import measured_cost
+from paged_bench.costmodel.measured.step import MeasuredCost, measured_cost
 from paged_bench.costmodel.roofline import HeapMark, RooflineCost, load_preset
 from paged_bench.costmodel.roofline import hardware as hardware_preset  # the option below shadows its name
 from paged_bench.costmodel.step_work import RunTables
@@ -73,6 +73,7 @@ class SimBackend(Backend):
         tp = tensor_parallel_size
         self.gpu_memory_utilization = float(gpu_memory_utilization)
         self.roofline: RooflineCost | None = None
+        self.measured: MeasuredCost | None = None
         self._heap = HeapMark()  # the run's heap, for a calibrated preset that prices its growth
         self._tables = RunTables()  # the run's block tables, for one that prices scattered K/V
         if preset:
@@ -80,8 +81,8 @@ class SimBackend(Backend):
         elif cost_model in ("roofline", "measured"):
             cfg = resolve_model(model, model_path)
             self.roofline = RooflineCost(cfg, hardware_preset(hardware), dtype or cfg.dtype, tp, interconnect)
-        # measured kernels price the steps; the roofline above still sizes the KV pool
-        self.measured = measured_cost(self.roofline, engine_cpu) if cost_model == "measured" and not preset else None
+            # measured kernels price the steps; the roofline still sizes the KV pool
+            self.measured = measured_cost(self.roofline, engine_cpu) if cost_model == "measured" else None
         self.num_devices = tp
         if self.roofline is not None:
             self.model_config = self.roofline.model  # its context bounds max_model_len, as a served model's

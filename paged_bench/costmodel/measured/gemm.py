@@ -53,10 +53,10 @@ class GemmSurface:
     log_eff: np.ndarray  # [M knot, size knot]: log of the reachable fraction of peak
 
     def seconds(self, m: np.ndarray | float, n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
-        m = np.maximum(np.asarray(m, float), 1.0)
-        eff = np.exp(self._log_eff(np.log2(_padded(m)), np.log2(np.asarray(n, float) * k)))
-        compute = gemm_flops(_padded(m), n, k) / (self.peak_flops * eff)
-        return self.launch + np.maximum(gemm_bytes(m, n, k) / self.bandwidth, compute)
+        rows = np.maximum(np.asarray(m, float), 1.0)
+        eff = np.exp(self._log_eff(np.log2(_padded(rows)), np.log2(np.asarray(n, float) * k)))
+        compute = gemm_flops(_padded(rows), n, k) / (self.peak_flops * eff)
+        return self.launch + np.maximum(gemm_bytes(rows, n, k) / self.bandwidth, compute)
 
     def _log_eff(self, lm: np.ndarray, ls: np.ndarray) -> np.ndarray:
         """The table read bilinearly at (log2 M, log2 N*K), held at its edges."""

@@ -123,7 +123,8 @@ def gemm_rows(gpu: str, leave_out: str | None = None) -> GemmShapes:
 def _gemm_rows(gpu: str) -> GemmShapes:
     cols: dict[str, list[object]] = {"m": [], "n": [], "k": [], "ms": [], "model": []}
     for row in kernel_rows(gpu):
-        for op, (n, k) in gemm_dims(row.model, row.tp).items():
-            for key, value in zip(cols, (row.num_tokens, n, k, row.ms[op], row.model.name)):
+        for op, (out, inner) in gemm_dims(row.model, row.tp).items():
+            for key, value in zip(cols, (row.num_tokens, out, inner, row.ms[op], row.model.name)):
                 cols[key].append(value)
-    return GemmShapes(*(np.asarray(cols[key], float) for key in ("m", "n", "k", "ms")), np.asarray(cols["model"]))
+    m, n, k, ms = (np.asarray(cols[key], float) for key in ("m", "n", "k", "ms"))
+    return GemmShapes(m, n, k, ms, np.asarray(cols["model"]))
