@@ -12,19 +12,10 @@ backend (see ``paged_bench.core.plan``). A policy is a few hooks on top:
 - ``preemption_mode`` and ``admission_reserve_blocks``: how a victim is preempted, and how
   many blocks admission (and swap-in) leaves free.
 
-Two options every policy takes change what a step may hold, for comparing with older vLLM:
-
-- ``prefill_first`` (vLLM 0.x without chunked prefill, v0.6.0's ``Scheduler._schedule_default``
-  in ``vllm/core/scheduler.py``): waiting prompts are admitted first, and a step that admitted
-  any runs no decodes (a prompt step stalls every running sequence); decodes and swap-ins run
-  in the steps that admit none. Off (the default): vLLM v1's mixed steps, which are also vLLM
-  0.x's with chunked prefill (``_schedule_chunked_prefill``: running sequences first, then
-  prompt chunks in what is left of the token budget).
-- ``num_scheduler_steps`` (vLLM 0.6's ``--num-scheduler-steps``): a plan of decodes alone runs
-  that many steps with its batch fixed (``StepPlan.window_step`` counts them, so a cost model
-  charges the per-step CPU work once); arrivals wait for the window's end, and a request that
-  ends inside it keeps its blocks until then, as vLLM frees finished sequences at its next
-  ``schedule()``. A plan with prompt tokens is one step (v0.6.0 reserves no lookahead for prefills).
+Two options every policy takes make steps as older vLLM made them (docs/engine.md, "The engine
+behaviours users compare against"): ``prefill_first``, vLLM 0.x's ``_schedule_default`` (a step
+that admits prompts runs no decodes; off: vLLM v1's mixed steps), and ``num_scheduler_steps``,
+vLLM 0.6's multi-step (a plan of decodes alone runs that many steps with its batch fixed).
 
 The scheduler asks the allocator for room and never touches blocks itself.
 """
