@@ -18,6 +18,7 @@ from paged_bench.errors import ConfigError
 from paged_bench.run.compose import compose_config
 from paged_bench.run.config import BenchConfig
 from paged_bench.run.frontend import FrontendSettings, receive_through, send_through
+from paged_bench.serve.server import build_app
 from tests.test_core_behaviours import rows, step
 
 
@@ -146,6 +147,8 @@ def test_the_options_are_checked_where_the_config_is_read():
     assert "scheduler.num_scheduler_steps=0 is not allowed" in _refusal("scheduler.num_scheduler_steps=0")
     assert "frontend=none with target=openai" in _refusal("target=openai", "frontend=paged_bench_http")
     assert "frontend.token_ms=-1 is not allowed" in _refusal("frontend.token_ms=-1")
+    with pytest.raises(ConfigError, match="frontend=none for the server"):  # its own front end is real
+        build_app(compose_config("frontend=paged_bench_http", config_name="serve"))
 
 
 def test_scheduler_vllm_v0_is_preemptive_with_prompt_steps_first_and_no_chunking():
