@@ -142,8 +142,8 @@ def _refusal(*overrides: str) -> str:
 
 
 def test_the_options_are_checked_where_the_config_is_read():
-    assert "scheduler.prefill_first=True is not allowed: false while scheduler.chunked_prefill is true" in _refusal(
-        "scheduler.prefill_first=true")
+    chunked = _refusal("scheduler.prefill_first=true")
+    assert "scheduler.prefill_first=True is not allowed: false while scheduler.chunked_prefill is true" in chunked
     assert "scheduler.num_scheduler_steps=0 is not allowed" in _refusal("scheduler.num_scheduler_steps=0")
     assert "frontend=none with target=openai" in _refusal("target=openai", "frontend=paged_bench_http")
     assert "frontend.token_ms=-1 is not allowed" in _refusal("frontend.token_ms=-1")
