@@ -151,7 +151,8 @@ class Scheduler:
             plan = self._window_plan()
             if plan is not None:
                 return plan
-        self._end_window()
+        if self._window:
+            self._end_window()
         draft = PlanDraft(budget=self.max_num_batched_tokens)
         if self._handed_over:
             draft.new_reqs += self._handed_over
