@@ -14,6 +14,14 @@ it is saturated and every figure is queueing, which magnifies any error). ``pree
 with a pool small enough to preempt in both backends (the table's line says how often).
 Calibration and runs use the same ``backend.threads`` (the numpy config's, 1).
 
+``--step-timer thread_cpu`` (the default) runs the numpy backend on virtual time with each
+step timed by the engine thread's CPU time (``clock=virtual backend.step_timer=thread_cpu``),
+and calibrates with the same timer: other processes on a busy machine then cannot stretch a
+step by taking turns on its core (they still can through the shared caches and memory), and
+arrivals, idling and queueing follow the steps' times exactly as in the simulator. ``--step-timer
+wall`` compares against real-time runs on the wall clock instead (what a user's run meets on a
+quiet machine; on this shared 2-core VM 10-40% slower at times).
+
     .venv/bin/python benchmarks/sim_vs_numpy.py --repeats 3
     .venv/bin/python benchmarks/sim_vs_numpy.py --preset runs/calibration/numpy-small.json --workloads seed
     .venv/bin/python benchmarks/sim_vs_numpy.py --replay --preset runs/calibration/numpy-small.json
@@ -102,6 +110,10 @@ PROBES = (Shape(1, 0, 0, 1536), Shape(0, 1, 128, 0))
 CALIBRATION_ROUNDS = 9
 
 
+# how the numpy backend runs and is calibrated, by --step-timer
+NUMPY = {"thread_cpu": ("backend=numpy", "clock=virtual", "backend.step_timer=thread_cpu"), "wall": ("backend=numpy",)}
+
+
 def overrides(workload: str, scheduler: str) -> tuple[str, ...]:
     pool = (PREEMPTIVE_POOL[workload],) if scheduler == "preemptive" else ()
     return (*WORKLOADS[workload], *SCHEDULERS[scheduler], *pool)
@@ -120,9 +132,9 @@ def sim_at_cost(preset: Path, case_overrides: tuple[str, ...], factor: float) ->
     return {k: sim[k] / factor if k == "output_throughput" else sim[k] * factor for k in KEYS}
 
 
-def probe_ms(repeats: int = 3) -> list[float]:
-    """``PROBES`` timed now on a fresh numpy backend, as calibration times them (ms)."""
-    options = dict(compose_config("backend=numpy")["backend"])
+def probe_ms(numpy: tuple[str, ...], repeats: int = 3) -> list[float]:
+    """``PROBES`` timed now on a fresh numpy backend (``numpy``'s overrides), as calibration times them (ms)."""
+    options = dict(compose_config(*numpy)["backend"])
     backend = registry.create("backend", options.pop("name"), **options)
     try:
         return [
@@ -159,6 +171,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="numpy runs per configuration (median)")
     p.add_argument("--schedulers", default=",".join(SCHEDULERS))
     p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--step-timer", choices=tuple(NUMPY), default="thread_cpu",
+                   help="thread_cpu: numpy on virtual time, steps timed in thread CPU time; wall: real-time runs")
     p.add_argument("--replay", action="store_true", help="price each step of one numpy run per case instead")
     p.add_argument("--log", type=Path, default=Path("runs/sim_vs_numpy/numpy-runs.jsonl"),
                    help="each numpy run's figures appended here as it ends (kept if the comparison fails later)")  # fmt: skip
@@ -167,16 +181,17 @@ def main() -> None:
     real_runs: dict[tuple[str, str], list[dict]] = {case: [] for case in cases}
     probes: list[list[float]] = []
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    numpy = NUMPY[args.step_timer]
     if not args.replay:
         args.log.parent.mkdir(parents=True, exist_ok=True)
         print(f"numpy runs are appended to {args.log} as they end", file=sys.stderr)
 
     def numpy_round() -> None:  # every case once: a burst of load elsewhere hits every case alike
-        probes.append(probe_ms())
+        probes.append(probe_ms(numpy))
         for case in cases:
             start = time.perf_counter()
             heap.trim()
-            real_runs[case].append(run(("backend=numpy", *overrides(*case))))
+            real_runs[case].append(run((*numpy, *overrides(*case))))
             log_run(args.log, {"started": started, "round": len(probes), "probe_ms": probes[-1],
                                "workload": case[0], "scheduler": case[1], **real_runs[case][-1]})  # fmt: skip
             print(f"  numpy {case[0]}/{case[1]} run {len(probes)}: {time.perf_counter() - start:.0f} s",
@@ -190,7 +205,7 @@ def main() -> None:
             for _ in range(after.get(calibration_round, 0)):
                 numpy_round()
 
-        cfg = compose_config("backend=numpy")
+        cfg = compose_config(*numpy)
         cost, info = calibrate(cfg, measure_cpu(), default_shapes(4096), CALIBRATION_ROUNDS, between_rounds)
         save_preset(args.out, cost, info)
         preset = args.out
@@ -199,11 +214,12 @@ def main() -> None:
               f"overhead {h.overhead * 1e3:.2f} ms/step, {h.per_seq * 1e6:.0f} us/seq, "
               f"{h.per_scattered_block * 1e6:.1f} us/scattered block -> {preset}")  # fmt: skip
     if args.replay:
-        print_replays(cases, preset)
+        print_replays(cases, preset, numpy)
         return
     while len(probes) < args.repeats:  # with a preset given, the rounds run now
         numpy_round()
-    print(f"\nload average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; numpy: median of {args.repeats}\n")
+    print(f"\nload average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; numpy ({' '.join(numpy[1:]) or 'wall clock'}): "
+          f"median of {args.repeats}\n")  # fmt: skip
     print(
         "| workload | scheduler | backend | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | output tok/s | preemptions |"
     )
@@ -255,11 +271,11 @@ def main() -> None:
               f"and the numpy rounds, more than the {GOAL:.0%} goal; rerun on a quiet machine")  # fmt: skip
 
 
-def print_replays(cases: list[tuple[str, str]], preset: Path) -> None:
+def print_replays(cases: list[tuple[str, str]], preset: Path, numpy: tuple[str, ...]) -> None:
     """For each case, one numpy run's steps priced by the preset, binned by step shape."""
     cost = load_preset(preset)
     for case in cases:
-        cfg = compose_config("backend=numpy", *overrides(*case), "tracking.enabled=false")
+        cfg = compose_config(*numpy, *overrides(*case), "tracking.enabled=false")
         result = replay(cfg, cost)
         measured, predicted = (sum(getattr(s, k) for s in result.steps) for k in ("measured", "predicted"))
         print(f"\n{case[0]}/{case[1]}: {len(result.steps)} steps, {result.num_preemptions} preemptions, "

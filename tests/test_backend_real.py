@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -144,3 +145,34 @@ def test_token_ids_outside_the_vocabulary_stop_the_run_with_a_clear_error():
     result = bench.engine.run(reqs)
     assert "request 1 has token ids outside the model's vocabulary (0 to 257)" in result.error
     assert result.leaks == [] and all(r.finish_reason.value == "error" for r in reqs)
+
+
+def _sleepy_step_durations(timer: str) -> list[float]:
+    """Step durations of a tiny numpy run on virtual time whose every step also sleeps 30 ms (a
+    stand-in for another process holding the core: the step's thread is off the CPU)."""
+    bench = build(compose_config("backend=numpy", "clock=virtual", f"backend.step_timer={timer}", *SMALL_RUN))
+    execute = bench.backend.execute
+
+    def sleepy(plan):
+        time.sleep(0.03)
+        return execute(plan)
+
+    bench.backend.execute = sleepy
+    result = bench.engine.run(bench.requests[:2])
+    bench.backend.close()
+    return [row.duration for row in result.steps.rows()]
+
+
+def test_a_thread_cpu_step_timer_leaves_out_time_the_step_was_off_the_cpu():
+    wall, cpu = _sleepy_step_durations("wall"), _sleepy_step_durations("thread_cpu")
+    assert len(wall) > 2 and len(cpu) > 2 and min(wall) >= 0.03
+    assert 0 < max(cpu) < 0.03  # the tiny model's step is well under a millisecond of CPU
+
+
+@pytest.mark.parametrize(("override", "allowed"), [
+    ("clock=wall", "wall on the wall clock .clock=wall.; thread_cpu times steps on virtual time"),
+    ("backend.threads=2", "wall with backend.threads=2; .* backend.threads=1"),
+])  # fmt: skip
+def test_a_thread_cpu_step_timer_is_refused_where_it_would_not_count_the_step(override, allowed):
+    with pytest.raises(ConfigError, match=rf"backend.step_timer='thread_cpu' is not allowed: {allowed}"):
+        build(compose_config("backend=numpy", "clock=virtual", "backend.step_timer=thread_cpu", override, *SMALL_RUN))

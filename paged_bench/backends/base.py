@@ -30,6 +30,8 @@ class Backend(ABC):
     num_devices: int = 1  # GPUs (tensor-parallel ranks) a step runs on: throughput per GPU
     threads: int | None = None  # CPU threads each rank computes with (None: the library's own default)
     model_config: ModelConfig | None = None  # the model a backend computes (None: a cost model)
+    # how the engine times a step of a wall-clock backend on virtual time (core.clock.STEP_TIMERS)
+    step_timer: str = "wall"
 
     def __init__(self) -> None:
         self.tokenizer = ByteTokenizer()

@@ -34,11 +34,12 @@ class NumpyBackend(ModelBackend):
         model_path: str | None = None,
         seed: int = 0,
         threads: int | None = 1,
+        step_timer: str = "wall",
     ) -> None:
         self.threads = threads  # its options are checked where the config is read (run.backend_options)
         self._limits: Any = None
         self._holding = False  # freed memory held for reuse (model.heap) while bound
-        super().__init__(model=model, model_path=model_path, seed=seed)
+        super().__init__(model=model, model_path=model_path, seed=seed, step_timer=step_timer)
 
     def make_ops(self, cfg: ModelConfig) -> NumpyOps:
         return NumpyOps(cfg)

@@ -51,6 +51,7 @@ class TorchBackend(ModelBackend):
         dtype: str = "auto",
         threads: int | None = None,
         tensor_parallel_size: int = 1,
+        step_timer: str = "wall",
     ) -> None:
         self.device = pick_device(device)
         self.compute_dtype = pick_dtype(dtype, self.device)
@@ -73,7 +74,7 @@ class TorchBackend(ModelBackend):
         self.group: TPGroup | None = None  # the tensor-parallel ranks
         self._sampled: tuple[int, ...] | None = None  # the last forward's tokens, for the workers
         self._saved_threads: int | None = None
-        super().__init__(model=model, model_path=model_path, seed=seed)
+        super().__init__(model=model, model_path=model_path, seed=seed, step_timer=step_timer)
 
     def make_ops(self, cfg: ModelConfig) -> TorchOps:
         return TorchOps(cfg, self.device, DTYPES[self.compute_dtype])

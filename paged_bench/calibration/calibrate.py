@@ -80,9 +80,12 @@ def calibrate(
                        for shape, (w, t) in zip(shapes, samples)],
             "idle_shapes": [{**asdict(shape), "measured_ms": t * 1e3, "fitted_ms": cost.seconds(w) * 1e3}
                             for shape, (w, t) in zip(filter(is_idle_probe, shapes), samples[len(shapes):])]}  # fmt: skip
+    # every timed step's work and seconds, so a preset can be refitted with fewer terms
+    # (benchmarks/term_evidence.py) without timing again
+    info["samples"] = [{"work": asdict(w), "seconds": t} for w, t in samples]
     # a real run also pays the engine's own work per step (scheduling, allocation, update),
     # which timing backend.execute alone leaves out
-    engine = measure_engine_cost(repeats=repeats)
+    engine = measure_engine_cost(repeats=repeats, step_timer=options.get("step_timer", "wall"))
     h = cost.hardware
     cost = cost.with_fit(overhead=h.overhead + engine.per_step, per_seq=h.per_seq + engine.per_seq,
                          heap_bytes_per_score_byte=per_score, per_heap_growth_byte=per_growth)  # fmt: skip

@@ -12,12 +12,12 @@ at a few batch sizes: ``per_step + per_seq * batch``.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from paged_bench.core.clock import STEP_TIMERS
 from paged_bench.run.bench import build
 from paged_bench.run.compose import compose_config
 
@@ -32,9 +32,11 @@ class EngineCost:
 
 
 def measure_engine_cost(
-    batch_sizes: Sequence[int] = (1, 4, 16, 32), output_len: int = 64, repeats: int = 3
+    batch_sizes: Sequence[int] = (1, 4, 16, 32), output_len: int = 64, repeats: int = 3, step_timer: str = "wall"
 ) -> EngineCost:
-    """The engine's wall seconds per step, median of ``repeats`` runs per batch size, fitted as a line."""
+    """The engine's seconds per step on ``step_timer`` (``core.clock.STEP_TIMERS``: what times the
+    real runs it is added to), median of ``repeats`` runs per batch size, fitted as a line."""
+    timer = STEP_TIMERS[step_timer]
     seconds = []
     for batch in batch_sizes:
         cfg = compose_config(*FREE_SIM, "workload=uniform", f"workload.num_requests={batch}", "workload.rate=inf",
@@ -43,9 +45,9 @@ def measure_engine_cost(
         runs = []
         for _ in range(repeats):
             bench = build(cfg)
-            start = time.perf_counter()
+            start = timer()
             result = bench.engine.run(bench.requests)
-            runs.append((time.perf_counter() - start) / len(result.steps))
+            runs.append((timer() - start) / len(result.steps))
         seconds.append(statistics.median(runs))
     per_seq, per_step = np.polyfit(np.asarray(batch_sizes, float), np.asarray(seconds), 1)
     return EngineCost(max(float(per_step), 0.0), max(float(per_seq), 0.0))

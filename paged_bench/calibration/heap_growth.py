@@ -14,11 +14,11 @@ charges a simulated run's steps in order as the real heap grows.
 from __future__ import annotations
 
 import statistics
-import time
 
 import numpy as np
 
 from paged_bench.backends.base import Backend
+from paged_bench.core.clock import STEP_TIMERS
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.plan import NewRequestData, StepPlan
 from paged_bench.core.request import Request
@@ -33,15 +33,15 @@ def prompt_seconds(
     req = Request(req_id, 0.0, list(token_ids), 1)
     if not allocator.allocate_slots(req, len(token_ids)):
         raise ValueError(f"a {len(token_ids)}-token prompt does not fit the calibration pool")
-    seconds = []
+    seconds, timer = [], STEP_TIMERS[backend.step_timer]  # as the engine times the backend's steps
     for start in range(0, len(token_ids), chunk):
         req.num_computed_tokens = start
         plan = StepPlan.starting([(NewRequestData.from_request(req, allocator.block_table(req)), chunk)])
         if start:
             plan = plan._replace(new_reqs=())  # the backend holds the request since its first chunk
-        begin = time.perf_counter()
+        begin = timer()
         backend.execute(plan)
-        seconds.append(time.perf_counter() - begin)
+        seconds.append(timer() - begin)
     allocator.free(req)
     backend.execute(StepPlan(finished_req_ids=(req_id,)))
     return seconds

@@ -9,13 +9,13 @@ from peak FLOP/s and bandwidth; ``RooflineCost`` interpolates the curve.
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Iterator
 
 import numpy as np
 
 from paged_bench.backends.base import Backend
 from paged_bench.calibration.shapes import typical_seconds
+from paged_bench.core.clock import STEP_TIMERS
 from paged_bench.model.config import ModelConfig
 
 MatmulCurve = tuple[tuple[float, float, float], ...]  # (rows, every layer's seconds, the LM head's)
@@ -41,6 +41,7 @@ def matmul_rounds(backend: Backend, model: ModelConfig, max_tokens: int) -> Iter
     Run under the backend's thread settings (after ``bind``), on its weights, with its
     ``ops.linear``: what a step's matmuls cost on this BLAS, edge cases and all."""
     ops, w = backend.ops, backend.weights
+    timer = STEP_TIMERS[backend.step_timer]  # as the engine times the backend's steps
     rng = np.random.default_rng(0)
     points = curve_points(max_tokens)
     inputs = {  # one input per distinct width, sliced to the row count
@@ -64,13 +65,13 @@ def matmul_rounds(backend: Backend, model: ModelConfig, max_tokens: int) -> Iter
                 for x, m in layer_ops:
                     ops.linear(x[:n], m)
             for _ in range(passes):
-                start = time.perf_counter()
+                start = timer()
                 for x, m in layer_ops:
                     ops.linear(x[:n], m)
-                mid = time.perf_counter()
+                mid = timer()
                 ops.linear(head[0][:n], head[1])
                 if round_no:
-                    times[n].append((mid - start, time.perf_counter() - mid))
+                    times[n].append((mid - start, timer() - mid))
         if round_no:
             yield tuple(
                 (float(n), typical_seconds([t[0] for t in ts]), typical_seconds([t[1] for t in ts]))

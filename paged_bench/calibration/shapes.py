@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from paged_bench.backends.base import Backend
+from paged_bench.core.clock import STEP_TIMERS
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.plan import NewRequestData, StepPlan
 from paged_bench.core.request import Request
@@ -192,9 +193,11 @@ def is_idle_probe(shape: Shape) -> bool:
 
 
 def _seconds(backend: Backend, plan: StepPlan) -> float:
-    start = time.perf_counter()
+    """One ``execute`` of ``plan``, timed as the engine times the backend's steps (its ``step_timer``)."""
+    timer = STEP_TIMERS[backend.step_timer]
+    start = timer()
     backend.execute(plan)
-    return time.perf_counter() - start
+    return timer() - start
 
 
 def typical_seconds(times: Sequence[float]) -> float:

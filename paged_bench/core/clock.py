@@ -4,6 +4,14 @@ Both count seconds from ``start()``. ``advance(start, duration)`` ends a step: t
 clock jumps by the modelled duration; the wall clock reads real time, first sleeping out a
 modelled duration if one is given (so a simulated engine can be paced in real time, e.g.
 behind the HTTP server). ``wait_until`` idles to the next arrival: a jump, or a sleep.
+
+``STEP_TIMERS``: how a real model's step is timed on virtual time (``backend.step_timer``).
+``wall`` reads elapsed time (``time.perf_counter``): what the step took, including whatever
+other processes took of the core meanwhile (on a shared 2-core VM 10-40% more). ``thread_cpu``
+reads the calling thread's CPU time (``time.thread_time``, CLOCK_THREAD_CPUTIME_ID): the step
+as if it had the core alone, which other processes cannot stretch by taking turns on the core
+(they still can by sharing its caches and memory bandwidth); it counts no other thread, so it
+is honest only for a backend computing on the calling thread alone (``backend.threads=1``).
 """
 
 from __future__ import annotations
@@ -71,6 +79,9 @@ class WallClock:
                               "terms too large for a run paced in real time)")  # fmt: skip
         if delay > 0:
             time.sleep(delay)
+
+
+STEP_TIMERS = {"wall": time.perf_counter, "thread_cpu": time.thread_time}
 
 
 def make_clock(kind: str) -> VirtualClock | WallClock:

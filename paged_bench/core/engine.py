@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import logging
 import operator
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, SupportsIndex
 
 from paged_bench.core.arrivals import feed
-from paged_bench.core.clock import VirtualClock, WallClock
+from paged_bench.core.clock import STEP_TIMERS, VirtualClock, WallClock
 from paged_bench.core.kv.base import Allocator, KVLayout
 from paged_bench.core.plan import StepOutput, StepPlan
 from paged_bench.core.request import FinishReason, Request
@@ -75,6 +74,7 @@ class Engine:
         backend: Executor,
         clock: VirtualClock | WallClock,
         max_step_records: int | None = None,
+        step_timer: str = "wall",
     ) -> None:
         self.scheduler = scheduler
         self.allocator = scheduler.allocator
@@ -88,6 +88,7 @@ class Engine:
         # it took, unless the backend priced it itself, and the clock jumps over idle gaps (a
         # model's own duration is 0: the wall clock times it)
         self._timed = backend.clock == "wall" and clock.kind == "virtual"
+        self._timer = STEP_TIMERS[step_timer]  # what times it (core.clock: wall or thread CPU time)
 
     def add_request(self, req: Request) -> None:
         self.scheduler.add_request(req, self.clock.now())
@@ -99,7 +100,7 @@ class Engine:
         """Run one step; returns the requests that finished in it."""
         sched, allocator = self.scheduler, self.allocator
         start = self.clock.now()
-        began = time.perf_counter() if self._timed else 0.0
+        began = self._timer() if self._timed else 0.0
         plan = sched.schedule(start)
         if plan.is_empty:
             if plan.num_preempted:  # everyone was preempted: they are readmitted next step
@@ -110,7 +111,7 @@ class Engine:
         live, reserved, free_blocks = allocator.live_slots, allocator.reserved_slots, allocator.num_free_blocks
         output = self._execute(plan)
         if self._timed and not output.duration:
-            output.duration = time.perf_counter() - began
+            output.duration = self._timer() - began
         end = self.clock.advance(start, output.duration)
         finished = self._update(plan, output, end)
         self.steps.record(

@@ -47,9 +47,15 @@ class ModelBackend(Backend):
     compute_dtype = "float32"  # what the K/V pool holds (a torch backend on CUDA picks its own)
 
     def __init__(
-        self, *, model: str | Mapping[str, Any] = "small", model_path: str | None = None, seed: int = 0
+        self,
+        *,
+        model: str | Mapping[str, Any] = "small",
+        model_path: str | None = None,
+        seed: int = 0,
+        step_timer: str = "wall",
     ) -> None:
         super().__init__()
+        self.step_timer = step_timer  # checked with the clock it needs as the engine is built (run.bench)
         check_int("backend.seed", seed, 0)
         cfg = resolve_model(model, model_path)
         adopt_model(self, cfg, model_path, self.compute_dtype)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from paged_bench.core.clock import STEP_TIMERS
 from paged_bench.costmodel.measured.engine_cpu import ENGINE_CPU
 from paged_bench.costmodel.measured.step import measured_cost
 from paged_bench.costmodel.roofline import RooflineCost, hardware, load_preset
@@ -103,7 +104,19 @@ class SimOptions(ModelSettings):
 
 
 @dataclass(frozen=True, kw_only=True)
-class NumpyOptions(ModelSettings):
+class RealModelSettings(ModelSettings):
+    """A real model's step timer on virtual time (``core.clock.STEP_TIMERS``): ``wall`` (elapsed
+    time) or ``thread_cpu`` (the engine thread's CPU time, which other processes cannot stretch;
+    ``clock=virtual`` and ``threads=1`` only, checked as the engine is built)."""
+
+    step_timer: str = "wall"
+
+    def __post_init__(self) -> None:
+        check_choice("backend.step_timer", self.step_timer, STEP_TIMERS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NumpyOptions(RealModelSettings):
     """``backend=numpy``: the model, the seed of its random weights and sampling, and the BLAS
     threads it computes with (null: the library's default)."""
 
@@ -111,13 +124,14 @@ class NumpyOptions(ModelSettings):
     threads: int | None = 1
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.threads is not None:
             check_int("backend.threads", self.threads)
         self.model_config()
 
 
 @dataclass(frozen=True, kw_only=True)
-class TorchOptions(ModelSettings):
+class TorchOptions(RealModelSettings):
     """``backend=torch``: the model, its seed, device and dtype (resolved on the machine that
     runs it), its CPU threads (null: the job's share of the cores) and its tensor-parallel ranks."""
 
@@ -128,6 +142,7 @@ class TorchOptions(ModelSettings):
     tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_int(TP_KEY, self.tensor_parallel_size)
         if self.threads is not None:
             check_int("backend.threads", self.threads, 1, MAX_THREADS)

@@ -21,7 +21,7 @@ from paged_bench.core.clock import make_clock
 from paged_bench.core.engine import Engine
 from paged_bench.core.kv.base import Allocator, AllocatorCounters, KVLayout
 from paged_bench.core.request import Request
-from paged_bench.errors import MAX_TOKENS, ConfigError, PluginError
+from paged_bench.errors import MAX_TOKENS, ConfigError, PluginError, check
 from paged_bench.model.tokenizers import serving_tokenizer
 from paged_bench.run.config import BenchConfig
 from paged_bench.run.memory import check_kv_pool_fits
@@ -179,8 +179,25 @@ def _engine_on(backend: Backend, config: BenchConfig, copies: int) -> tuple[Engi
     scheduler = config.plugins["scheduler"].build(allocator, max_model_len=config.scheduler.model_len,
                                                   eos_token_id=backend.eos_token_id,
                                                   stop_token_ids=backend.stop_token_ids)  # fmt: skip
-    clock = config.run.clock
-    return Engine(scheduler, backend, make_clock(backend.clock if clock == "auto" else clock)), budget
+    clock = backend.clock if config.run.clock == "auto" else config.run.clock
+    _check_step_timer(backend, clock)
+    return Engine(scheduler, backend, make_clock(clock), step_timer=backend.step_timer), budget
+
+
+def _check_step_timer(backend: Backend, clock: str) -> None:
+    """``backend.step_timer=thread_cpu`` times a step on virtual time by the engine thread's CPU
+    time: on the wall clock there is no step to time apart from the clock, and a backend that
+    computes on more threads than the engine's would have their work go uncounted."""
+    if backend.step_timer == "wall":
+        return
+    check(clock == "virtual", "backend.step_timer", backend.step_timer,
+          f"wall on the wall clock (clock={clock}); thread_cpu times steps on virtual time: add clock=virtual")
+    check(backend.threads == 1, "backend.step_timer", backend.step_timer,
+          f"wall with backend.threads={backend.threads}; thread_cpu counts the engine thread's CPU time alone, "
+          "so the backend must compute on it alone: backend.threads=1")
+    device = getattr(backend, "device", None)
+    check(device is None or getattr(device, "type", "cpu") == "cpu", "backend.step_timer", backend.step_timer,
+          f"wall on {device}: thread_cpu times CPU work, and a GPU's kernels run beside it")
 
 
 def build_workload(config: BenchConfig | Mapping[str, Any]) -> Workload:
