@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from paged_bench.cli.hydra_job import quiet_stdout
 from paged_bench.errors import ConfigError, PagedBenchError, check
 from paged_bench.validate.cases import Case, load_registry
 from paged_bench.validate.document import markdown, terminal_table
@@ -73,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
 def cli() -> None:
     try:
         sys.exit(main())
+    except BrokenPipeError:  # `--list | head`: the reader went away; nothing left to say
+        quiet_stdout()
+        sys.exit(0)
     except PagedBenchError as e:  # raised outside the checks above: still one line
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
