@@ -50,7 +50,7 @@ def test_a_case_runs_end_to_end_and_prints_simulated_over_published(tmp_path):
 
 
 def test_a_bad_case_file_is_one_line_naming_the_file_and_key(tmp_path):
-    good = (ROOT / "conf" / "validation" / "vllm_ci_latency_h200.yaml").read_text()
+    good = (ROOT / "conf" / "validation" / "shared_vllm_ci_latency_h200.yaml").read_text()
     (tmp_path / "bad.yaml").write_text(good.replace("unit: ms", "unit: s", 1))
     ran = call_cli(tmp_path, "--registry", str(tmp_path), module="paged_bench.validate")
     assert ran.returncode == 2 and ran.stdout == ""
