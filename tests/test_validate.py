@@ -20,6 +20,13 @@ DOC = ROOT / "docs" / "validation.md"
 CHEAP = "h200-8b-latency-bs8"  # one batch of 8 requests: a fraction of a second
 
 
+@pytest.fixture(scope="module")
+def direct():
+    """The cheap case, simulated here (in-process, as the command does)."""
+    (row,) = run_case(_cases()[CHEAP], time_limit_s=60)
+    return row
+
+
 def _cases():
     return {c.name: c for f in load_registry() for c in f.cases}
 
@@ -35,14 +42,12 @@ def test_every_case_names_its_source_engine_and_how_each_figure_was_read():
             assert all(fig.read and fig.published > 0 for fig in case.figures), case.name
 
 
-def test_a_case_runs_end_to_end_and_prints_simulated_over_published(tmp_path):
+def test_a_case_runs_end_to_end_and_prints_simulated_over_published(tmp_path, direct):
     ran = call_cli(tmp_path, "--case", CHEAP, module="paged_bench.validate")
     assert ran.returncode == 0, ran.stderr
     row = next(line.split() for line in ran.stdout.splitlines() if line.startswith(CHEAP))
     _, metric, unit, published, simulated, ratio = row
-    case = _cases()[CHEAP]
     assert (metric, unit) == ("duration_ms", "ms")
-    (direct,) = run_case(case, time_limit_s=60)  # the same case, simulated again here
     assert float(published) == pytest.approx(direct.figure.published, rel=1e-3)
     assert float(simulated.replace(",", "")) == pytest.approx(direct.simulated, rel=1e-3)
     assert ratio == f"{direct.simulated / direct.figure.published:.2f}"
@@ -66,7 +71,7 @@ def _doc_rows() -> list[list[str]]:
     return [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[4:] if line.startswith("|")]
 
 
-def test_the_doc_is_what_the_command_writes():
+def test_the_doc_is_what_the_command_writes(direct):
     rows = _doc_rows()
     cases = _cases()
     expected = [(c.name, f"{f.metric} ({f.unit})") for c in cases.values() for f in c.figures]
@@ -79,7 +84,6 @@ def test_the_doc_is_what_the_command_writes():
     line = re.search(r"\*\*(\d+ figures?: .*)\.\*\*", doc).group(1)
     n_within = int(line.split(": ")[1].split(" ")[0])
     assert line.startswith(f"{len(rows)} figures: ") and abs(n_within - sum(e <= 0.15 for e in errors)) <= 1
-    (direct,) = run_case(cases[CHEAP], time_limit_s=60)
     (mine,) = [r for r in rows if r[0] == CHEAP]
     assert float(mine[7].replace(",", "")) == pytest.approx(direct.simulated, rel=2e-3), "make validate"
     for f in load_registry():
