@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run serve test bench ui results clean
+.PHONY: install run serve test bench ui results validate clean
 
 # then the engine core is compiled with mypyc (paged_bench/native/guard.py: about 2x the step loop's
 # speed), again whenever its source changed; without a C compiler it stays interpreted
@@ -63,6 +63,11 @@ results: install
 	$(PY) -m paged_bench -m +experiment=seed_batching backend=sim
 	$(PY) -m paged_bench -m +experiment=seed_paging backend=sim
 	$(PY) -m paged_bench.report --experiment seed_batching --experiment seed_paging --out docs/results --into README.md
+
+# make validate: every published real-GPU case of conf/validation/ simulated, the table printed
+# (published / simulated / ratio) and written into docs/validation.md (about 15 s)
+validate: install
+	$(PY) -m paged_bench.validate --write docs/validation.md $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks .hypothesis build/native

@@ -122,6 +122,10 @@ def _entry(module: str):
         from paged_bench.report.__main__ import main
 
         return main
+    if module == "paged_bench.validate":
+        from paged_bench.validate.__main__ import main as validate
+
+        return validate
     if module == "paged_bench.serve":
         from paged_bench.serve.__main__ import cli as serve
 

@@ -1,0 +1,210 @@
+"""The registry of published cases: ``conf/validation/*.yaml``, read and checked once.
+
+One file is one source (a blog post, a CI dashboard, a paper's table): where it is (a URL, or
+a repository path and commit), the engine it measured, the ``setup`` overrides that describe
+that engine to ``python -m paged_bench``, and its cases. A case is one published run: GPU,
+model, tensor-parallel degree, workload, and each figure the source gives for it (metric,
+unit, value, how it was read). A bad file is refused in one line naming the file, the key
+and what is allowed, before anything is simulated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from paged_bench.errors import ConfigError, check, check_choice
+
+# what a figure may be: a key of the run's summary.json (or duration_ms, its duration in ms),
+# and the unit it is given in (checked, so a figure read in seconds is not compared in ms)
+METRICS: dict[str, str] = {
+    "request_throughput": "req/s",
+    "output_throughput": "tok/s",
+    "mean_ttft_ms": "ms",
+    "median_ttft_ms": "ms",
+    "mean_tpot_ms": "ms",
+    "median_tpot_ms": "ms",
+    "mean_itl_ms": "ms",
+    "mean_e2el_ms": "ms",
+    "duration_ms": "ms",
+}
+DATASETS = ("sharegpt", "fixed")
+_SOURCE_KEYS = ("title", "url", "repository", "path", "commit", "published")
+_FILE_KEYS = ("source", "engine", "setup", "notes", "cases")
+_CASE_KEYS = ("name", "gpu", "model", "tp", "where", "workload", "overrides", "figures")
+_FIGURE_KEYS = ("metric", "unit", "published", "read")
+
+
+@dataclass(frozen=True)
+class Source:
+    title: str
+    url: str | None  # where to read it; else repository + path (+ commit) name it
+    repository: str | None
+    path: str | None
+    commit: str | None
+    published: str  # the date it was published
+
+    @property
+    def citation(self) -> str:
+        """One line naming it: the title, the date, and where it is."""
+        where = [self.url] if self.url else []
+        if self.repository:
+            where.append(f"{self.repository}: {self.path}" + (f" @ {self.commit[:12]}" if self.commit else ""))
+        return f"{self.title} ({self.published}); {'; '.join(where)}"
+
+
+@dataclass(frozen=True)
+class Figure:
+    metric: str
+    unit: str
+    published: float
+    read: str  # how the value was read from the source (a table's cell, a plot's bar against its grid)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the published run sent: ``dataset`` sharegpt (lengths modelled, ``workloads``) or
+    fixed (``prompt_len`` / ``output_len`` each request), ``num_requests`` of them at ``rate``
+    requests/s (Poisson, as vLLM's benchmark_serving.py sends them) or all at once (inf)."""
+
+    dataset: str
+    num_requests: int
+    rate: float
+    prompt_len: int = 0  # fixed: every prompt; sharegpt: the published mean
+    output_len: int = 0
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    file: str  # the registry file it came from (its source's)
+    source: Source
+    engine: str
+    gpu: str
+    model: str
+    tp: int
+    where: str  # where in the source (a figure, a table)
+    workload: Workload
+    overrides: tuple[str, ...]  # the file's setup, then the case's own
+    figures: tuple[Figure, ...]
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One registry file: its source, engine and cases, and what it says is still off and why."""
+
+    name: str
+    source: Source
+    engine: str
+    setup: tuple[str, ...]  # the overrides every case of the file runs with
+    notes: str
+    cases: tuple[Case, ...]
+
+
+def registry_folder() -> Path:
+    """``conf/validation/``, where the package's config is (``paged_bench.conf``)."""
+    return Path(str(resources.files("paged_bench.conf").joinpath("validation")))
+
+
+def load_registry(folder: Path | None = None) -> list[SourceFile]:
+    """Every ``*.yaml`` of ``folder`` (the registry by default), in name order; case names unique."""
+    folder = registry_folder() if folder is None else folder
+    files = [load_file(path) for path in sorted(folder.glob("*.yaml"))]
+    check(bool(files), "validation registry", str(folder), "a folder holding at least one case file (*.yaml)")
+    seen: dict[str, str] = {}
+    for f in files:
+        for case in f.cases:
+            check(case.name not in seen, f"{f.name}: cases[].name", case.name,
+                  f"a name no other case has (it is {seen.get(case.name)}'s too)")  # fmt: skip
+            seen[case.name] = f.name
+    return files
+
+
+def load_file(path: Path) -> SourceFile:
+    """One case file, checked: every key known, every value of its type."""
+    name = path.name
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(name, str(path), f"a YAML file{at}: {getattr(e, 'problem', None) or e}") from None
+    top = _mapping(raw, name, _FILE_KEYS, required=("source", "engine", "cases"))
+    source = _source(top["source"], f"{name}: source")
+    engine = _text(top["engine"], f"{name}: engine")
+    setup = _overrides(top.get("setup", []), f"{name}: setup")
+    cases = top["cases"]
+    check(isinstance(cases, list) and bool(cases), f"{name}: cases", cases, "a list of at least one case")
+    return SourceFile(name, source, engine, setup, _text(top.get("notes", ""), f"{name}: notes", empty=True),
+                      tuple(_case(c, f"{name}: cases[{i}]", name, source, engine, setup)
+                            for i, c in enumerate(cases)))  # fmt: skip
+
+
+def _case(raw: Any, key: str, file: str, source: Source, engine: str, setup: tuple[str, ...]) -> Case:
+    c = _mapping(raw, key, _CASE_KEYS, required=("name", "gpu", "model", "tp", "workload", "figures"))
+    figures = c["figures"]
+    check(isinstance(figures, list) and bool(figures), f"{key}.figures", figures, "a list of at least one figure")
+    tp = c["tp"]
+    check(isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1, f"{key}.tp", tp, "an integer >= 1")
+    return Case(_text(c["name"], f"{key}.name"), file, source, engine, _text(c["gpu"], f"{key}.gpu"),
+                _text(c["model"], f"{key}.model"), tp, _text(c.get("where", ""), f"{key}.where", empty=True),
+                _workload(c["workload"], f"{key}.workload"),
+                setup + _overrides(c.get("overrides", []), f"{key}.overrides"),
+                tuple(_figure(f, f"{key}.figures[{i}]") for i, f in enumerate(figures)))  # fmt: skip
+
+
+def _source(raw: Any, key: str) -> Source:
+    s = _mapping(raw, key, _SOURCE_KEYS, required=("title", "published"))
+    fields = {k: (None if s.get(k) is None else _text(s[k], f"{key}.{k}")) for k in _SOURCE_KEYS}
+    check(bool(fields["url"] or (fields["repository"] and fields["path"])), key, raw,
+          "a url, or a repository and path (with the commit read)")  # fmt: skip
+    return Source(**fields)  # type: ignore[arg-type]
+
+
+def _workload(raw: Any, key: str) -> Workload:
+    w = _mapping(raw, key, ("dataset", "num_requests", "rate", "prompt_len", "output_len"),
+                 required=("dataset", "num_requests", "rate", "prompt_len", "output_len"))  # fmt: skip
+    dataset = check_choice(f"{key}.dataset", w["dataset"], DATASETS)
+    rate = float("inf") if w["rate"] in ("inf", float("inf")) else w["rate"]
+    check(isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0, f"{key}.rate", w["rate"],
+          "requests per second > 0, or inf (every request sent at once)")  # fmt: skip
+    counts = {k: w[k] for k in ("num_requests", "prompt_len", "output_len")}
+    for k, v in counts.items():
+        check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{key}.{k}", v, "an integer >= 1")
+    return Workload(dataset, rate=float(rate), **counts)
+
+
+def _figure(raw: Any, key: str) -> Figure:
+    f = _mapping(raw, key, _FIGURE_KEYS, required=_FIGURE_KEYS)
+    metric = check_choice(f"{key}.metric", f["metric"], METRICS)
+    check(f["unit"] == METRICS[metric], f"{key}.unit", f["unit"], f"{METRICS[metric]!r}, {metric}'s unit")
+    value = f["published"]
+    check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0,
+          f"{key}.published", value, "a number > 0")  # fmt: skip
+    return Figure(metric, f["unit"], float(value), _text(f["read"], f"{key}.read"))
+
+
+def _overrides(raw: Any, key: str) -> tuple[str, ...]:
+    ok = isinstance(raw, list) and all(isinstance(o, str) and "=" in o for o in raw)
+    check(ok, key, raw, "a list of python -m paged_bench overrides (KEY=VALUE)")
+    return tuple(raw)
+
+
+def _mapping(raw: Any, key: str, known: tuple[str, ...], required: tuple[str, ...]) -> Mapping[str, Any]:
+    check(isinstance(raw, dict), key, raw, f"a mapping with keys {', '.join(known)}")
+    for k in raw:
+        check(k in known, f"{key}.{k}", raw[k], f"not a key here; the keys are {', '.join(known)}")
+    missing = [k for k in required if k not in raw]
+    check(not missing, key, "{...}", f"a mapping that sets {', '.join(missing)} too")
+    return raw
+
+
+def _text(raw: Any, key: str, empty: bool = False) -> str:
+    check(isinstance(raw, str) and (empty or bool(raw.strip())), key, raw, "a non-empty string")
+    return raw.strip()

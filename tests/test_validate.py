@@ -1,0 +1,90 @@
+"""``python -m paged_bench.validate`` (issue 35): the registry of published cases loads and names
+its sources, one cheap case runs end to end and prints ratio = simulated / published, a bad
+case file is refused in one line, and docs/validation.md is what the command writes: every
+registry figure in its table, its summary line computed from its own rows, and the cheap
+case's simulated figure the one a run makes now."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from paged_bench.validate.cases import load_registry
+from paged_bench.validate.simulate import run_case
+from tests.tracking_support import call_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "validation.md"
+CHEAP = "h200-8b-latency-bs8"  # one batch of 8 requests: a fraction of a second
+
+
+@pytest.fixture(scope="module")
+def direct():
+    """The cheap case, simulated here (in-process, as the command does)."""
+    (row,) = run_case(_cases()[CHEAP], time_limit_s=60)
+    return row
+
+
+def _cases():
+    return {c.name: c for f in load_registry() for c in f.cases}
+
+
+def test_every_case_names_its_source_engine_and_how_each_figure_was_read():
+    files = load_registry()
+    assert len(files) >= 3 and sum(len(f.cases) for f in files) >= 20
+    for f in files:
+        s = f.source
+        assert s.url or (s.repository and s.path), f.name
+        assert s.title and s.published and f.engine
+        for case in f.cases:
+            assert all(fig.read and fig.published > 0 for fig in case.figures), case.name
+
+
+def test_a_case_runs_end_to_end_and_prints_simulated_over_published(tmp_path, direct):
+    ran = call_cli(tmp_path, "--case", CHEAP, module="paged_bench.validate")
+    assert ran.returncode == 0, ran.stderr
+    row = next(line.split() for line in ran.stdout.splitlines() if line.startswith(CHEAP))
+    _, metric, unit, published, simulated, ratio = row
+    assert (metric, unit) == ("duration_ms", "ms")
+    assert float(published) == pytest.approx(direct.figure.published, rel=1e-3)
+    assert float(simulated.replace(",", "")) == pytest.approx(direct.simulated, rel=1e-3)
+    assert ratio == f"{direct.simulated / direct.figure.published:.2f}"
+    assert "1 figure: " in ran.stdout and "median absolute error" in ran.stdout
+
+
+def test_a_bad_case_file_is_one_line_naming_the_file_and_key(tmp_path):
+    good = (ROOT / "conf" / "validation" / "shared_vllm_ci_latency_h200.yaml").read_text()
+    (tmp_path / "bad.yaml").write_text(good.replace("unit: ms", "unit: s", 1))
+    ran = call_cli(tmp_path, "--registry", str(tmp_path), module="paged_bench.validate")
+    assert ran.returncode == 2 and ran.stdout == ""
+    assert ran.stderr.count("\n") == 1
+    assert ran.stderr.startswith("error: bad.yaml: cases[0].figures[0].unit='s' is not allowed: 'ms'")
+    ran = call_cli(tmp_path, "--case", "no-such-case", module="paged_bench.validate")
+    assert ran.returncode == 2 and "--case='no-such-case' is not allowed: one of " in ran.stderr
+
+
+def _doc_rows() -> list[list[str]]:
+    text = DOC.read_text()
+    table = text[text.index("## Results") : text.index("## Where the simulator")]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[4:] if line.startswith("|")]
+
+
+def test_the_doc_is_what_the_command_writes(direct):
+    rows = _doc_rows()
+    cases = _cases()
+    expected = [(c.name, f"{f.metric} ({f.unit})") for c in cases.values() for f in c.figures]
+    assert [(r[0], r[5]) for r in rows] == expected  # every figure of the registry, in its order
+    for r in rows:
+        published, simulated, ratio = (float(v.replace(",", "")) for v in r[6:9])
+        assert ratio == pytest.approx(simulated / published, abs=0.011 + 0.01 * ratio), r
+    errors = sorted(abs(float(r[8]) - 1) for r in rows)
+    doc = DOC.read_text()
+    line = re.search(r"\*\*(\d+ figures?: .*)\.\*\*", doc).group(1)
+    n_within = int(line.split(": ")[1].split(" ")[0])
+    assert line.startswith(f"{len(rows)} figures: ") and abs(n_within - sum(e <= 0.15 for e in errors)) <= 1
+    (mine,) = [r for r in rows if r[0] == CHEAP]
+    assert float(mine[7].replace(",", "")) == pytest.approx(direct.simulated, rel=2e-3), "make validate"
+    for f in load_registry():
+        assert f.source.citation in doc
