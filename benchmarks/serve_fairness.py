@@ -56,7 +56,7 @@ class Server:
             self.stop()
             raise RuntimeError(f"the server did not start: {line}{self.proc.stdout.read()}")
         self.base_url = line.split(" on ", 1)[1].split()[0]
-        self.client = OpenAI(base_url=self.base_url, api_key="unused", max_retries=0, timeout=600)
+        self.client = OpenAI(base_url=self.base_url, api_key="unused", max_retries=0, timeout=1800)
         self.model = self.client.models.list().data[0].id
 
     def __enter__(self) -> Server:
