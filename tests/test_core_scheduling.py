@@ -326,6 +326,10 @@ def test_long_prefill_token_threshold_caps_each_prompts_chunk_and_leaves_the_bud
     assert rows(step(sched)) == [("long", 6, 6), ("short", 4, 1)]
     assert rows(step(sched)) == [("long", 12, 6)]  # short's two tokens are out
     assert rows(step(sched)) == [("long", 18, 2)]
+    one = scheduler(num_blocks=16, budget=16)
+    one.long_prefill_token_threshold = 1
+    one.add_request(Request("long", 0.0, range(20), 2), 0.0)
+    assert rows(step(one)) == [("long", 0, 1)]
     whole = scheduler(num_blocks=16, budget=32, chunked_prefill=False)
     whole.long_prefill_token_threshold = 6
     whole.add_request(Request("long", 0.0, range(20), 2), 0.0)

@@ -228,8 +228,8 @@ class Scheduler:
         """How many of ``num_tokens`` fit this step: all (at most the long-prefill threshold),
         the budget's worth, or none."""
         cap = self.long_prefill_token_threshold
-        if 0 < cap < num_tokens and self.chunked_prefill:  # without chunking, a prompt runs whole
-            num_tokens = cap
+        if cap > 0 and self.chunked_prefill:  # without chunking, a prompt runs whole
+            num_tokens = min(num_tokens, cap)
         if num_tokens <= budget:
             return num_tokens
         return budget if self.chunked_prefill else 0
