@@ -240,6 +240,7 @@ class EngineLoop:
                     if stream in group.pending:
                         group.pending.remove(stream)
                         self._end_pending(stream, command[2])
+                        break
 
     def _feed(self) -> None:
         """Hand each request's next sequences to the engine while fewer than ``max_prefills``
