@@ -291,7 +291,7 @@ class EngineLoop:
         counters = alloc.counters
         self.snapshot = Snapshot(
             running=len(sched.running),
-            waiting=len(sched.waiting),
+            waiting=len(sched.waiting) + sum(len(g.pending) for g in self._groups),  # held back here too
             num_blocks=alloc.layout.num_blocks,
             free_blocks=alloc.num_free_blocks,
             preemptions=sched.num_preemptions,
