@@ -82,14 +82,18 @@ def memory(server: Server, tokens: int, copies: int) -> dict[str, float]:
     return {"rss_before_mb": before / 1024, "peak_rss_mb": status_kb(server.proc.pid, "VmHWM") / 1024}
 
 
-def _stream_gaps(server: Server, max_tokens: int, started: threading.Event, out: list[float]) -> None:
-    """Stream one decode, recording each token's arrival time."""
+def _stream_gaps(server: Server, max_tokens: int, started: threading.Event, stop: threading.Event,
+                 out: list[float]) -> None:  # fmt: skip
+    """Stream one decode, recording each token's arrival time, until ``stop`` is set."""
     stream = server.client.completions.create(model=server.model, prompt=[1, 2, 3], max_tokens=max_tokens,
                                               stream=True, extra_body={"ignore_eos": True})  # fmt: skip
     try:
         for _ in stream:
             out.append(time.perf_counter())
             started.set()
+            if stop.is_set():  # closed, so that the server does not wait for it at shutdown
+                stream.close()
+                return
     except Exception:  # noqa: BLE001 - the server stopped under it: the figures are taken by then
         started.set()
 
@@ -98,8 +102,8 @@ def fairness(server: Server, tokens: int, distinct: int, delay: float) -> dict[s
     """TTFT (s) of a small request sent ``delay`` s after a request of ``distinct`` prompts, and
     the longest gap (s) a stream decoding all along saw while that request ran."""
     arrivals: list[float] = []
-    started = threading.Event()
-    decoding = threading.Thread(target=_stream_gaps, args=(server, 4000, started, arrivals), daemon=True)
+    started, stop = threading.Event(), threading.Event()
+    decoding = threading.Thread(target=_stream_gaps, args=(server, 4000, started, stop, arrivals), daemon=True)
     decoding.start()
     started.wait(120)
     prompts = [[(7 * i + j) % 250 + 1 for j in range(tokens)] for i in range(distinct)]  # each its own prefix
@@ -118,6 +122,8 @@ def fairness(server: Server, tokens: int, distinct: int, delay: float) -> dict[s
         ttft = time.perf_counter() - t0
         break
     sender.join()
+    stop.set()
+    decoding.join(30)
     during = [t for t in arrivals if big["start"] <= t <= big["end"]]
     gaps = [b - a for a, b in zip(during, during[1:])]
     return {"small_ttft_s": ttft, "max_decode_gap_s": max(gaps, default=float("nan")),
