@@ -312,3 +312,25 @@ def test_a_preemption_reaches_the_backend_in_the_first_plan_it_runs(mode):
     assert bool(plan.swap_out) is (mode == "swap")
     after = sched.schedule(0.0)  # nothing fits yet either way
     assert after.preempted_req_ids == (() if mode == "swap" else ("r",))
+
+
+def test_long_prefill_token_threshold_caps_each_prompts_chunk_and_leaves_the_budget_to_others():
+    """vLLM's long_prefill_token_threshold (the server sets it): a long prompt gets at most that
+    many tokens a step, running or admitted, so a prompt behind it is admitted in the same step;
+    without chunking, or at 0, a prompt runs whole as before."""
+    sched = scheduler(num_blocks=16, budget=16)
+    sched.long_prefill_token_threshold = 6
+    sched.add_request(Request("long", 0.0, range(20), 2), 0.0)
+    sched.add_request(Request("short", 0.0, range(100, 104), 2), 0.0)
+    assert rows(step(sched)) == [("long", 0, 6), ("short", 0, 4)]
+    assert rows(step(sched)) == [("long", 6, 6), ("short", 4, 1)]
+    assert rows(step(sched)) == [("long", 12, 6)]  # short's two tokens are out
+    assert rows(step(sched)) == [("long", 18, 2)]
+    one = scheduler(num_blocks=16, budget=16)
+    one.long_prefill_token_threshold = 1
+    one.add_request(Request("long", 0.0, range(20), 2), 0.0)
+    assert rows(step(one)) == [("long", 0, 1)]
+    whole = scheduler(num_blocks=16, budget=32, chunked_prefill=False)
+    whole.long_prefill_token_threshold = 6
+    whole.add_request(Request("long", 0.0, range(20), 2), 0.0)
+    assert rows(step(whole)) == [("long", 0, 20)]

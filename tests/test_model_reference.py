@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.plan import NewRequestData, StepPlan
 from paged_bench.core.request import Request
+from paged_bench.model import ops_numpy
 from paged_bench.run.bench import build
 from paged_bench.run.registry import create
 from tests.conftest import compose_config
@@ -175,3 +176,14 @@ def test_numpy_and_torch_logits_agree_with_transformers(checkpoint):
     # chunk samples nothing, so its row is not compared)
     np.testing.assert_allclose(np_second, _hf_last_logits(model, seqs), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(np_first[:2], _hf_last_logits(model, [s[:-1] for s in seqs[:2]]), rtol=1e-4, atol=1e-4)
+
+
+def test_numpy_prefill_attention_in_slices_gives_the_whole_chunks_logits(checkpoint, monkeypatch):
+    """The numpy backend bounds a prefill's scores by slicing its query rows (each slice against
+    the keys up to its own last position): at one row a slice, the logits are the unsliced ones."""
+    path, prompts, _, model = checkpoint
+    whole_first, whole_second, _ = _two_steps(create("backend", "numpy", model_path=path), prompts)
+    monkeypatch.setattr(ops_numpy, "SCORE_ELEMENTS", 1)
+    first, second, _ = _two_steps(create("backend", "numpy", model_path=path), prompts)
+    np.testing.assert_allclose(first, whole_first, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(second, whole_second, rtol=1e-5, atol=1e-5)

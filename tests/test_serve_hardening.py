@@ -239,16 +239,17 @@ def test_a_body_without_content_length_is_parsed_off_the_event_loop(sim, monkeyp
     assert not calls  # a small body with its size stays on the loop: no thread hop
 
 
-def test_a_long_prompt_is_prefilled_in_chunks_of_vllms_server_budget():
+def test_a_long_prompt_is_prefilled_in_chunks_of_the_long_prefill_threshold():
     """The server inherited the benchmark's 8192-token budget: a 4,000-token prompt was one
-    step, and every other stream waited for it whole (18 s on the numpy model). vLLM's OpenAI
-    server takes 2048 tokens a step (on all but the largest GPUs)."""
+    step, and every other stream waited for it whole (18 s on the numpy model); vLLM's server
+    budget of 2048 still made 2-6 s steps. A sequence now takes at most
+    ``server.long_prefill_token_threshold`` (256) prompt tokens a step."""
     handle = serve_in_thread(*QUIET, *FAST, "server.tokenizer=byte", "max_model_len=4096")
     try:
         before = metric(handle.url, "paged_bench_step_batch_size_count")
         r = httpx.post(handle.url + "/v1/completions", json={"prompt": [7] * 3000, "max_tokens": 1})
         assert r.status_code == 200, r.text
-        assert metric(handle.url, "paged_bench_step_batch_size_count") - before == 2  # 2048 + 952 tokens
+        assert metric(handle.url, "paged_bench_step_batch_size_count") - before == 12  # 11 x 256 + 184 tokens
     finally:
         handle.stop()
 

@@ -1,8 +1,19 @@
-"""The forward's primitives in numpy (float32): the reference implementation on any CPU."""
+"""The forward's primitives in numpy (float32): the reference implementation on any CPU.
+
+Attention is eager (the score matrix is materialised), so its memory is bounded here: decodes
+(one query each) run as one padded group, but each prefill chunk runs alone, in slices of
+query rows whose scores hold at most ``SCORE_ELEMENTS`` floats, each slice against the keys up
+to its own last position. Padding every prefill of a step to the longest (the group as
+``model.batch`` packs it) cost a step of 16 prompts, one 1,952-token chunk beside fifteen short
+ones at 4,000 tokens of context, 16 x 8 heads x 1,952 x 4,000 scores: 4 GB, and with the
+softmax's temporaries the server's 5.7 GB peak (issue 36). A 2,048-token chunk alone still
+held 262 MB of scores (1.1 GB peak); sliced, a prefill's scores take 16 MiB whatever its length.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -11,10 +22,14 @@ from paged_bench.model.config import ModelConfig
 from paged_bench.model.forward import rope_table
 
 
+# the most attention scores (floats) one slice of a prefill holds: 16 MiB
+SCORE_ELEMENTS = 1 << 22
+
+
 @dataclass
 class _Group:
     src: AttnGroup
-    mask: np.ndarray  # [G, 1, 1, N, L] additive: 0 where allowed, -inf elsewhere
+    mask: np.ndarray | None  # decodes: [G, 1, 1, 1, L] additive, 0 where allowed, -inf elsewhere
     out_rows: np.ndarray  # packed rows the group's real queries write to
 
 
@@ -65,7 +80,9 @@ class NumpyOps:
             self._cos, self._sin = rope_table(self.cfg, max(top, 2 * len(self._cos)))
         groups = []
         for g in batch.groups:
-            mask = np.where(g.allowed(), np.float32(0), np.float32(-np.inf))[:, None, None]
+            # a prefill group's masks are made per slice (see attention): its [G, N, L] could be GBs
+            decodes = g.rows.shape[1] == 1
+            mask = np.where(g.allowed(), np.float32(0), np.float32(-np.inf))[:, None, None] if decodes else None
             groups.append(_Group(g, mask, g.rows[g.valid]))
         return _Step(batch, self._cos[batch.positions][:, None], self._sin[batch.positions][:, None], groups)
 
@@ -90,22 +107,50 @@ class NumpyOps:
         pool[layer, slots, 1] = v.reshape(k.shape)
 
     def attention(self, q: np.ndarray, pool: np.ndarray, layer: int, st: _Step, scale: float) -> np.ndarray:
-        c = self.cfg
-        kvh, grp, d = c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim
-        out = np.empty((len(q), c.q_size), np.float32)
+        out = np.empty((len(q), self.cfg.q_size), np.float32)
         for g in st.groups:
-            n_g, n_q = g.src.rows.shape
-            # [G, N, H, d] -> [G, kv_heads, group, N, d]: the query heads sharing a KV head
-            qg = q[g.src.rows].reshape(n_g, n_q, kvh, grp, d).transpose(0, 2, 3, 1, 4)
-            kv = pool[layer][g.src.ctx_slots]  # [G, L, 2, kvh, d]: the paged gather
-            kg = kv[:, :, 0].transpose(0, 2, 3, 1)[:, :, None]  # [G, kvh, 1, d, L]
-            vg = kv[:, :, 1].transpose(0, 2, 1, 3)[:, :, None]  # [G, kvh, 1, L, d]
-            s = (qg @ kg) * np.float32(scale) + g.mask
-            s = np.exp(s - s.max(axis=-1, keepdims=True))
-            s /= s.sum(axis=-1, keepdims=True)
-            o = (s @ vg).transpose(0, 3, 1, 2, 4).reshape(n_g, n_q, c.q_size)
-            out[g.out_rows] = o[g.src.valid]
+            if g.mask is not None:
+                out[g.out_rows] = self._padded(q, pool[layer], g, scale)
+                continue
+            for i in range(len(g.src.rows)):  # each prefill alone: no padding to the longest
+                n = int(g.src.valid[i].sum())
+                self._prefill(q, pool[layer], g.src.rows[i, :n], g.src.q_pos[i, :n], g.src.ctx_slots[i], scale, out)
         return out
+
+    def _heads(self, q: np.ndarray) -> np.ndarray:
+        """``[..., N, H, d]`` -> ``[..., kv_heads, group, N, d]``: the query heads sharing a KV head."""
+        c = self.cfg
+        q = q.reshape(*q.shape[:-2], c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim)
+        return np.moveaxis(q, -4, -2)
+
+    def _attend(self, qg: np.ndarray, kv: np.ndarray, mask: Any, scale: float) -> np.ndarray:
+        """Softmax attention of ``qg`` ``[..., kvh, grp, N, d]`` over ``kv`` ``[..., L, 2, kvh, d]``;
+        ``[..., N, H * d]``."""
+        kg = np.moveaxis(kv[..., 0, :, :], -3, -1)[..., None, :, :]  # [..., kvh, 1, d, L]
+        vg = np.moveaxis(kv[..., 1, :, :], -3, -2)[..., None, :, :]  # [..., kvh, 1, L, d]
+        s = (qg @ kg) * np.float32(scale) + mask
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        s /= s.sum(axis=-1, keepdims=True)
+        o = np.moveaxis(s @ vg, -2, -4)  # [..., N, kvh, grp, d]
+        return o.reshape(*o.shape[:-3], self.cfg.q_size)
+
+    def _padded(self, q: np.ndarray, pool: np.ndarray, g: _Group, scale: float) -> np.ndarray:
+        """The decodes, one query each, padded to the longest context: the real queries' rows."""
+        o = self._attend(self._heads(q[g.src.rows]), pool[g.src.ctx_slots], g.mask, scale)
+        return o[g.src.valid]
+
+    def _prefill(self, q: np.ndarray, pool: np.ndarray, rows: np.ndarray, q_pos: np.ndarray, ctx: np.ndarray,
+                 scale: float, out: np.ndarray) -> None:  # fmt: skip
+        """One prefill chunk (queries at consecutive positions ``q_pos``) in slices of rows whose
+        scores fit ``SCORE_ELEMENTS``, each against the keys up to its own last position."""
+        per_row = self.cfg.num_heads * (int(q_pos[-1]) + 1)
+        step = max(1, SCORE_ELEMENTS // per_row)
+        for a in range(0, len(rows), step):
+            pos = q_pos[a : a + step]
+            end = int(pos[-1]) + 1
+            allowed = np.arange(end)[None, :] <= pos[:, None]
+            mask = np.where(allowed, np.float32(0), np.float32(-np.inf))
+            out[rows[a : a + step]] = self._attend(self._heads(q[rows[a : a + step]]), pool[ctx[:end]], mask, scale)
 
     def silu_mul(self, gate_up: np.ndarray) -> np.ndarray:
         gate, up = np.split(gate_up, 2, axis=-1)

@@ -182,11 +182,13 @@ class OpenAIServer:
             raise RequestError("the engine is not running", status=503)
         if self.loop.num_waiting() + params.num_choices > self.max_waiting:
             raise RequestError(f"too many requests waiting ({self.max_waiting}); retry later", status=429)
+        indices = range(params.num_choices)
+        streams = self.loop.submit_group([_engine_request(params, i) for i in indices])
         choices = []
-        for i in range(params.num_choices):
+        for i, stream in zip(indices, streams):
             prompt, max_tokens = params.prompt_of(i), params.max_tokens_of(i)
             text = echo_text(prompt) if params.echo else ""
-            choices.append(Choice(i, self.loop.submit(_engine_request(params, i)), prompt, text, max_tokens > 0))
+            choices.append(Choice(i, stream, prompt, text, max_tokens > 0))
         return choices
 
     # -- a request ----------------------------------------------------------------------------

@@ -7,6 +7,14 @@ steps, which is continuous batching. After each step the thread hands every requ
 tokens, and its end, to the event loop in one batch (``call_soon_threadsafe``), where each
 request's ``Stream`` queue receives them.
 
+Fairness between requests: the prompts (and choices) of one HTTP request form a group, and
+the engine gets at most ``max_prefills`` of a group's sequences that are still before their
+first token at a time; the rest wait here, and are handed over as the group's prefills end,
+the groups taking turns (each one's next sequence joins the engine's FCFS queue behind those
+of the other groups). A fan-out (64 prompts, or ``n``) so cannot fill the engine's queue and
+batch ahead of a request that arrives after it: that request waits for at most one prefill
+chunk of each group already in, not for every prompt of each.
+
 A request whose own sampling fails (the backend notes it in ``sampling_failures`` instead of
 raising) ends alone with ``FinishReason.ERROR``; the placeholder token sampled for it is never
 sent. If a whole step raises, every unfinished request ends with ``FinishReason.ERROR`` (its
@@ -20,6 +28,7 @@ import asyncio
 import logging
 import queue
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 from paged_bench.core.engine import Engine
@@ -69,11 +78,28 @@ class Snapshot:
     errors: int = 0
 
 
+@dataclass(eq=False)
+class _Group:
+    """The sequences of one HTTP request: those not handed to the engine yet, and those that were."""
+
+    pending: deque[Stream]
+    admitted: list[Request] = field(default_factory=list)
+
+    def num_prefilling(self) -> int:
+        """Handed to the engine and not past the prompt yet (waiting, prefilling, or preempted
+        and recomputing); the finished ones are dropped on the way."""
+        self.admitted = [r for r in self.admitted if not r.is_finished]
+        return sum(r.num_computed_tokens < r.num_prompt_tokens for r in self.admitted)
+
+
 class EngineLoop:
-    def __init__(self, engine: Engine, observer=None) -> None:
+    def __init__(self, engine: Engine, observer=None, max_prefills: int = 1) -> None:
         """``observer`` (optional) gets ``step(engine)`` after each step and ``finished(req)``
-        for each request that ends; called on the engine thread."""
+        for each request that ends; called on the engine thread. ``max_prefills``: at most
+        that many sequences of one request before their first token in the engine at once."""
         self.engine = engine
+        self.max_prefills = max_prefills
+        self._groups: deque[_Group] = deque()  # engine side: requests with sequences not handed over
         self.observer = observer
         self.snapshot = Snapshot(num_blocks=engine.allocator.layout.num_blocks,
                                  free_blocks=engine.allocator.num_free_blocks)
@@ -113,12 +139,19 @@ class EngineLoop:
         return sum(s.waiting for s in self.streams)
 
     def submit(self, req: Request) -> Stream:
-        req.arrival_time = self.engine.clock.now()
-        stream = Stream(req)
-        self.streams.add(stream)
-        self._commands.put(("add", stream))
+        return self.submit_group([req])[0]
+
+    def submit_group(self, reqs: list[Request]) -> list[Stream]:
+        """The sequences of one request (its prompts x ``n``), admitted ``max_prefills`` at a time."""
+        now = self.engine.clock.now()
+        streams = []
+        for req in reqs:
+            req.arrival_time = now
+            streams.append(Stream(req))
+        self.streams.update(streams)
+        self._commands.put(("add", streams))
         self._wake.set()
-        return stream
+        return streams
 
     def finish(self, stream: Stream, reason: FinishReason = FinishReason.ABORT) -> None:
         """End a request early (ABORT: the client went away; STOP: a stop string matched)."""
@@ -141,6 +174,7 @@ class EngineLoop:
             while not self._stopping:
                 self._wake.clear()
                 self._drain()
+                self._feed()
                 if not engine.has_unfinished():
                     self._publish()
                     self._wake.wait(IDLE_POLL_S)
@@ -159,6 +193,10 @@ class EngineLoop:
                 self._publish()
         finally:
             self._drain()  # requests submitted meanwhile end with the rest
+            for group in self._groups:
+                for stream in group.pending:
+                    self._end_pending(stream, FinishReason.ABORT, "the server is shutting down")
+            self._groups.clear()
             engine.scheduler.abort_all(FinishReason.ABORT, engine.clock.now(), "the server is shutting down",
                                        submitted=self._live)  # fmt: skip
             self._publish()
@@ -184,21 +222,48 @@ class EngineLoop:
         failures.clear()
 
     def _drain(self) -> None:
-        engine, now = self.engine, self.engine.clock.now()
+        now = self.engine.clock.now()
         while True:
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
+            if command[0] == "add":
+                self._groups.append(_Group(deque(command[1])))
+                continue
             stream: Stream = command[1]
             req = stream.req
-            if command[0] == "add":
-                self._live[req] = (stream, req.num_tokens)
-                if isinstance(req, LogprobsRequest) and self._sinks is not None:
-                    self._sinks.by_id[req.request_id] = req.sink
-                engine.add_request(req)  # a prompt that can never run is finished REJECTED
-            elif req in self._live:
-                engine.scheduler.finish_request(req, command[2], now)
+            if req in self._live:
+                self.engine.scheduler.finish_request(req, command[2], now)
+            elif not req.is_finished:  # not handed to the engine yet
+                for group in self._groups:
+                    if stream in group.pending:
+                        group.pending.remove(stream)
+                        self._end_pending(stream, command[2])
+                        break
+
+    def _feed(self) -> None:
+        """Hand each request's next sequences to the engine while fewer than ``max_prefills``
+        of its own are before their first token, the requests taking turns."""
+        for group in list(self._groups):
+            while group.pending and group.num_prefilling() < self.max_prefills:
+                stream = group.pending.popleft()
+                self._add(stream)
+                group.admitted.append(stream.req)
+            if not group.pending:
+                self._groups.remove(group)
+
+    def _add(self, stream: Stream) -> None:
+        req = stream.req
+        self._live[req] = (stream, req.num_tokens)
+        if isinstance(req, LogprobsRequest) and self._sinks is not None:
+            self._sinks.by_id[req.request_id] = req.sink
+        self.engine.add_request(req)  # a prompt that can never run is finished REJECTED
+
+    def _end_pending(self, stream: Stream, reason: FinishReason, error: str | None = None) -> None:
+        """End a sequence never handed to the engine; the next ``_publish`` delivers it."""
+        self._live[stream.req] = (stream, stream.req.num_tokens)
+        stream.req.finish(reason, self.engine.clock.now(), error)
 
     def _publish(self) -> None:
         """Hand new tokens and ends to the event loop, and refresh the snapshot."""
@@ -226,7 +291,7 @@ class EngineLoop:
         counters = alloc.counters
         self.snapshot = Snapshot(
             running=len(sched.running),
-            waiting=len(sched.waiting),
+            waiting=len(sched.waiting) + sum(len(g.pending) for g in self._groups),  # held back here too
             num_blocks=alloc.layout.num_blocks,
             free_blocks=alloc.num_free_blocks,
             preemptions=sched.num_preemptions,

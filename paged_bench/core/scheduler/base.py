@@ -48,6 +48,10 @@ class Scheduler:
     name: ClassVar[str] = ""
     preemption_mode: Literal["recompute", "swap"] = "recompute"
     admission_reserve_blocks: int = 0
+    # vLLM's long_prefill_token_threshold (v1 Scheduler.schedule caps a request's num_new_tokens at
+    # it, running and waiting alike): most prompt tokens one request gets in a step, so a long
+    # prompt leaves the step's budget to others; 0 = no cap. The server sets it (server.*).
+    long_prefill_token_threshold: int = 0
     plan_token_ids: bool = True  # new requests carry their tokens (the engine sets the backend's choice)
 
     def __init__(
@@ -256,7 +260,11 @@ class Scheduler:
     # -- the machinery --------------------------------------------------------------------
 
     def _chunk(self, num_tokens: int, budget: int) -> int:
-        """How many of ``num_tokens`` fit this step: all, the budget's worth, or none."""
+        """How many of ``num_tokens`` fit this step: all (at most the long-prefill threshold),
+        the budget's worth, or none."""
+        cap = self.long_prefill_token_threshold
+        if cap > 0 and self.chunked_prefill:  # without chunking, a prompt runs whole
+            num_tokens = min(num_tokens, cap)
         if num_tokens <= budget:
             return num_tokens
         return budget if self.chunked_prefill else 0
