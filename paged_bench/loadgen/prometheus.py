@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-import httpx
+import asyncio
+
+import aiohttp
 
 from paged_bench.loadgen.config import TargetConfig
 
@@ -37,9 +39,13 @@ def parse_ttft_totals(text: str) -> tuple[float, float] | None:
     return (total, count) if seen else None
 
 
-async def ttft_totals(client: httpx.AsyncClient, target: TargetConfig) -> tuple[float, float] | None:
+async def ttft_totals(session: aiohttp.ClientSession, target: TargetConfig) -> tuple[float, float] | None:
     try:
-        resp = await client.get(metrics_url(target), headers=target.headers, timeout=5.0)
-    except httpx.HTTPError:
+        async with session.get(metrics_url(target), headers=target.headers,
+                               timeout=aiohttp.ClientTimeout(total=5.0)) as resp:  # fmt: skip
+            if resp.status != 200:
+                return None
+            text = (await resp.read()).decode("utf-8", "replace")
+    except (aiohttp.ClientError, asyncio.TimeoutError):
         return None
-    return parse_ttft_totals(resp.text) if resp.status_code == 200 else None
+    return parse_ttft_totals(text)
