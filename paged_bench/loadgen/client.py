@@ -22,6 +22,8 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
 
 from paged_bench.core.request import Request
 from paged_bench.loadgen.config import TargetConfig
@@ -64,17 +66,28 @@ def request_body(target: TargetConfig, model: str | None, req: Request, text: st
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where a run's requests go and the headers they carry, worked out once per run (the
-    API key is read from the environment once, not per request)."""
+    """Where a run's requests go, worked out once per run: the URL, the headers (the API key
+    read from the environment once) and the proxy the environment names for that URL, if any
+    (``HTTP_PROXY``/``NO_PROXY``: ``vllm bench serve``'s session has ``trust_env=True``, which
+    looks the proxy and ``~/.netrc`` up on a worker thread for every request, two thread hops a
+    request; the answer is the same for every request of a run)."""
 
     url: str
     headers: dict[str, str]
     timeout_s: float
+    proxy: URL | None = None
+    proxy_auth: aiohttp.BasicAuth | None = None
 
     @classmethod
     def of(cls, target: TargetConfig) -> Endpoint:
         path = "/chat/completions" if target.endpoint == "chat" else "/completions"
-        return cls(target.url + path, {"Content-Type": "application/json", **target.headers}, target.timeout_s)
+        url = target.url + path
+        headers = {"Content-Type": "application/json", **target.headers}
+        try:
+            proxy, auth = get_env_proxy_for_url(URL(url))
+        except LookupError:  # none named, or NO_PROXY covers the host
+            return cls(url, headers, target.timeout_s)
+        return cls(url, headers, target.timeout_s, proxy, auth)
 
 
 def _error_text(status: int, raw: bytes) -> str:
@@ -124,7 +137,7 @@ def _take(data: bytes, out: Outcome, t: float) -> bool:
 
 async def _stream(session: aiohttp.ClientSession, to: Endpoint, body: bytes, out: Outcome,
                   now: Callable[[], float]) -> None:  # fmt: skip
-    async with session.post(to.url, data=body, headers=to.headers) as resp:
+    async with session.post(to.url, data=body, headers=to.headers, proxy=to.proxy, proxy_auth=to.proxy_auth) as resp:
         if resp.status != 200:
             out.error = _error_text(resp.status, await resp.read())
             return

@@ -197,11 +197,12 @@ class _Run:
 def _session(target: TargetConfig) -> aiohttp.ClientSession:
     """One session for the run, set up as ``vllm bench serve`` sets up its own (``benchmark()``
     in ``vllm/benchmarks/serve.py``, vLLM 009e6d4a): connections capped at the concurrency (0: no
-    cap), kept alive 60 s, proxies from the environment; redirects are followed (aiohttp's
-    default). No session-wide timeout: ``send`` bounds each request by ``target.timeout_s``."""
+    cap), kept alive 60 s; redirects are followed (aiohttp's default). The environment's proxy is
+    looked up once (``client.Endpoint``), not per request as vLLM's ``trust_env=True`` does. No
+    session-wide timeout: ``send`` bounds each request by ``target.timeout_s``."""
     limit = target.concurrency or 0
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=60)
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None), trust_env=True)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 
 async def _get(session: aiohttp.ClientSession, url: str, target: TargetConfig) -> tuple[int, bytes]:
