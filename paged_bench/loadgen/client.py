@@ -135,6 +135,18 @@ def _take(data: bytes, out: Outcome, t: float) -> bool:
     return True
 
 
+def _read(lines: list[bytes], out: Outcome, now: Callable[[], float]) -> bool:
+    """Take the events of whole ``lines`` into ``out``; True once ``[DONE]`` or an error event
+    ends the stream (lines other than ``data:`` ones, blank or comments, are skipped)."""
+    for line in lines:
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]" or not _take(data, out, now()):
+            return True
+    return False
+
+
 async def _stream(session: aiohttp.ClientSession, to: Endpoint, body: bytes, out: Outcome,
                   now: Callable[[], float]) -> None:  # fmt: skip
     async with session.post(to.url, data=body, headers=to.headers, proxy=to.proxy, proxy_auth=to.proxy_auth) as resp:
@@ -148,17 +160,13 @@ async def _stream(session: aiohttp.ClientSession, to: Endpoint, body: bytes, out
             if done:
                 continue
             lines = (tail + piece).split(b"\n") if tail else piece.split(b"\n")
-            tail = lines.pop()  # an event cut between two reads waits for its end
-            for line in lines:
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    done = True
-                    break
-                if not _take(data, out, now()):
-                    return
-        if not done and out.finish_reason is None:
+            tail = lines.pop()  # a line cut between two reads waits for its end
+            done = _read(lines, out, now)
+            if out.error is not None:  # an error event: the request ends there
+                return
+        if tail and not done:  # the body's last line, with no line end after it
+            done = _read([tail], out, now)
+        if not done and out.error is None and out.finish_reason is None:
             out.error = "the stream ended before [DONE]"
 
 
