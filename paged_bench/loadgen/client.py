@@ -73,7 +73,8 @@ class Endpoint:
     request; the answer is the same for every request of a run)."""
 
     url: str
-    headers: dict[str, str]
+    headers: dict[str, str]  # the API key's
+    post_headers: dict[str, str]  # a request's: the key's and its JSON content type
     timeout_s: float
     proxy: URL | None = None
     proxy_auth: aiohttp.BasicAuth | None = None
@@ -81,13 +82,21 @@ class Endpoint:
     @classmethod
     def of(cls, target: TargetConfig) -> Endpoint:
         path = "/chat/completions" if target.endpoint == "chat" else "/completions"
-        url = target.url + path
-        headers = {"Content-Type": "application/json", **target.headers}
+        url, headers = target.url + path, target.headers
+        post = {"Content-Type": "application/json", **headers}
         try:
             proxy, auth = get_env_proxy_for_url(URL(url))
         except LookupError:  # none named, or NO_PROXY covers the host
-            return cls(url, headers, target.timeout_s)
-        return cls(url, headers, target.timeout_s, proxy, auth)
+            return cls(url, headers, post, target.timeout_s)
+        return cls(url, headers, post, target.timeout_s, proxy, auth)
+
+
+async def get(session: aiohttp.ClientSession, to: Endpoint, url: str, timeout_s: float) -> tuple[int, bytes]:
+    """A GET beside the run's requests (the model list, ``/metrics``) on the same host, through the
+    same proxy: its status and body, within ``timeout_s``; aiohttp's errors and TimeoutError raise."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with session.get(url, headers=to.headers, proxy=to.proxy, proxy_auth=to.proxy_auth, timeout=timeout) as resp:
+        return resp.status, await resp.read()
 
 
 def _error_text(status: int, raw: bytes) -> str:
@@ -149,7 +158,8 @@ def _read(lines: list[bytes], out: Outcome, now: Callable[[], float]) -> bool:
 
 async def _stream(session: aiohttp.ClientSession, to: Endpoint, body: bytes, out: Outcome,
                   now: Callable[[], float]) -> None:  # fmt: skip
-    async with session.post(to.url, data=body, headers=to.headers, proxy=to.proxy, proxy_auth=to.proxy_auth) as resp:
+    async with session.post(to.url, data=body, headers=to.post_headers, proxy=to.proxy,
+                            proxy_auth=to.proxy_auth) as resp:  # fmt: skip
         if resp.status != 200:
             out.error = _error_text(resp.status, await resp.read())
             return

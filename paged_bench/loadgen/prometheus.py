@@ -7,6 +7,7 @@ import asyncio
 
 import aiohttp
 
+from paged_bench.loadgen.client import Endpoint, get
 from paged_bench.loadgen.config import TargetConfig
 
 _SUFFIX = "time_to_first_token_seconds"
@@ -39,13 +40,9 @@ def parse_ttft_totals(text: str) -> tuple[float, float] | None:
     return (total, count) if seen else None
 
 
-async def ttft_totals(session: aiohttp.ClientSession, target: TargetConfig) -> tuple[float, float] | None:
+async def ttft_totals(session: aiohttp.ClientSession, to: Endpoint, target: TargetConfig) -> tuple[float, float] | None:
     try:
-        async with session.get(metrics_url(target), headers=target.headers,
-                               timeout=aiohttp.ClientTimeout(total=5.0)) as resp:  # fmt: skip
-            if resp.status != 200:
-                return None
-            text = (await resp.read()).decode("utf-8", "replace")
+        status, body = await get(session, to, metrics_url(target), 5.0)
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return None
-    return parse_ttft_totals(text)
+    return parse_ttft_totals(body.decode("utf-8", "replace")) if status == 200 else None

@@ -41,7 +41,7 @@ from paged_bench.core.engine import EngineResult, StepRecords
 from paged_bench.core.kv.base import KVLayout
 from paged_bench.core.request import FinishReason, Request
 from paged_bench.errors import ConfigError, one_line
-from paged_bench.loadgen.client import Endpoint, Outcome, request_body, send
+from paged_bench.loadgen.client import Endpoint, Outcome, get, request_body, send
 from paged_bench.loadgen.config import TargetConfig
 from paged_bench.loadgen.prometheus import ttft_totals
 from paged_bench.loadgen.prompts import chat_texts
@@ -108,25 +108,25 @@ class _Run:
         return time.perf_counter() - self.t0
 
     async def main(self) -> dict[str, Any]:
+        to = Endpoint.of(self.target)
         async with _session(self.target) as session:
-            self.model = await _server_model(session, self.target)
-            await self._warmup(session)
-            before = await ttft_totals(session, self.target)
-            await self._timed(session)
-            after = await ttft_totals(session, self.target)
+            self.model = await _server_model(session, to, self.target)
+            await self._warmup(session, to)
+            before = await ttft_totals(session, to, self.target)
+            await self._timed(session, to)
+            after = await ttft_totals(session, to, self.target)
         return _overhead(before, after, self.records.values())
 
     def _body(self, i: int) -> dict[str, Any]:
         return request_body(self.target, self.model, self.requests[i], self.texts[i] if self.texts else None)
 
-    async def _warmup(self, session: aiohttp.ClientSession) -> None:
-        to = Endpoint.of(self.target)
+    async def _warmup(self, session: aiohttp.ClientSession, to: Endpoint) -> None:
         for i in range(self.target.warmup):
             out = await send(session, to, self._body(i % len(self.requests)), self.now)
             if out.error:
                 print(f"warning: warm-up request {i} failed: {out.error}", file=sys.stderr)
 
-    async def _timed(self, session: aiohttp.ClientSession) -> None:
+    async def _timed(self, session: aiohttp.ClientSession, to: Endpoint) -> None:
         """Send each request when ``arrivals`` says it is due; wake for the next due time or a finish."""
         sem = asyncio.Semaphore(self.target.concurrency) if self.target.concurrency else nullcontext()
         index = {id(req): i for i, req in enumerate(self.requests)}
@@ -134,7 +134,6 @@ class _Run:
         started: list[asyncio.Task] = []
         sending: set[int] = set()  # ids of the requests sent and not yet ended
         woken = asyncio.Event()
-        to = Endpoint.of(self.target)
         self.t0 = time.perf_counter()
 
         async def one(req: Request) -> None:
@@ -205,18 +204,12 @@ def _session(target: TargetConfig) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 
-async def _get(session: aiohttp.ClientSession, url: str, target: TargetConfig) -> tuple[int, bytes]:
-    """A GET's status and body, within 10 s."""
-    async with session.get(url, headers=target.headers, timeout=aiohttp.ClientTimeout(total=10.0)) as resp:
-        return resp.status, await resp.read()
-
-
-async def _server_model(session: aiohttp.ClientSession, target: TargetConfig) -> str | None:
+async def _server_model(session: aiohttp.ClientSession, to: Endpoint, target: TargetConfig) -> str | None:
     """``target.model``, else the server's first model; None (requests then name no model) if
     it cannot be listed. A base URL without its ``/v1`` is refused either way."""
     try:
-        status, body = await _get(session, target.url + "/models", target)
-        if status == 404 and await _answers(session, target.url + "/v1/models", target):
+        status, body = await get(session, to, target.url + "/models", 10.0)
+        if status == 404 and await _answers(session, to, target.url + "/v1/models"):
             # vLLM's --base-url is the server's root; ours is the API's, as the openai client's
             raise ConfigError("target.base_url", target.base_url, f"the API's root, where /models is: {target.url}/v1")
         if status != 200:
@@ -231,9 +224,9 @@ async def _server_model(session: aiohttp.ClientSession, target: TargetConfig) ->
     return target.model or listed
 
 
-async def _answers(session: aiohttp.ClientSession, url: str, target: TargetConfig) -> bool:
+async def _answers(session: aiohttp.ClientSession, to: Endpoint, url: str) -> bool:
     try:
-        status, _ = await _get(session, url, target)
+        status, _ = await get(session, to, url, 10.0)
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return False
     return 200 <= status < 300
