@@ -318,3 +318,32 @@ def test_disaggregation_counts_whole_replicas_on_a_log_scale_where_latencies_spa
     # the runs' TTFTs: 1, 11, 102 and 1,003 ms (synthetic_sweep): 1,000x, on a log scale
     assert panels["TTFT p50 (ms)"].get_yscale() == "log"
     assert "prefill_replicas=1 vs 0" in drawn("disaggregation").report.markdown  # each split against colocated
+
+
+def _columns(fig) -> dict[int, list[str]]:
+    """A figure's visible panels' titles by grid column, top to bottom."""
+    columns: dict[int, list[str]] = {}
+    for ax in fig.axes:
+        if ax.get_visible():
+            columns.setdefault(ax.get_subplotspec().colspan.start, []).append(ax.get_title().replace("\n", " "))
+    return columns
+
+
+def test_tp_tradeoff_lays_every_figure_out_by_its_declared_axes(drawn):
+    """Its YAML's facets (the rate) and series (the model) shaped only the versus plot: the TTFT
+    CDF, KV and preemption figures are now a column per rate, each in model then TP order."""
+    figures = drawn("tp_tradeoff").figures
+    cdf = _columns(figures["ttft_cdf.png"])  # lines: the TP sizes compared; a panel per model and rate
+    assert cdf == {column: [f"workload.rate={rate} backend.model=llama-3-{size}" for size in ("8b", "70b")]
+                   for column, rate in ((0, "1.0"), (1, "200.0"))}  # fmt: skip
+    kv = [_columns(figures[name]) for name in ("kv_over_time.png", "kv_over_time_2.png")]
+    for column, rate in ((0, "1.0"), (1, "200.0")):
+        titles = [title for page in kv for title in page[column]]
+        assert all(f"workload.rate={rate}" in title for title in titles) and len(titles) == 8
+        order = [(title.split("backend.model=")[1].split()[0], int(title.split("tensor_parallel_size=")[1].split()[0]))
+                 for title in titles]  # fmt: skip
+        assert order == [(model, tp) for model in ("llama-3-8b", "llama-3-70b") for tp in (1, 2, 4, 8)]
+    panels = [ax for ax in figures["preemptions_over_time.png"].axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == ["workload.rate=1.0", "workload.rate=200.0"]
+    assert all(len(ax.get_lines()) == 8 and not any("workload.rate" in l.get_label() for l in ax.get_lines())
+               for ax in panels)  # fmt: skip

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from paged_bench.errors import ConfigError
+from paged_bench.loadgen.client import Endpoint
 from paged_bench.loadgen.config import TargetConfig
 from paged_bench.loadgen.prometheus import parse_ttft_totals
 from paged_bench.loadgen.spawn import free_port
@@ -99,9 +100,9 @@ def test_unreachable_endpoint_fails_every_request_but_writes_the_run(config, tmp
     url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
     out = run_job(config(*WORKLOAD, "target=openai", f"target.base_url={url}", "target.warmup=1"), tmp_path)
     assert out.status == "failed"
-    assert out.error.startswith("all 12 requests failed") and "ConnectError" in out.error
+    assert out.error.startswith("all 12 requests failed") and "Cannot connect to host" in out.error
     assert out.summary["completed"] == 0 and out.summary["failed"] == 12
-    assert all(r["finish_reason"] == "error" and "ConnectError" in r["error"] for r in rows(out))
+    assert all(r["finish_reason"] == "error" and "Cannot connect to host" in r["error"] for r in rows(out))
 
 
 def test_rejected_requests_are_counted_with_their_error(config, tmp_path):
@@ -233,3 +234,17 @@ def test_api_key_comes_from_the_environment_only(monkeypatch):
     assert target.headers == {}
     monkeypatch.setenv("MY_KEY", "sk-test")
     assert target.headers == {"Authorization": "Bearer sk-test"}
+
+
+def test_the_environments_proxy_is_found_once_a_run_and_no_proxy_is_honoured(monkeypatch):
+    """httpx took HTTP_PROXY/NO_PROXY from the environment; the aiohttp session does not look them
+    up (vLLM's trust_env=True does, on a worker thread for every request): ``Endpoint`` does, once."""
+    for name in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    target = TargetConfig.from_mapping({"base_url": "http://10.1.2.3:8000/v1", "endpoint": "chat"})
+    assert Endpoint.of(target).url == "http://10.1.2.3:8000/v1/chat/completions" and Endpoint.of(target).proxy is None
+    monkeypatch.setenv("HTTP_PROXY", "http://user:pw@proxy.example:3128")
+    to = Endpoint.of(target)
+    assert str(to.proxy) == "http://proxy.example:3128" and (to.proxy_auth.login, to.proxy_auth.password) == ("user", "pw")
+    monkeypatch.setenv("NO_PROXY", "10.1.2.3")
+    assert Endpoint.of(target).proxy is None

@@ -1,7 +1,8 @@
 """The load generator against a server that misbehaves as real ones do, one way per request:
 a malformed value, ``"error": null`` in every chunk, a usage count of 0, a stream aborted by
-the server, an HTML error page, a redirect, no ``finish_reason``. Each request is recorded
-with what happened to it, and the run goes on. A real uvicorn server on loopback."""
+the server, an HTML error page, a redirect, no ``finish_reason``, an error event, ``\r\n`` line
+ends, a last line with no line end, a stream cut short. Each request is recorded with what
+happened to it, and the run goes on. A real uvicorn server on loopback."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from paged_bench.run.compose import compose_config
 from paged_bench.run.job import run_job
 from tests.test_serve_api import wait_for
 
-N = 10  # requests; the server treats the i-th it receives the i-th way below
+# the server treats the i-th request it receives the i-th way of WAYS (below), one request each
 HTML = "<html>\n<head><title>502 Bad Gateway</title></head>\n<body>\n<h1>502</h1>\n</body>\n</html>\n"
 
 
@@ -38,7 +39,7 @@ def _stream(n: int, way: str) -> list[str]:
         choice = {"index": 0, "text": "x" * k, "finish_reason": "length" if sent == n else None}
         if way == "text_is_a_number" and sent == k:
             choice["text"] = 5
-        if way in ("no_reason", "no_reason_short"):
+        if way in ("no_reason", "no_reason_short", "no_final_newline"):  # [DONE] alone ends the last
             choice["finish_reason"] = None
         chunk = {"choices": [choice]}
         if way == "error_null":
@@ -47,19 +48,28 @@ def _stream(n: int, way: str) -> list[str]:
         if way == "aborted" and sent >= 4:
             events[-1] = _event({"choices": [{"index": 0, "text": "x" * k, "finish_reason": "abort"}]})
             break
-        if way == "no_reason_short" and sent >= 4:
+        if way in ("no_reason_short", "cut_short", "error_event") and sent >= 4:
             break
+    if way == "cut_short":  # neither a finish reason nor [DONE]: the connection closed mid-stream
+        return events
+    if way == "error_event":  # vLLM's server reports an error mid-stream as an event of its own
+        return [*events, _event({"error": {"message": "out of memory", "type": "InternalServerError", "code": 500}})]
     usage = {"prompt_tokens": 7, "completion_tokens": sent, "total_tokens": 7 + sent}
     if way == "prompt_tokens_text":
         usage["prompt_tokens"] = "n/a"
     if way == "completion_zero":
         usage["completion_tokens"] = 0
     events += [_event({"choices": [], "usage": usage}), _event("[DONE]")]
+    if way == "crlf":
+        events = [e.replace("\n", "\r\n") for e in events]
+    if way == "no_final_newline":
+        events[-1] = events[-1].rstrip("\n")
     return events
 
 
 WAYS = ["well", "text_is_a_number", "prompt_tokens_text", "error_null", "completion_zero", "aborted", "html_502",
-        "redirected", "no_reason", "no_reason_short"]  # fmt: skip
+        "redirected", "no_reason", "no_reason_short", "error_event", "crlf", "no_final_newline", "cut_short"]  # fmt: skip
+N = len(WAYS)
 RECEIVED: list[str] = []
 
 
@@ -142,6 +152,20 @@ def test_an_html_error_page_is_one_line(rows):
 
 def test_a_redirect_is_followed(rows):
     assert rows[1]["redirected"]["finish_reason"] == "length" and rows[1]["redirected"]["output_tokens"] == "10"
+
+
+def test_an_error_event_or_a_stream_cut_short_fails_its_request(rows):
+    _, by_way = rows
+    assert by_way["error_event"]["finish_reason"] == "error" and by_way["error_event"]["error"] == "error event: out of memory"
+    assert by_way["error_event"]["output_tokens"] == "4"  # what came before the error is kept
+    assert by_way["cut_short"]["finish_reason"] == "error" and by_way["cut_short"]["error"] == "the stream ended before [DONE]"
+
+
+def test_line_ends_of_either_kind_and_none_at_the_end_read_as_well(rows):
+    _, by_way = rows
+    for way in ("crlf", "no_final_newline"):
+        assert by_way[way]["finish_reason"] == "length" and not by_way[way]["error"], way
+        assert by_way[way]["output_tokens"] == "10" and by_way[way]["text_digest"] == by_way["well"]["text_digest"]
 
 
 def test_no_finish_reason_is_length_only_when_every_token_came(rows):

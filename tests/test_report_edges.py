@@ -7,6 +7,8 @@ out of runs/reports; a mistyped --metrics was silently dropped."""
 
 from __future__ import annotations
 
+import csv
+import io
 import shutil
 import sqlite3
 
@@ -14,7 +16,7 @@ import pytest
 
 from paged_bench.report.__main__ import main as report_main
 from paged_bench.report.load import RunSet, find_runs
-from paged_bench.report.tables import comparison_markdown, head_to_head_markdown
+from paged_bench.report.tables import comparison_frame, comparison_markdown, head_to_head_markdown
 from paged_bench.results.whole_files import folder_name
 from tests.test_report import make_sweep
 from tests.tracking_support import call_cli, fresh_store, runs_of
@@ -181,3 +183,5 @@ def test_a_boolean_setting_is_shown_as_the_config_spells_it(tmp_path):
     head = head_to_head_markdown(rs, ["prefix_cache_hit_rate"]).splitlines()[0]
     assert [c.strip() for c in head.strip("|").split("|")] == ["metric", "false", "true", "true vs false"]
     assert [rs.label(r) for r in rs.runs] == ["allocator.prefix_caching=false", "allocator.prefix_caching=true"]
+    rows = list(csv.DictReader(io.StringIO(comparison_frame(rs).to_csv(index=False))))  # table.csv: it said True
+    assert [row["allocator.prefix_caching"] for row in rows] == ["false", "true"]

@@ -9,6 +9,7 @@ from importlib import resources
 import pytest
 
 from paged_bench.errors import ConfigError
+from paged_bench.report.axes import check_declared
 from paged_bench.run.compose import check_settings, compose_config, settings
 from paged_bench.run.config import check_top_level
 from tests.test_cli_edges import command, one_error_line
@@ -127,3 +128,26 @@ def test_a_value_every_job_refuses_is_refused_before_the_first_job(tmp_path):
     proc = command(tmp_path, "paged_bench", "-m", "workload.rate=-1,20", "workload.num_requests=2",
                    "tracking.enabled=false", f"hydra.sweep.dir={tmp_path / 'some'}")  # fmt: skip
     assert proc.returncode == 1 and "1 of 2 sweep jobs did not finish" in proc.stderr
+
+
+def test_a_mistyped_report_axis_is_refused_before_a_sweep_runs(tmp_path):
+    """report.x=max_bach was a note under the report, after every job had run."""
+    proc = command(tmp_path, "paged_bench", "-m", "+experiment=seed_batching", "max_batch=4", "workload.num_requests=4",
+                   "report.x=max_bach", "tracking.enabled=false")  # fmt: skip
+    line = one_error_line(proc)
+    assert line.startswith("error: report.x='max_bach' is not allowed: a setting of the run's config by its dotted "
+                           "name (did you mean max_batch?); its top-level settings are allocator, backend,"), line  # fmt: skip
+    assert not list(tmp_path.glob("runs/**/summary.json"))
+
+
+def test_report_axes_name_settings_or_groups_in_the_shapes_allowed():
+    config = {"max_batch": 4, "scheduler": {"name": "continuous", "max_batch": 4}, "workload": {"rate": 1.0}}
+    check_declared({"x": "max_batch", "series": ["scheduler", "workload.rate"], "compare": "scheduler"}, config)
+    for section, says in (({"facets": "workload.rte"}, "report.facets='workload.rte' is not allowed: a setting of "
+                           "the run's config by its dotted name (did you mean workload.rate?); the workload section "
+                           "has workload.rate"),
+                          ({"compare": ["max_batch", "scheduler"]}, "one setting's dotted name"),
+                          ({"series": 3}, "report.series=3 is not allowed: a setting's dotted name, or a list")):  # fmt: skip
+        with pytest.raises(ConfigError) as e:
+            check_declared(section, config)
+        assert says in str(e.value)

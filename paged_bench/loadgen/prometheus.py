@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
-import httpx
+import asyncio
 
+import aiohttp
+
+from paged_bench.loadgen.client import Endpoint, get
 from paged_bench.loadgen.config import TargetConfig
 
 _SUFFIX = "time_to_first_token_seconds"
@@ -37,9 +40,9 @@ def parse_ttft_totals(text: str) -> tuple[float, float] | None:
     return (total, count) if seen else None
 
 
-async def ttft_totals(client: httpx.AsyncClient, target: TargetConfig) -> tuple[float, float] | None:
+async def ttft_totals(session: aiohttp.ClientSession, to: Endpoint, target: TargetConfig) -> tuple[float, float] | None:
     try:
-        resp = await client.get(metrics_url(target), headers=target.headers, timeout=5.0)
-    except httpx.HTTPError:
+        status, body = await get(session, to, metrics_url(target), 5.0)
+    except (aiohttp.ClientError, asyncio.TimeoutError):
         return None
-    return parse_ttft_totals(resp.text) if resp.status_code == 200 else None
+    return parse_ttft_totals(body.decode("utf-8", "replace")) if status == 200 else None

@@ -20,7 +20,6 @@ reported as failed.
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -29,10 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
+import orjson
 
-try:  # uvloop (our server's loop too; a dependency except on Windows): the client's CPU per
-    from uvloop import run as run_loop  # request 7.8 -> 5.6 ms (benchmarks/client_cpu.py)
+try:  # uvloop (our server's loop too; a dependency except on Windows): less CPU a request
+    from uvloop import run as run_loop  # (benchmarks/client_cpu.py)
 except ImportError:  # pragma: no cover
     from asyncio import run as run_loop
 
@@ -41,7 +41,7 @@ from paged_bench.core.engine import EngineResult, StepRecords
 from paged_bench.core.kv.base import KVLayout
 from paged_bench.core.request import FinishReason, Request
 from paged_bench.errors import ConfigError, one_line
-from paged_bench.loadgen.client import Outcome, request_body, send
+from paged_bench.loadgen.client import Endpoint, Outcome, get, request_body, send
 from paged_bench.loadgen.config import TargetConfig
 from paged_bench.loadgen.prometheus import ttft_totals
 from paged_bench.loadgen.prompts import chat_texts
@@ -108,28 +108,25 @@ class _Run:
         return time.perf_counter() - self.t0
 
     async def main(self) -> dict[str, Any]:
-        limit = self.target.concurrency or 10_000
-        limits = httpx.Limits(max_connections=limit, max_keepalive_connections=min(limit, 1000))
-        # redirects followed, as vLLM's aiohttp client follows them (httpx would not by default)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(self.target.timeout_s), limits=limits,
-                                     follow_redirects=True) as client:  # fmt: skip
-            self.model = await _server_model(client, self.target)
-            await self._warmup(client)
-            before = await ttft_totals(client, self.target)
-            await self._timed(client)
-            after = await ttft_totals(client, self.target)
+        to = Endpoint.of(self.target)
+        async with _session(self.target) as session:
+            self.model = await _server_model(session, to, self.target)
+            await self._warmup(session, to)
+            before = await ttft_totals(session, to, self.target)
+            await self._timed(session, to)
+            after = await ttft_totals(session, to, self.target)
         return _overhead(before, after, self.records.values())
 
     def _body(self, i: int) -> dict[str, Any]:
         return request_body(self.target, self.model, self.requests[i], self.texts[i] if self.texts else None)
 
-    async def _warmup(self, client: httpx.AsyncClient) -> None:
+    async def _warmup(self, session: aiohttp.ClientSession, to: Endpoint) -> None:
         for i in range(self.target.warmup):
-            out = await send(client, self.target, self._body(i % len(self.requests)), self.now)
+            out = await send(session, to, self._body(i % len(self.requests)), self.now)
             if out.error:
                 print(f"warning: warm-up request {i} failed: {out.error}", file=sys.stderr)
 
-    async def _timed(self, client: httpx.AsyncClient) -> None:
+    async def _timed(self, session: aiohttp.ClientSession, to: Endpoint) -> None:
         """Send each request when ``arrivals`` says it is due; wake for the next due time or a finish."""
         sem = asyncio.Semaphore(self.target.concurrency) if self.target.concurrency else nullcontext()
         index = {id(req): i for i, req in enumerate(self.requests)}
@@ -143,7 +140,7 @@ class _Run:
             try:
                 async with sem:
                     body = self._body(index[id(req)])
-                    out = await send(client, self.target, body, self.now)
+                    out = await send(session, to, body, self.now)
                 rec = self.records[index[id(req)]] = record(req, out, self.count_tokens)
             finally:
                 sending.discard(id(req))
@@ -196,17 +193,29 @@ class _Run:
         )
 
 
-async def _server_model(client: httpx.AsyncClient, target: TargetConfig) -> str | None:
+def _session(target: TargetConfig) -> aiohttp.ClientSession:
+    """One session for the run, set up as ``vllm bench serve`` sets up its own (``benchmark()``
+    in ``vllm/benchmarks/serve.py``, vLLM 009e6d4a): connections capped at the concurrency (0: no
+    cap), kept alive 60 s; redirects are followed (aiohttp's default). The environment's proxy is
+    looked up once (``client.Endpoint``), not per request as vLLM's ``trust_env=True`` does. No
+    session-wide timeout: ``send`` bounds each request by ``target.timeout_s``."""
+    limit = target.concurrency or 0
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=60)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+
+
+async def _server_model(session: aiohttp.ClientSession, to: Endpoint, target: TargetConfig) -> str | None:
     """``target.model``, else the server's first model; None (requests then name no model) if
     it cannot be listed. A base URL without its ``/v1`` is refused either way."""
     try:
-        resp = await client.get(target.url + "/models", headers=target.headers, timeout=10.0)
-        if resp.status_code == 404 and await _answers(client, target.url + "/v1/models", target):
+        status, body = await get(session, to, target.url + "/models", 10.0)
+        if status == 404 and await _answers(session, to, target.url + "/v1/models"):
             # vLLM's --base-url is the server's root; ours is the API's, as the openai client's
             raise ConfigError("target.base_url", target.base_url, f"the API's root, where /models is: {target.url}/v1")
-        resp.raise_for_status()
-        listed = resp.json()["data"][0]["id"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
+        if status != 200:
+            raise ValueError(f"HTTP {status}")
+        listed = orjson.loads(body)["data"][0]["id"]
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError, TypeError) as e:
         if target.model:  # a server that lists no models may still serve the one named
             return target.model
         print(f"warning: could not list the models at {target.url}/models ({one_line(e)}); "
@@ -215,11 +224,12 @@ async def _server_model(client: httpx.AsyncClient, target: TargetConfig) -> str 
     return target.model or listed
 
 
-async def _answers(client: httpx.AsyncClient, url: str, target: TargetConfig) -> bool:
+async def _answers(session: aiohttp.ClientSession, to: Endpoint, url: str) -> bool:
     try:
-        return (await client.get(url, headers=target.headers, timeout=10.0)).is_success
-    except httpx.HTTPError:
+        status, _ = await get(session, to, url, 10.0)
+    except (aiohttp.ClientError, asyncio.TimeoutError):
         return False
+    return 200 <= status < 300
 
 
 def _overhead(before: tuple[float, float] | None, after: tuple[float, float] | None,
@@ -242,7 +252,6 @@ def run_target(cfg: Mapping[str, Any], bench: Bench, run_dir: Path,
     target = TargetConfig.from_mapping(cfg["target"])
     if target.spawns:
         check_server_section(cfg.get("server"))
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request
     # the tokenizer our server would speak for this config's backend (target=served: does), so
     # chat texts and counted tokens agree with it
     choice = (cfg.get("server") or {}).get("tokenizer", "auto")

@@ -14,16 +14,23 @@ A setting the declaration leaves out that still varies is added to the series (n
 ever share a point). An experiment that declares nothing gets the report's own choice
 (``RunSet.of``: the first plugin choice compared, the first numeric setting on the x axis). A
 declared setting that the runs do not vary (a sweep narrowed on the command line) is passed
-over; one that is no setting of the runs (a typo) is a note, not an error: the runs are done.
+over. A name that is no setting (a typo) is refused as the config is read (``check_declared``,
+from ``BenchConfig.from_config``: a run's, or a sweep's before its first job); in runs already
+made (an older config, a run fetched from MLflow) it is a note, not an error: the runs are done.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import difflib
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from paged_bench.errors import ConfigError
+from paged_bench.run.flat import flatten
+
 AXIS_KEYS = ("x", "series", "facets", "compare")
+SINGLE = ("x", "compare")  # one setting each; series and facets take a list too
 
 
 @dataclass(frozen=True)
@@ -62,8 +69,46 @@ def _names(key: str, value: Any, notes: list[str]) -> list[str]:
     return []
 
 
+def _setting(name: str, settings: Collection[str]) -> str:
+    """A config group names its plugin's setting: ``compare: scheduler`` is ``scheduler.name``."""
+    return f"{name}.name" if name not in settings and f"{name}.name" in settings else name
+
+
+def _allowed(name: str, settings: Collection[str]) -> str:
+    """What a mistyped ``name`` could have been: the nearest setting, then the settings of the
+    section it names (``backend.``'s), else the config's top-level ones."""
+    near = difflib.get_close_matches(name, settings, n=1)
+    if not near:  # a section left out or misnamed: the nearest by the setting's own name
+        last = {k.rsplit(".", 1)[-1]: k for k in sorted(settings, key=lambda k: (k.count("."), k), reverse=True)}
+        near = [last[m] for m in difflib.get_close_matches(name.rsplit(".", 1)[-1], last, n=1)]
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    section = name.split(".", 1)[0]
+    inside = sorted(k for k in settings if k.startswith(section + "."))
+    listed = inside or sorted({k.split(".", 1)[0] for k in settings})
+    return (f"a setting of the run's config by its dotted name{hint}; "
+            f"{f'the {section} section has' if inside else 'its top-level settings are'} {', '.join(listed)}")  # fmt: skip
+
+
+def check_declared(section: Any, config: Mapping[str, Any]) -> None:
+    """The axes a run's ``report`` section declares, each a setting of ``config`` (a group's name
+    standing for its plugin's): ConfigError, one line, for the first that is not."""
+    if not isinstance(section, Mapping):
+        return
+    settings = set(flatten(config))
+    for key in AXIS_KEYS:
+        value = section.get(key)
+        notes: list[str] = []
+        names = _names(key, value, notes)
+        if notes or (key in SINGLE and len(names) > 1):
+            shape = "one setting's dotted name" if key in SINGLE else "a setting's dotted name, or a list of them"
+            raise ConfigError(f"report.{key}", value, shape)
+        for name in names:
+            if _setting(name, settings) not in settings:
+                raise ConfigError(f"report.{key}", name, _allowed(name, settings))
+
+
 def resolve(
-    section: Mapping[str, Any], settings: set[str], dims: list[str], numeric: list[str]
+    section: Mapping[str, Any], settings: Collection[str], dims: list[str], numeric: list[str]
 ) -> tuple[Question, list[str]]:
     """The ``report`` section's axes, kept where the runs vary them. ``settings``: every flat
     config key the runs have; ``dims``: those that vary; ``numeric``: the varying numbers.
@@ -72,11 +117,10 @@ def resolve(
     chosen: dict[str, list[str]] = {}
     for key in AXIS_KEYS:
         names = _names(key, section.get(key), notes)
-        if len(names) > 1 and key in ("x", "compare"):
+        if len(names) > 1 and key in SINGLE:
             notes.append(f"report.{key}={names!r} is not allowed: one setting; the report chose its own")
             names = []
-        # a config group names its plugin's setting: ``compare: scheduler`` is ``scheduler.name``
-        names = [f"{n}.name" if n not in settings and f"{n}.name" in settings else n for n in names]
+        names = [_setting(n, settings) for n in names]
         unknown = [n for n in names if n not in settings]
         if unknown:
             notes.append(f"report.{key} names {', '.join(unknown)}, which no run has as a setting; settings that "

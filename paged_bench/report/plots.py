@@ -3,14 +3,16 @@ it (report/canvas.py records which), and panels beyond a page go on further page
 (``kv_over_time_2.png``...).
 
 - ``ttft_cdf.png``: the TTFT distribution of each compared value (a policy, or the
-  experiment's ``report.compare``), one panel per setting of the other dimensions;
+  experiment's ``report.compare``), one panel per setting of the other dimensions, a column of
+  them per facet value (``report.facets``), ordered by series then x (report/layout.py);
 - ``vs_<axis>.png``: each of the report's metrics against a numeric dimension (the experiment's
   ``report.x``, else max_batch or the first swept number), a line per series (``report.series``,
   else every other setting), a column of panels per facet value (``report.facets``);
-- ``kv_over_time.png``: KV live vs reserved slots over the run, a panel per run, each step's
-  figure drawn over the step's own span (a long prefill shows as busy, not idle);
+- ``kv_over_time.png``: KV live vs reserved slots over the run, a panel per run (a column of
+  them per facet value, ordered by series then x), each step's figure drawn over the step's own
+  span (a long prefill shows as busy, not idle);
 - ``preemptions_over_time.png``: cumulative preemptions over the run of every run, when any
-  run preempted.
+  run preempted: a line per run, a panel per facet value.
 
 A run without engine steps (a remote target) has no KV or preemption curves: the figure names it.
 """
@@ -38,6 +40,7 @@ from paged_bench.report.canvas import (
     x_ticks,
     y_scale,
 )
+from paged_bench.report.layout import facet_columns, layout
 from paged_bench.report.load import Run, RunSet
 from paged_bench.report.tables import figures, metric
 from paged_bench.results.step_series import cluster_columns
@@ -79,10 +82,15 @@ def ttft_cdf(rs: RunSet, out_dir: Path) -> list[Plot]:
     plt = pyplot()
     colors = _colors(rs)
     made = []
-    panel_pages = pages(list(_panels(rs, with_ttft).items()))
-    for index, page in enumerate(panel_pages):
-        fig, axes = grid(plt, len(page))
-        for ax, (title, runs) in zip(axes, page):
+    panels = _panels(rs, with_ttft)
+    panel_pages = layout(rs, list(panels), lambda title: panels[title][0])
+    for index, page in enumerate(panel_pages.pages):
+        fig, axes = grid(plt, len(page), cols=panel_pages.cols)
+        for ax, title in zip(axes, page):
+            if title is None:  # a facet value with fewer panels than another
+                ax.set_visible(False)
+                continue
+            runs = panels[title]
             for run in runs:
                 ttft = ttfts[run.source]
                 name = rs.policy_label(rs.value(run, rs.policy)) if rs.policy else rs.label(run)
@@ -98,8 +106,8 @@ def ttft_cdf(rs: RunSet, out_dir: Path) -> list[Plot]:
             ax.set_title(wrap(title) if title else "TTFT CDF", fontsize=9)
             ax.grid(alpha=0.3)
         legends(fig, axes)
-        if len(panel_pages) > 1:
-            fig.suptitle(f"TTFT CDF: page {index + 1} of {len(panel_pages)}", fontsize=11)
+        if len(panel_pages.pages) > 1:
+            fig.suptitle(f"TTFT CDF: page {index + 1} of {len(panel_pages.pages)}", fontsize=11)
         made.append(save(plt, fig, page_path(out_dir, "ttft_cdf", index), [note] if index == 0 else []))
     drop_later_pages(out_dir, "ttft_cdf", len(made))
     return made
@@ -219,10 +227,14 @@ def kv_over_time(rs: RunSet, out_dir: Path) -> list[Plot]:
         return []
     plt = pyplot()
     made, first = [], 1
-    run_pages = pages(runs)
-    for index, page in enumerate(run_pages):
-        fig, axes = grid(plt, len(page))
-        for ax, run in zip(axes, page):
+    laid = layout(rs, runs, lambda run: run)
+    for index, cells in enumerate(laid.pages):
+        fig, axes = grid(plt, len(cells), cols=laid.cols)
+        page = [run for run in cells if run is not None]
+        for ax, run in zip(axes, cells):
+            if run is None:  # a facet value with fewer runs than another
+                ax.set_visible(False)
+                continue
             df = _steps(run)
             mark(ax.fill_between(*step_curve(df, "kv_live_slots"), alpha=0.5, label="live"), [run])
             mark(ax.plot(*step_curve(df, "kv_reserved_slots"), color="C3", label="reserved"), [run])
@@ -231,7 +243,7 @@ def kv_over_time(rs: RunSet, out_dir: Path) -> list[Plot]:
             ax.set_title(wrap(rs.label(run)) if len(rs.runs) > 1 else "KV live vs reserved", fontsize=9)
             ax.grid(alpha=0.3)
         legends(fig, axes)
-        page_title(fig, "KV live vs reserved", index, len(run_pages), first, first + len(page) - 1, len(runs))
+        page_title(fig, "KV live vs reserved", index, len(laid.pages), first, first + len(page) - 1, len(runs))
         first += len(page)
         notes = [_no_steps(rs, runs)] if index == 0 else []
         made.append(save(plt, fig, page_path(out_dir, "kv_over_time", index), notes))
@@ -240,19 +252,25 @@ def kv_over_time(rs: RunSet, out_dir: Path) -> list[Plot]:
 
 
 def preemptions_over_time(rs: RunSet, out_dir: Path) -> list[Plot]:
-    """Every run's cumulative preemptions (those with none are flat at 0), when any run preempted."""
+    """Every run's cumulative preemptions (those with none are flat at 0), when any run preempted:
+    a panel per facet value (one when none is declared), a line per run named by the rest."""
     runs = _with_steps(rs)
     if not any(r.table("steps")["preemptions"].sum() > 0 for r in runs):
         return []
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for run in runs:
-        df = _steps(run)
-        mark(ax.step(df["time"], df["preemptions"].cumsum(), where="post", label=rs.label(run)), [run])
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("preemptions (cumulative)")
-    ax.grid(alpha=0.3)
-    legends(fig, [ax])
+    panels = facet_columns(rs, runs, lambda run: run)
+    fig, axes = grid(plt, len(panels), width=7 if len(panels) == 1 else 4.2, height=4 if len(panels) == 1 else 3.0)
+    rest = [k for k in rs.dims if k not in rs.question.facets]
+    for ax, (facet, column) in zip(axes, panels.items()):
+        for run in column:
+            df = _steps(run)
+            mark(ax.step(df["time"], df["preemptions"].cumsum(), where="post", label=rs.label(run, rest)), [run])
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("preemptions (cumulative)")
+        if facet:
+            ax.set_title(wrap(facet), fontsize=9)
+        ax.grid(alpha=0.3)
+    legends(fig, axes)
     return [save(plt, fig, out_dir / "preemptions_over_time.png", [_no_steps(rs, runs)])]
 
 

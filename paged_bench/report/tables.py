@@ -117,6 +117,12 @@ def markdown_table(headers: list[str], rows: list[list[str]], numeric: list[bool
     return "\n".join([line(headers), rule, *(line(r) for r in rows)])
 
 
+def _cell(value: Any) -> Any:
+    """A CSV cell: a boolean as the config spells it (``true``, as swept and as the markdown
+    table shows it; pandas would write Python's ``True``), anything else as it is."""
+    return display_value(value) if isinstance(value, bool) else value
+
+
 def comparison_frame(rs: RunSet):
     """Every run with its dimensions, status and all of its figures (the CSV)."""
     import pandas as pd
@@ -127,7 +133,7 @@ def comparison_frame(rs: RunSet):
         row.update({display_key(k): rs.value(run, k) for k in rs.dims})
         row.update({"status": run.status, "error": run.error or "", "source": run.source})
         row.update(figures(run))
-        rows.append(row)
+        rows.append({key: _cell(value) for key, value in row.items()})
     return pd.DataFrame(rows)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from paged_bench.errors import MAX_TOKENS, ConfigError, check, check_int, check_number
+from paged_bench.report.axes import check_declared
 from paged_bench.results.metrics import SLO_KEYS
 from paged_bench.run import registry
 from paged_bench.run.compose import check_settings
@@ -243,6 +244,8 @@ class BenchConfig:
         """Read a resolved config (``OmegaConf.to_container``): ConfigError for the first bad
         value, named as the config names it. Its plugins are loaded, none is built."""
         top = check_top_level(cfg)
+        # an experiment's report axes: a typo found now, not after the sweep, when its report is drawn
+        check_declared(cfg.get("report"), cfg)
         sections = {kind: plugin_section(cfg, kind) for kind in PLUGIN_KINDS}
         _check_mirrors(top, sections, cfg)
         plugins = {kind: PluginChoice.from_section(kind, *sections[kind]) for kind in ("workload", "backend", "allocator")}
