@@ -43,7 +43,7 @@ _PARENT = "mlflow.parentRunId"
 # the jobs in the order they ended (the order they ran, for a sweep run one job at a time): not
 # their start time, the one order under which the page nests a run's children under it, collapsed
 # (its bundle: shouldFetchParents = no order and no filter, or attributes.start_time)
-ORDER_BY = "attributes.end_time"
+ORDER_BY = "attributes.`end_time`"  # quoted: the page's sort button names it (end_time)
 
 
 def _job(run: Any) -> int:
@@ -92,12 +92,23 @@ def _column(kind: str, key: str) -> str:
     return f"{kind}.`{key}`"  # the page's column id (its bundle: e + ".`" + t + "`")
 
 
-def view_state(parent_run_id: str, metrics: Sequence[str], params: Sequence[str]) -> dict[str, Any]:
-    """The runs page's state: the jobs as rows, in job order (start time), the swept settings and
-    key figures as columns beside the run name."""
+def _charts(metrics: Sequence[str], jobs: int) -> dict[str, Any]:
+    """The Charts tab: a first section of bar charts, one per key figure, every job a bar (the
+    page draws 10 runs by default); the page adds the other metrics' charts after it."""
+    section = "paged_bench-key-figures"
+    cards = [{"uuid": f"{section}-{m}", "type": "BAR", "runsCountToCompare": max(jobs, 10), "metricSectionId": section,
+              "deleted": False, "isGenerated": False, "metricKey": m, "displayName": m} for m in metrics]  # fmt: skip
+    sections = [{"uuid": section, "name": "Key figures", "display": True, "isReordered": True, "deleted": False}]
+    return {"compareRunCharts": cards, "compareRunSections": sections, "isAccordionReordered": True}
+
+
+def view_state(parent_run_id: str, metrics: Sequence[str], params: Sequence[str], jobs: int) -> dict[str, Any]:
+    """The runs page's state: the jobs as rows, in the order they ended, the swept settings and
+    key figures as columns beside the run name, every job shown in the charts."""
     columns = [_column("params", p) for p in params] + [_column("metrics", m) for m in metrics]
-    return {"searchFilter": f"tags.`{_PARENT}` = '{parent_run_id}'", "orderByKey": ORDER_BY,
-            "orderByAsc": True, "selectedColumns": columns, "columnOrder": columns, "runListHidden": False}  # fmt: skip
+    return {"searchFilter": f"tags.`{_PARENT}` = '{parent_run_id}'", "orderByKey": ORDER_BY, "orderByAsc": True,
+            "selectedColumns": columns, "columnOrder": columns, "runListHidden": False, "runsHiddenMode": "SHOW_ALL",
+            **_charts(metrics, jobs)}  # fmt: skip
 
 
 def publish_sweep_view(mlflow_client: Any, parent_run_id: str, name: str) -> str:
@@ -115,7 +126,7 @@ def publish_sweep_view(mlflow_client: Any, parent_run_id: str, name: str) -> str
               for m in metrics if m in run.data.metrics]  # fmt: skip
     if series:
         mlflow_client.log_batch(parent_run_id, metrics=series)
-    state = view_state(parent_run_id, metrics, swept_params(jobs, list(parent.data.params)))
+    state = view_state(parent_run_id, metrics, swept_params(jobs, list(parent.data.params)), len(jobs))
     envelope = {"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
     mlflow_client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + parent_run_id, json.dumps(envelope))
     mlflow_client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, CLASSIC_KIND)
