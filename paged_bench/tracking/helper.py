@@ -30,7 +30,6 @@ from paged_bench.errors import one_line
 from paged_bench.report.document import run_plots
 from paged_bench.tracking import store
 from paged_bench.tracking.runs import Link, complete_upload, finish_sweep, start_sweep, upload_run
-from paged_bench.tracking.ui import view_url
 
 IDLE_ENV = "PAGED_BENCH_TRACKING_IDLE_S"
 DEFAULT_IDLE_S = 600.0
@@ -88,7 +87,7 @@ def _sweep_finish(request: dict[str, Any]) -> dict[str, Any]:
     link = request["link"]
     view = finish_sweep(store.client(link["uri"]), link["run_id"], request["status"],
                         [Path(p) for p in request["artifacts"]], request["tags"])  # fmt: skip
-    return {"view_url": view_url(link["uri"], link["experiment_id"], view) if view else None}
+    return {"view": view}
 
 
 def _ping(request: dict[str, Any]) -> dict[str, Any]:

@@ -105,10 +105,11 @@ def _charts(metrics: Sequence[str], jobs: int) -> dict[str, Any]:
 def view_state(parent_run_id: str, metrics: Sequence[str], params: Sequence[str], jobs: int) -> dict[str, Any]:
     """The runs page's state: the jobs as rows, in the order they ended, the swept settings and
     key figures as columns beside the run name, every job shown in the charts."""
-    columns = [_column("params", p) for p in params] + [_column("metrics", m) for m in metrics]
+    named = {_column("params", p): p for p in params} | {_column("metrics", m): m for m in metrics}
+    widths = {column: max(90, int(7.5 * len(name)) + 28) for column, name in named.items()}  # the whole name shows
     return {"searchFilter": f"tags.`{_PARENT}` = '{parent_run_id}'", "orderByKey": ORDER_BY, "orderByAsc": True,
-            "selectedColumns": columns, "columnOrder": columns, "runListHidden": False, "runsHiddenMode": "SHOW_ALL",
-            **_charts(metrics, jobs)}  # fmt: skip
+            "selectedColumns": list(named), "columnOrder": list(named), "columnWidths": widths,
+            "runListHidden": False, "runsHiddenMode": "SHOW_ALL", **_charts(metrics, jobs)}  # fmt: skip
 
 
 def publish_sweep_view(mlflow_client: Any, parent_run_id: str, name: str) -> str:
@@ -121,12 +122,13 @@ def publish_sweep_view(mlflow_client: Any, parent_run_id: str, name: str) -> str
     experiment_id = parent.info.experiment_id
     jobs = sweep_jobs(mlflow_client, experiment_id, parent_run_id)
     metrics = key_metrics(jobs)
-    now = int(time.time() * 1000)
-    series = [Metric(BY_JOB + m, run.data.metrics[m], now, _job(run)) for run in jobs if _job(run) >= 0
-              for m in metrics if m in run.data.metrics]  # fmt: skip
+    # each point at its job's end: saved again (sync, a new screenshot), the same points, not new ones
+    series = [Metric(BY_JOB + m, run.data.metrics[m], run.info.end_time or run.info.start_time, _job(run))
+              for run in jobs if _job(run) >= 0 for m in metrics if m in run.data.metrics]  # fmt: skip
     if series:
         mlflow_client.log_batch(parent_run_id, metrics=series)
     state = view_state(parent_run_id, metrics, swept_params(jobs, list(parent.data.params)), len(jobs))
+    now = int(time.time() * 1000)
     envelope = {"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
     mlflow_client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + parent_run_id, json.dumps(envelope))
     mlflow_client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, CLASSIC_KIND)
@@ -148,8 +150,3 @@ def view_url(uri: str, experiment_id: str, view_id: str) -> str | None:
     if root is None:
         return None
     return f"{root}/#/experiments/{experiment_id}/runs?{urlencode({**WORKFLOW, VIEW_KEY: view_id})}"
-
-
-def run_url(uri: str, experiment_id: str, run_id: str) -> str | None:
-    root = ui_root(uri)
-    return None if root is None else f"{root}/#/experiments/{experiment_id}/runs/{run_id}?{urlencode(WORKFLOW)}"
