@@ -16,11 +16,13 @@ import os
 import select
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11's; the annotations are not evaluated (3.10 runs this)
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 _FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe", "--no-first-run",
@@ -57,15 +59,15 @@ class Chromium:
         self._profile = tempfile.mkdtemp(prefix="pb-chromium-")
         commands_r, self._commands = os.pipe()
         self._answers, answers_w = os.pipe()
-
-        def on_fds_3_and_4() -> None:  # in the child, before exec
-            os.dup2(commands_r, 3)
-            os.dup2(answers_w, 4)
-
-        self._proc = subprocess.Popen(
-            [path, *_FLAGS, f"--user-data-dir={self._profile}", f"--window-size={width},{height}", "about:blank"],
-            pass_fds=(3, 4, commands_r, answers_w), preexec_fn=on_fds_3_and_4, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        # the browser's fds 3 and 4 are the pipes' ends (dup2 makes them inheritable; every other
+        # fd of this process is close-on-exec), in a session of its own; posix_spawn, not a
+        # preexec_fn, which is unsafe in a process with threads (pytest's, the tracking client's)
+        null = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
+        self._pid = os.posix_spawn(
+            path, [path, *_FLAGS, f"--user-data-dir={self._profile}", f"--window-size={width},{height}", "about:blank"],
+            os.environ, file_actions=[*null, (os.POSIX_SPAWN_DUP2, commands_r, 3), (os.POSIX_SPAWN_DUP2, answers_w, 4)],
+            setsid=True)  # fmt: skip
+        self._status: int | None = None
         os.close(commands_r)
         os.close(answers_w)
         self._pending = b""
@@ -79,7 +81,7 @@ class Chromium:
             self.close()
             raise
 
-    def __enter__(self) -> Chromium:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -144,15 +146,29 @@ class Chromium:
     def screenshot(self, path: Path) -> None:
         Path(path).write_bytes(base64.b64decode(self.page("Page.captureScreenshot", format="png")["data"]))
 
+    def _exited(self, wait_s: float = 0.0) -> bool:
+        """Whether the browser has exited (reaped), waiting up to ``wait_s`` seconds for it."""
+        deadline = time.monotonic() + wait_s
+        while self._status is None:
+            pid, status = os.waitpid(self._pid, os.WNOHANG)
+            if pid:
+                self._status = status
+            elif time.monotonic() >= deadline:
+                return False
+            else:
+                time.sleep(0.05)
+        return True
+
     def close(self) -> None:
-        """Close the browser (killed if it does not go within seconds) and its profile."""
-        if self._proc.poll() is None:
+        """Close the browser (killed with its processes if it does not go within seconds) and its profile."""
+        if not self._exited():
             try:
                 self._call("Browser.close", timeout=5)
-                self._proc.wait(5)
-            except (BrowserError, OSError, subprocess.TimeoutExpired):
-                os.killpg(self._proc.pid, signal.SIGKILL)
-                self._proc.wait()
+            except (BrowserError, OSError):
+                pass
+            if not self._exited(5):
+                os.killpg(self._pid, signal.SIGKILL)
+                self._exited(5)
         for fd in (self._commands, self._answers):
             try:
                 os.close(fd)

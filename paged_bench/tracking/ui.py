@@ -12,8 +12,11 @@ What the UI of MLflow 3.17 honours (read from its shipped bundle, ``mlflow/serve
   shows Source, Models and Dataset only, and a sweep is one collapsed row.) The view's search
   names the sweep's jobs (``tags.`mlflow.parentRunId```), so they are rows of their own.
 - The mode: the page takes ``workflowType`` from the URL (``machine_learning``), else the
-  browser's last choice, GenAI at first; where that switch is off, the experiment tag
-  ``mlflow.experimentKind`` (``custom_model_development``) decides. Both are set.
+  browser's last choice, GenAI at first; the link carries it. (The experiment tag
+  ``mlflow.experimentKind`` = ``custom_model_development``, set too, decides only in builds with
+  that switch off: the bundle's flag is on in 3.17.)
+- The page nests a run's children under it, collapsed, only when the runs are ordered by start
+  time (or neither ordered nor filtered): the view orders them by end time.
 - A run's metric logged at several steps is a line chart on its page (Model metrics): the
   parent run logs each key figure of its jobs as ``by_job/<metric>`` at step = job number.
 """
@@ -30,7 +33,8 @@ from urllib.parse import urlencode
 from paged_bench.tracking.store import CLASSIC_KIND, EXPERIMENT_KIND_TAG, sqlite_path, without_credentials
 
 # the figures a person compares first (docs/metrics.md): TTFT p50/p99, TPOT, throughput, KV peak
-# (the report's: reserved slots; a cluster's, all replicas at once), preemptions; an experiment's own report.metrics come before them
+# (the report's: reserved slots; a cluster's, all replicas at once), preemptions; an experiment's
+# own report.metrics come before them
 KEY_METRICS = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "output_throughput", "kv_reserved_slots_peak",
                "cluster_kv_reserved_slots_peak", "num_preemptions")  # fmt: skip
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
@@ -75,6 +79,7 @@ def key_metrics(jobs: Sequence[Any]) -> list[str]:
 def swept_params(jobs: Sequence[Any], settings: Sequence[str]) -> list[str]:
     """The params the sweep varied: each swept setting by its param name (a config group, such as
     ``scheduler``, by its ``.name``); without settings, every param whose value differs."""
+
     def varies(key: str) -> bool:
         return len({run.data.params.get(key) for run in jobs}) > 1
 
