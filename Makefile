@@ -5,12 +5,22 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run serve test bench ui results validate clean
+.PHONY: install browser run serve test bench ui ui-screenshot results validate clean
 
 # then the engine core is compiled with mypyc (paged_bench/native/guard.py: about 2x the step loop's
 # speed), again whenever its source changed; without a C compiler it stays interpreted
-install: $(STAMP)
+install: $(STAMP) browser
 	PAGED_BENCH_INTERPRETED=1 $(PY) -m paged_bench.native.compile
+
+# a headless Chromium for the test that reads the MLflow UI as a person sees it and for make
+# ui-screenshot (paged_bench/tracking/browser.py): Debian's, installed where it is missing and
+# this is root; elsewhere a note, and that test is skipped
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null || \
+		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; }; \
+	else echo "note: no chromium (apt-get install chromium as root): the MLflow UI's browser test is skipped"; fi
 
 # torch first, pinned: it then satisfies the package's capped range without pip looking
 # for a newer (multi-GB CUDA) build
@@ -68,6 +78,13 @@ results: install
 # (published / simulated / ratio) and written into docs/validation.md (about 15 s)
 validate: install
 	$(PY) -m paged_bench.validate --write docs/validation.md $(ARGS)
+
+# make ui-screenshot: after make results, the MLflow UI's view of its seed_batching sweep (the URL
+# the sweep printed) as docs/results/mlflow_sweep_view.png and its Charts tab as
+# mlflow_sweep_charts.png, rendered by headless Chromium
+ui-screenshot: install
+	$(PY) benchmarks/ui_screenshot.py --experiment seed_batching --out docs/results/mlflow_sweep_view.png \
+		--charts docs/results/mlflow_sweep_charts.png
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks .hypothesis build/native

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from paged_bench.tracking import browser
 from paged_bench.tracking.runs import rounded
 from tests.tracking_support import MlflowServer, artifact_paths, call_cli, cli_env, client, runs_of
 
@@ -168,3 +169,42 @@ def test_sync_to_a_named_server_uploads_only_the_runs_meant_for_it(tmp_path, ser
 
 def _env(uri):
     return {"MLFLOW_TRACKING_URI": uri, **FAIL_FAST} if uri else {}
+
+
+KEY_COLUMNS = ["params.`max_batch`", "metrics.`median_ttft_ms`", "metrics.`p99_ttft_ms`", "metrics.`median_tpot_ms`",
+               "metrics.`output_throughput`", "metrics.`kv_reserved_slots_peak`", "metrics.`num_preemptions`"]  # fmt: skip
+
+
+@pytest.mark.skipif(browser.executable() is None, reason="no chromium: make install installs it (apt, as root)")
+def test_the_url_a_sweep_prints_shows_its_jobs_key_figures_in_a_browser(tmp_path, server):
+    """The MLflow UI showed a sweep as one collapsed row with Run Name, Created, Dataset, Duration,
+    Source and Models, in the GenAI mode: the URL the sweep prints now opens its jobs as rows with
+    their swept setting and key figures as columns (read from the page Chromium renders), in the
+    machine-learning mode; the parent run charts each key figure by job."""
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = call_cli(work, "-m", "max_batch=4,8", "workload.num_requests=20", "experiment_name=ui_view",
+                    MLFLOW_TRACKING_URI=server.uri, **FAIL_FAST)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    c, runs = runs_of(server.uri, "ui_view")
+    parent, children = _split(runs)
+    exp = parent.info.experiment_id
+    url = f"{server.uri}/#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey={parent.info.run_id}"
+    assert proc.stdout.splitlines()[-1] == f"MLflow UI: {url}"
+    assert [(m.step, m.value) for m in c.get_metric_history(parent.info.run_id, "by_job/median_ttft_ms")] == [
+        (int(r.data.tags["job_num"]), r.data.metrics["median_ttft_ms"]) for r in children]  # fmt: skip
+
+    with browser.Chromium(width=2400, height=900) as page:
+        page.goto(url)
+        page.wait_for("document.querySelectorAll('.ag-center-cols-container [role=row][row-id]').length >= 2")
+        table = page.runs_table()
+        nav = page.evaluate("document.querySelector('nav').innerText")
+    headers = table["headers"]
+    assert [k for k in headers if k in KEY_COLUMNS] == KEY_COLUMNS, headers  # shown, in this order
+    assert [headers[k] for k in KEY_COLUMNS] == [k.split("`")[1] for k in KEY_COLUMNS]
+    assert list(table["rows"]) == [r.info.run_id for r in children]  # the jobs in order, not the parent's collapsed row
+    for child in children:
+        cells = table["rows"][child.info.run_id]
+        assert cells["params.`max_batch`"] == child.data.params["max_batch"]
+        assert float(cells["metrics.`median_ttft_ms`"]) == pytest.approx(child.data.metrics["median_ttft_ms"], rel=1e-5)
+    assert "Model registry" in nav and "Evaluation runs" not in nav  # the ML mode's pages, not GenAI's

@@ -78,6 +78,17 @@ def test_a_sweep_is_a_parent_run_with_a_child_per_job_and_exits_1_when_jobs_fail
         assert row["output_throughput"] == pytest.approx(summary["output_throughput"])
         assert children[job].data.metrics["median_ttft_ms"] == pytest.approx(summary["median_ttft_ms"])
     assert list(table["status"]) == ["finished", "failed", "finished", "failed"]
+    # its view in the UI (tests/test_remote_tracking.py opens one in a browser): the jobs, failed
+    # ones too, with both swept settings and the key figures as columns; the link make ui serves
+    exp = c.get_experiment(parent.info.experiment_id)
+    envelope = json.loads(exp.tags[f"mlflow.sharedViewState.{parent.info.run_id}"])
+    view = json.loads(envelope["state"])
+    assert envelope["name"] == parent.info.run_name and exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert view["searchFilter"] == f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+    assert view["selectedColumns"][:4] == ["params.`scheduler.name`", "params.`max_batch`", "metrics.`median_ttft_ms`",
+                                           "metrics.`p99_ttft_ms`"]  # fmt: skip
+    url = f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning"
+    assert f"MLflow UI: {url}&viewStateShareKey={parent.info.run_id} (make ui serves it)" in proc.stdout
 
 
 CRASHING_PLUGIN = """

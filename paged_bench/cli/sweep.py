@@ -44,7 +44,7 @@ from paged_bench.errors import PagedBenchError
 from paged_bench.report.document import build_report
 from paged_bench.report.load import REPORT_DIR, TRACKING_URI_KEY, Run, load_run
 from paged_bench.run.tracking_settings import TrackingSettings
-from paged_bench.tracking import store, uploader
+from paged_bench.tracking import store, ui, uploader
 from paged_bench.tracking.runs import SWEEP_DIR_TAG
 
 
@@ -226,11 +226,17 @@ def _close_parent(sweep: _Sweep, status: str, files: list[Path], tags: dict[str,
     """Wait for the jobs' uploads, then attach the summary to the parent and close it."""
     tags[SWEEP_DIR_TAG] = str(sweep.sweep_dir)
     try:
-        uploader.shared().request("sweep_finish", link=sweep.link, status=status,
-                                  artifacts=[str(f) for f in files], tags=tags)  # fmt: skip
+        reply = uploader.shared().request("sweep_finish", link=sweep.link, status=status,
+                                          artifacts=[str(f) for f in files], tags=tags)  # fmt: skip
     except uploader.UploadError as e:
         store.report_failure(e, str(sweep.sweep_dir))
+        reply = None
     uploader.close_shared()
+    view = (reply or {}).get("view")
+    url = ui.view_url(sweep.link["uri"], sweep.link["experiment_id"], view) if view else None
+    if url:  # its jobs as rows, their key figures and swept settings as columns (tracking/ui.py)
+        served = " (make ui serves it)" if store.sqlite_path(sweep.link["uri"]) is not None else ""
+        print(f"MLflow UI: {url}{served}")
 
 
 def _summarize(sweep: _Sweep) -> tuple[int, int, int, list[Path]]:

@@ -6,6 +6,9 @@ sweep's parent run (``runs.start_sweep`` / ``runs.finish_sweep``, linked across 
 run id). ``store`` resolves where: ``tracking.uri``, else ``$MLFLOW_TRACKING_URI``, else an
 embedded SQLite store at ``./runs/mlflow.db`` (absolute). A store that fails warns once and
 turns tracking off for the process: the run's files are never lost to tracking.
+``ui`` saves a sweep's view in the MLflow UI as the sweep closes (its jobs' key figures and
+swept settings as columns; the link the sweep prints); ``browser`` drives a headless Chromium
+to see that page as a person does (the UI test, docs' screenshot).
 
 Importing this package is cheap; ``mlflow`` (1-2 s) is imported only when something is logged.
 """

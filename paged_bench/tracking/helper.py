@@ -85,9 +85,9 @@ def _sweep_start(request: dict[str, Any]) -> dict[str, Any]:
 
 def _sweep_finish(request: dict[str, Any]) -> dict[str, Any]:
     link = request["link"]
-    finish_sweep(store.client(link["uri"]), link["run_id"], request["status"],
-                 [Path(p) for p in request["artifacts"]], request["tags"])  # fmt: skip
-    return {}
+    view = finish_sweep(store.client(link["uri"]), link["run_id"], request["status"],
+                        [Path(p) for p in request["artifacts"]], request["tags"])  # fmt: skip
+    return {"view": view}
 
 
 def _ping(request: dict[str, Any]) -> dict[str, Any]:

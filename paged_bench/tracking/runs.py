@@ -17,16 +17,19 @@ import json
 import math
 import socket
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from paged_bench.errors import one_line
 from paged_bench.report.load import RUN_INFO, RunFileError, read_json, read_yaml, run_outcome
 from paged_bench.results.run_files import format_summary
 from paged_bench.results.step_series import cluster_wide
 from paged_bench.run.flat import flatten
+from paged_bench.tracking.ui import publish_sweep_view
 
 # a job's status -> MLflow's
 RUN_STATUS = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
@@ -297,18 +300,29 @@ def start_sweep(mlflow_client: Any, experiment_id: str, run_name: str, tags: Map
     return run_id
 
 
-def finish_sweep(mlflow_client: Any, run_id: str, status: str, artifacts: list[Path], tags: Mapping[str, str]) -> None:
+def finish_sweep(mlflow_client: Any, run_id: str, status: str, artifacts: list[Path], tags: Mapping[str, str],
+                 view_name: str | None = None) -> str | None:  # fmt: skip
     """Attach the sweep's summary (tables, plots; its ``report.md`` as the description) to its
-    parent run and close it, whether the sweep's process or ``sync`` closes it; the run is
-    closed even when the artifacts cannot be logged (and the failure raised after)."""
+    parent run, save its view in the UI (``tracking.ui``: its jobs' key figures as columns) and
+    close it, whether the sweep's process or ``sync`` closes it; the run is closed even when
+    the artifacts cannot be logged (and the failure raised after). The view's id, None without one."""
     from mlflow.entities import RunTag
 
     tags = {**_description(artifacts), **tags}
     try:
         mlflow_client.log_batch(run_id, tags=[RunTag(k, str(v)[:_MAX_TAG]) for k, v in tags.items()])
         log_artifacts(mlflow_client, run_id, artifacts)
+        return _sweep_view(mlflow_client, run_id, view_name or mlflow_client.get_run(run_id).info.run_name)
     finally:
         terminate(mlflow_client, run_id, status)
+
+
+def _sweep_view(mlflow_client: Any, run_id: str, name: str) -> str | None:
+    try:
+        return publish_sweep_view(mlflow_client, run_id, name)
+    except Exception as e:  # noqa: BLE001  (the runs and their summary are logged: a view is not worth them)
+        print(f"warning: the sweep's view in the MLflow UI could not be saved: {one_line(e)}", file=sys.stderr)
+        return None
 
 
 def _description(artifacts: Iterable[Path]) -> dict[str, str]:

@@ -37,6 +37,11 @@ URI_FORMS = "sqlite:///PATH, http(s)://HOST:PORT, databricks, or a database URL 
 # MLflow 3 refuses its file store (a bare path or file://) unless this is true
 FILE_STORE_ENV = "MLFLOW_ALLOW_FILE_STORE"
 
+# the experiment's kind, which the MLflow UI reads where its GenAI / ML switch is off: the classic
+# ML pages (runs table, charts), not GenAI's traces and evaluations (tracking/ui.py)
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+CLASSIC_KIND = "custom_model_development"
+
 _failure: str | None = None  # why tracking stopped in this process, once it has
 
 
@@ -287,7 +292,8 @@ def experiment_id(mlflow_client: Any, name: str, uri: str) -> str:
         root = artifact_root(uri)
         location = (root / folder_name(name)).as_uri() if root is not None else None
         try:
-            return mlflow_client.create_experiment(name, artifact_location=location)
+            return mlflow_client.create_experiment(name, artifact_location=location,
+                                                   tags={EXPERIMENT_KIND_TAG: CLASSIC_KIND})  # fmt: skip
         except MlflowException:  # another job of the sweep created it first
             exp = mlflow_client.get_experiment_by_name(name)
             if exp is None:
