@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from paged_bench.capacity import output, trial
+from paged_bench.capacity import command, output, trial
 from paged_bench.capacity.launch import TrialJob, TrialLauncher, run_config, trial_key
 from paged_bench.capacity.planner import Entry, PlanResult, run_plan, unmet_line
 from paged_bench.capacity.search import SearchSettings
@@ -60,7 +60,11 @@ class Plan:
         self.trials_dir = Path(plan.get("trials_dir") or "runs/plan/trials").resolve()
         self.launcher = TrialLauncher(cfg, self.trials_dir)
         hc = HydraConfig.get()
-        self.base = [o for o in hc.overrides.task if not o.startswith(("plan.", "+plan", "hydra."))]
+        # the user's overrides of the run (not of the plan, Hydra or tracking, which change no simulation)
+        self.base = [o for o in hc.overrides.task
+                     if not o.lstrip("+~").startswith(("plan.", "plan/", "hydra", "tracking.", "experiment_name"))]
+        # the simulator's cost model, on every simulation's command line: one override switches it
+        self.extra = [f"backend.cost_model={plan.get('cost_model')}"]
         self.folder = Path(hc.runtime.output_dir)
         self.base_rate = 0.0
 
@@ -69,7 +73,7 @@ class Plan:
 
     def refuses(self, candidate: Candidate) -> str | None:
         """Why the engine will not build this candidate's replica (None: it builds)."""
-        cfg = run_config(self.launcher.compose(candidate.engine_overrides()))
+        cfg = run_config(self.launcher.compose([*self.extra, *candidate.engine_overrides()]))
         try:
             build_engine(cfg)
         except ConfigError as e:
@@ -85,13 +89,20 @@ class Plan:
             self.base_rate = (len(times) - 1) / span if span > 0 else 0.0
         return None
 
+    def command(self, entry: Entry) -> str:
+        """``entry`` at the target load as a plain ``python -m paged_bench`` command line."""
+        overrides = [*self.extra, *entry.candidate.overrides(), self.scale_override(self.settings.target)]
+        cfg = self.launcher.compose(overrides)
+        choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
+        return command.command_line(self.launcher.loader, run_config(cfg), choices)
+
     def runner(self, steps: list[tuple[Entry, float]]) -> list[dict[str, Any]]:
         """Each (candidate, scale): read back from its folder, or launched with the others."""
         out: list[dict[str, Any] | None] = []
         jobs = []
         for entry, scale in steps:
-            overrides = [*entry.candidate.overrides(), self.scale_override(scale)]
-            key = trial_key([*self.base, *overrides], self.slo)
+            overrides = [*self.extra, *entry.candidate.overrides(), self.scale_override(scale)]
+            key = trial_key(self.run, overrides, self.slo)
             found = trial.read(self.trials_dir / key)
             out.append({**found, "reused": True} if found is not None else None)
             if found is None:
@@ -104,7 +115,7 @@ def _progress(entries: list[Entry]) -> None:
     for e in entries:
         t = e.trials[-1]
         how = "reused" if t.get("reused") else f"{t.get('cpu_s', 0):.1f} CPU-s"
-        verdict = "meets" if t["passed"] else f"misses {', '.join(t.get('missed') or []) or t.get('error')}"
+        verdict = "meets" if t["passed"] else f"fails: {t['error']}" if t.get("error") else f"misses {', '.join(t['missed'])}"
         print(f"  {e.candidate.label}: {t['scale']:g}x {verdict} ({how})", flush=True)
 
 
@@ -119,9 +130,8 @@ def report(plan: Plan, result: PlanResult, cfg: DictConfig) -> None:
           f"{result.num_reused} reused from {plan.trials_dir}; {result.wall_s:.1f} s wall\n")  # fmt: skip
     print(output.table(result, names, plan.base_rate))
     command = None
-    target = [plan.scale_override(plan.settings.target)]
     if result.winner is not None:
-        command = output.command_line(plan.base, result.winner, target)
+        command = plan.command(result.winner)
         w = result.winner
         print(f"\nwinner: {w.candidate.label}, {w.candidate.num_gpus} GPUs at ${w.candidate.usd_per_hour:,.2f}/h, "
               f"serves {w.search.capacity:g}x (target {result.target:g}x) under {plan.slo.describe()}\n  {command}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,10 +58,16 @@ def trial_task(cfg: DictConfig) -> dict[str, Any]:
     return record
 
 
-def trial_key(overrides: Sequence[str], slo: Slo) -> str:
-    """A trial's folder name: its run's overrides (the plan's, the candidate's, the scale) and
-    the SLO it was stopped early against; the same plan rerun finds it again."""
-    text = json.dumps([sorted(overrides), [vars(lim) for lim in slo.limits]], sort_keys=True)
+# what changes no simulation: left out of a trial's key
+UNKEYED = ("tracking", "experiment_name", "report")
+
+
+def trial_key(base: Mapping[str, Any], overrides: Sequence[str], slo: Slo) -> str:
+    """A trial's folder name: the plan's run config (``base``, resolved), the overrides that make
+    it this trial's (candidate, scale) and the SLO it was stopped early against; the same plan
+    rerun, however launched or tracked, finds it again."""
+    run = {k: v for k, v in base.items() if k not in UNKEYED}
+    text = json.dumps([run, sorted(overrides), [vars(lim) for lim in slo.limits]], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

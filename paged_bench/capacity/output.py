@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,11 +59,6 @@ def table(result: PlanResult, names: Sequence[str], base_rate: float) -> str:
     if len(rows) > TABLE_ROWS:
         lines.append(f"     ... {len(rows) - TABLE_ROWS} more in plan.json")
     return "\n".join(lines)
-
-
-def command_line(base: Sequence[str], e: Entry, target_overrides: Sequence[str]) -> str:
-    """``python -m paged_bench`` with the plan's overrides, the winner's and the target load."""
-    return shlex.join(["python", "-m", "paged_bench", *base, *e.candidate.overrides(), *target_overrides])
 
 
 def frontier(entries: Sequence[Entry]) -> list[Entry]:

@@ -91,7 +91,7 @@ class Watch:
         self.limits = [lim for lim in slo.limits if lim.latency != "itl"]
         # p_q of N values is above L once more than (1 - q) N + 1 of them are (numpy's linear interpolation
         # then reads two values above L): the +1 keeps the stop sound at any N
-        self.allowed = [(1 - lim.percentile / 100) * num_requests + 1 for lim in self.limits]
+        self.allowed = [(100 - lim.percentile) * num_requests / 100 + 1 for lim in self.limits]
         self.over = [0] * len(self.limits)
         self.broken: str | None = None
 
