@@ -14,7 +14,8 @@ from paged_bench.capacity.planner import run_plan
 from paged_bench.capacity.search import RateSearch, SearchSettings
 from paged_bench.capacity.slo import Broken, Slo, Watch
 from paged_bench.capacity.space import Candidate, candidates
-from tests.tracking_support import call_cli
+from paged_bench.tracking.runs import KIND_TAG, PARENT_TAG
+from tests.tracking_support import call_cli, runs_of
 
 PRICES = {"a100": {"usd_per_gpu_hour": 1.0}, "h100": {"usd_per_gpu_hour": 2.5}, "h200": {"usd_per_gpu_hour": 3.0}}
 SPACE = {"hardware": ["a100", "h100", "h200"], "tensor_parallel_size": [1, 2, 4], "replicas": [1, 2, 3, 4],
@@ -81,8 +82,8 @@ def test_a_run_stops_only_once_its_percentile_cannot_be_met():
     assert watch.broken is not None and watch.broken.startswith("ttft_p90_ms")
 
 
-SMALL = ("workload=poisson", "workload.num_requests=120", "backend.model=llama-3-8b", "tracking.enabled=false",
-         "plan.space.hardware=[a100,h100]", "plan.space.tensor_parallel_size=[1,2]", "plan.space.replicas=[1,2]",
+SMALL = ("workload=poisson", "workload.num_requests=120", "backend.model=llama-3-8b",
+         "plan.space.hardware=[a100,h100]", "plan.space.tensor_parallel_size=[1]", "plan.space.replicas=[1,2]",
          "plan.target_scale=2", "plan.search.precision=0.1", "plan.wave=8")  # fmt: skip
 
 
@@ -91,18 +92,25 @@ def _plan(tmp_path: Path, *extra: str):
 
 
 def test_a_small_plan_end_to_end_and_its_rerun_reuses_every_simulation(tmp_path):
-    first = _plan(tmp_path, "hydra.run.dir=first")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = _plan(tmp_path, "hydra.run.dir=first", f"tracking.uri={uri}", "experiment_name=plan")
     assert first.returncode == 0, first.stderr
     record = json.loads((tmp_path / "first" / "plan.json").read_text())
+    _, runs = runs_of(uri, "plan")  # one parent, a child per simulated candidate
+    (parent,) = [r for r in runs if r.data.tags[KIND_TAG] == "plan"]
+    children = [r for r in runs if r.data.tags.get(PARENT_TAG) == parent.info.run_id]
+    assert len(children) == sum(bool(c["trials"]) for c in record["candidates"]) == len(runs) - 1
+    assert parent.data.tags["winner"] == record["winner"]["label"]
     assert record["num_trials"] > 0 and record["num_reused"] == 0 and record["winner"]
     assert (tmp_path / "first" / "pareto.png").read_bytes()[:4] == b"\x89PNG"
     command = next(line.strip() for line in first.stdout.splitlines() if line.strip().startswith("python -m paged_bench "))
-    again = _plan(tmp_path, "hydra.run.dir=again")
+    again = _plan(tmp_path, "hydra.run.dir=again", "tracking.enabled=false")
     rerun = json.loads((tmp_path / "again" / "plan.json").read_text())
     assert again.returncode == 0 and rerun["num_trials"] == 0 and rerun["num_reused"] == record["num_trials"]
     assert rerun["winner"]["label"] == record["winner"]["label"]
     # the winner, as a plain run at the target load, meets the SLO
-    plain = call_cli(tmp_path, *command.split()[3:], "hydra.run.dir=winner")
+    assert f"tracking.uri={uri}" in command  # the plan's settings, said to the plain command
+    plain = call_cli(tmp_path, *command.split()[3:], "hydra.run.dir=winner", "tracking.enabled=false")
     assert plain.returncode == 0, plain.stderr
     summary = json.loads((tmp_path / "winner" / "summary.json").read_text())
     assert summary["p90_ttft_ms"] <= 500 and summary["p99_tpot_ms"] <= 50
@@ -115,6 +123,8 @@ def test_a_small_plan_end_to_end_and_its_rerun_reuses_every_simulation(tmp_path)
     ("plan.slo.ttft_p90_ms=0.001", "error: plan.slo={TTFT p90 <= 0.001 ms, TPOT p99 <= 50 ms} is not met"),
 ])  # fmt: skip
 def test_a_bad_plan_is_one_line_naming_its_key(tmp_path, override, line):
-    ran = _plan(tmp_path, override, "plan.space.hardware=[h100]" if "slo" in override else "seed=0")
+    # the unmeetable SLO: one candidate, its search down to half the target (two simulations, each stopped early)
+    unmet = ("plan.space.hardware=[h100]", "plan.space.replicas=[1]", "plan.search.min_scale=1")
+    ran = _plan(tmp_path, override, "tracking.enabled=false", *(unmet if "slo" in override else ()))
     assert ran.returncode != 0
     assert ran.stderr.strip().splitlines()[-1].startswith(line), ran.stderr

@@ -58,7 +58,10 @@ def command_overrides(loader: Any, run: Mapping[str, Any], choices: Mapping[str,
     """The overrides that make the main command's config ``run`` (``loader``: a Hydra config
     loader of paged_bench's configs); ValueError if they do not."""
     groups = [f"{g}={choices[g]}" for g in GROUPS if choices.get(g)]
-    overrides = groups + _diff(run, _main_config(loader, groups))
+    # the top level's knobs first: a section's copy of one (scheduler.max_batch: ${max_batch}) then follows
+    knobs = {k: v for k, v in run.items() if not isinstance(v, Mapping)}
+    first = groups + _diff(knobs, _main_config(loader, groups))
+    overrides = first + _diff(run, _main_config(loader, first))
     if _main_config(loader, overrides) != {k: v for k, v in run.items() if k not in SKIP}:
         raise ValueError(f"the overrides {overrides} do not compose to the simulated config")
     return overrides

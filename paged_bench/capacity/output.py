@@ -140,8 +140,7 @@ def track(uri: str | None, experiment: str, result: PlanResult, base_rate: float
         values = {"capacity": e.search.capacity, "num_trials": len(e.trials), **figures,
                   **economics(e, result.target, base_rate)}  # fmt: skip
         metrics = [Metric(k, float(v), 0, 0) for k, v in values.items() if isinstance(v, (int, float))]
-        client.log_batch(run, metrics=metrics, params=[Param(k, str(v)) for k, v in e.candidate.params().items()],
-                         tags=[RunTag(k, v) for k, v in ()])  # fmt: skip
+        client.log_batch(run, metrics=metrics, params=[Param(k, str(v)) for k, v in e.candidate.params().items()])
         client.set_terminated(run, "FINISHED")
     for path in artifacts:
         client.log_artifact(parent, str(path))
