@@ -132,11 +132,21 @@ def report(plan: Plan, result: PlanResult, cfg: DictConfig) -> None:
     command = None
     if result.winner is not None:
         command = plan.command(result.winner)
+        cost = result.winner.candidate.usd_per_hour
+        # the check a reader makes: the winner rerun meets the SLO, the next-cheaper candidate does not
+        cheaper = [e for e in result.entries if e.measured and e.candidate.usd_per_hour <= cost and e is not result.winner
+                   and not e.search.meets(result.target)]  # fmt: skip
+        runner_up = max(cheaper, key=lambda e: e.candidate.usd_per_hour, default=None)
         w = result.winner
         print(f"\nwinner: {w.candidate.label}, {w.candidate.num_gpus} GPUs at ${w.candidate.usd_per_hour:,.2f}/h, "
               f"serves {w.search.capacity:g}x (target {result.target:g}x) under {plan.slo.describe()}\n  {command}")
     plot = output.plot(result, plan.folder / "pareto.png", f"{plan.slo.describe()}; target {result.target:g}x")
     record = output.plan_record(result, plan.base_rate, command)
+    if result.winner is not None and runner_up is not None:
+        record["next_cheaper"] = {"label": runner_up.candidate.label, "usd_per_hour": runner_up.candidate.usd_per_hour,
+                                  "command": plan.command(runner_up)}  # fmt: skip
+        print(f"next cheaper: {runner_up.candidate.label} at ${runner_up.candidate.usd_per_hour:,.2f}/h, does not "
+              f"meet the target (capacity < {runner_up.search.upper:g}x)\n  {record['next_cheaper']['command']}")
     path = output.write(plan.folder, record)
     print(f"-> {path}, {plot}")
     tracking = cfg.get("tracking") or {}

@@ -27,11 +27,13 @@ def at_target(e: Entry, target: float) -> Mapping[str, Any]:
 
 
 def economics(e: Entry, target: float, base_rate: float) -> dict[str, float | None]:
-    """QPS per $/hour and $ per million output tokens at the target load (where it was measured whole)."""
+    """QPS per $/hour at the load it serves under the SLO (the target, or its capacity if lower),
+    and $ per million output tokens at the target load (where it was measured whole)."""
     summary = at_target(e, target).get("summary") or {}
     usd = e.candidate.usd_per_hour
     tokens = summary.get("output_throughput")
-    return {"usd_per_hour": usd, "qps_per_usd_hour": base_rate * target / usd if base_rate else None,
+    served = min(target, e.search.capacity)
+    return {"usd_per_hour": usd, "qps_per_usd_hour": base_rate * served / usd if base_rate and served else None,
             "usd_per_million_output_tokens": usd / (tokens * 3600) * 1e6 if tokens else None}  # fmt: skip
 
 
