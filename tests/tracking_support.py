@@ -105,7 +105,8 @@ _FRESH_FILTERS = (("default", DeprecationWarning, "__main__"), ("ignore", Deprec
                   ("ignore", ResourceWarning, ""))  # fmt: skip
 
 
-IN_PROCESS = ("paged_bench", "paged_bench.tracking.sync", "paged_bench.report", "paged_bench.serve")  # call_cli's
+IN_PROCESS = ("paged_bench", "paged_bench.tracking.sync", "paged_bench.report", "paged_bench.serve",
+              "paged_bench.plan")  # call_cli's  # fmt: skip
 
 
 def _entry(module: str):
@@ -130,7 +131,11 @@ def _entry(module: str):
         from paged_bench.serve.__main__ import cli as serve
 
         return serve
-    raise ValueError(f"call_cli runs paged_bench, its sync, report and serve; {module}: use run_cli")
+    if module == "paged_bench.plan":
+        from paged_bench.capacity.app import cli as plan
+
+        return plan
+    raise ValueError(f"call_cli runs paged_bench, its sync, report, serve and plan; {module}: use run_cli")
 
 
 def call_cli(cwd: Path, *args: str, module: str = "paged_bench", **env: str) -> Ran:
@@ -171,7 +176,7 @@ def call_cli(cwd: Path, *args: str, module: str = "paged_bench", **env: str) -> 
                 warnings.filterwarnings(action, category=category, module=where)
             warnings.showwarning = _show_on_stderr
             try:
-                code = main() if module in ("paged_bench", "paged_bench.serve") else main(list(args))
+                code = main() if module in ("paged_bench", "paged_bench.serve", "paged_bench.plan") else main(list(args))
             except SystemExit as e:
                 code = e.code
             finally:
