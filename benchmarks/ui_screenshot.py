@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -91,7 +92,7 @@ def main() -> None:
                 page.screenshot(out)
                 print(f"{out}: {url}&compareRunsMode={mode}")
     finally:
-        os.killpg(server.pid, 9)
+        os.killpg(server.pid, signal.SIGKILL)
         server.wait()
         opts.out.with_suffix(".log").unlink(missing_ok=True)
 

@@ -14,6 +14,7 @@ import pytest
 
 from paged_bench.tracking import browser
 from paged_bench.tracking.runs import rounded
+from paged_bench.tracking.ui import plots_shown
 from tests.tracking_support import MlflowServer, artifact_paths, call_cli, cli_env, client, runs_of
 
 
@@ -54,7 +55,11 @@ def test_a_run_and_a_sweep_log_to_a_real_server(tmp_path, server):
     parent, children = _split([r for r in runs if r.info.run_id != run.info.run_id])
     assert parent.info.status == "FINISHED" and "table.md" in artifact_paths(c, parent.info.run_id)
     (sweep_dir,) = [p.parent for p in work.glob("runs/multirun/*/*/sweep.json")]
-    assert parent.data.tags["mlflow.note.content"] == (sweep_dir / "report" / "report.md").read_text()
+    # the report as its description, its plots shown from where the server serves the run's artifacts
+    report = (sweep_dir / "report" / "report.md").read_text()
+    shown = f"![ttft cdf](get-artifact?path=ttft_cdf.png&run_uuid={parent.info.run_id})"
+    assert "![ttft cdf](ttft_cdf.png)" in report and shown in parent.data.tags["mlflow.note.content"]
+    assert parent.data.tags["mlflow.note.content"] == plots_shown(report, parent.info.run_id)
     assert [(r.info.run_name, r.info.status) for r in children] == [("max_batch=4", "FINISHED"),
                                                                       ("max_batch=8", "FINISHED")]  # fmt: skip
 
@@ -103,7 +108,8 @@ def test_a_server_that_dies_mid_sweep_loses_nothing_after_sync(tmp_path, server)
     parent, children = _split(runs)
     assert parent.info.status == "FINISHED"
     # the sweep's table as the description, as when the sweep closes its parent itself
-    assert parent.data.tags["mlflow.note.content"] == (sweep_dir / "report" / "report.md").read_text()
+    report = (sweep_dir / "report" / "report.md").read_text()
+    assert parent.data.tags["mlflow.note.content"] == plots_shown(report, parent.info.run_id)
     assert [(r.info.run_name, r.info.status) for r in children] == [
         (f"max_batch={b}", "FINISHED") for b in (4, 8, 16)
     ]
@@ -199,6 +205,9 @@ def test_the_url_a_sweep_prints_shows_its_jobs_key_figures_in_a_browser(tmp_path
         page.wait_for("document.querySelectorAll('.ag-center-cols-container [role=row][row-id]').length >= 2")
         table = page.runs_table()
         nav = page.evaluate("document.querySelector('nav').innerText")
+        page.goto(f"{server.uri}/#/experiments/{exp}/runs/{parent.info.run_id}?workflowType=machine_learning")
+        plots = "[...document.querySelectorAll('img[src^=\"get-artifact\"]')].filter(i => i.naturalWidth > 0).length"
+        shown = page.wait_for(f"{plots} >= 3 && {plots}")  # the parent's description shows the sweep's plots
     headers = table["headers"]
     assert [k for k in headers if k in KEY_COLUMNS] == KEY_COLUMNS, headers  # shown, in this order
     assert [headers[k] for k in KEY_COLUMNS] == [k.split("`")[1] for k in KEY_COLUMNS]
@@ -208,3 +217,4 @@ def test_the_url_a_sweep_prints_shows_its_jobs_key_figures_in_a_browser(tmp_path
         assert cells["params.`max_batch`"] == child.data.params["max_batch"]
         assert float(cells["metrics.`median_ttft_ms`"]) == pytest.approx(child.data.metrics["median_ttft_ms"], rel=1e-5)
     assert "Model registry" in nav and "Evaluation runs" not in nav  # the ML mode's pages, not GenAI's
+    assert shown == len(list((work / "runs").glob("multirun/*/*/report/*.png")))

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from paged_bench.tracking.ui import plots_shown
 from tests.tracking_support import call_cli, cli_env, fresh_store, runs_of
 
 
@@ -132,4 +133,5 @@ def test_a_sweep_parent_sync_makes_gets_the_table_as_its_description(tmp_path):
     _, runs = runs_of(uri, "paged_bench")
     (parent,) = [r for r in runs if r.data.tags.get("paged_bench.kind") == "sweep"]
     report = (sweep_dir / "report" / "report.md").read_text()
-    assert "| max_batch |" in report and parent.data.tags["mlflow.note.content"] == report
+    assert "| max_batch |" in report  # its plots shown from the server (tracking/ui.py)
+    assert parent.data.tags["mlflow.note.content"] == plots_shown(report, parent.info.run_id)

@@ -29,7 +29,7 @@ from paged_bench.report.load import RUN_INFO, RunFileError, read_json, read_yaml
 from paged_bench.results.run_files import format_summary
 from paged_bench.results.step_series import cluster_wide
 from paged_bench.run.flat import flatten
-from paged_bench.tracking.ui import publish_sweep_view
+from paged_bench.tracking.ui import plots_shown, publish_sweep_view
 
 # a job's status -> MLflow's
 RUN_STATUS = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
@@ -302,13 +302,13 @@ def start_sweep(mlflow_client: Any, experiment_id: str, run_name: str, tags: Map
 
 def finish_sweep(mlflow_client: Any, run_id: str, status: str, artifacts: list[Path], tags: Mapping[str, str],
                  view_name: str | None = None) -> str | None:  # fmt: skip
-    """Attach the sweep's summary (tables, plots; its ``report.md`` as the description) to its
-    parent run, save its view in the UI (``tracking.ui``: its jobs' key figures as columns) and
-    close it, whether the sweep's process or ``sync`` closes it; the run is closed even when
+    """Attach the sweep's summary (tables, plots; its ``report.md`` as the description, showing
+    the plots) to its parent run, save its view in the UI (``tracking.ui``: its jobs' key
+    figures as columns) and close it, whether the sweep's process or ``sync`` closes it; the run is closed even when
     the artifacts cannot be logged (and the failure raised after). The view's id, None without one."""
     from mlflow.entities import RunTag
 
-    tags = {**_description(artifacts), **tags}
+    tags = {**_description(artifacts, run_id), **tags}
     try:
         mlflow_client.log_batch(run_id, tags=[RunTag(k, str(v)[:_MAX_TAG]) for k, v in tags.items()])
         log_artifacts(mlflow_client, run_id, artifacts)
@@ -325,6 +325,6 @@ def _sweep_view(mlflow_client: Any, run_id: str, name: str) -> str | None:
         return None
 
 
-def _description(artifacts: Iterable[Path]) -> dict[str, str]:
+def _description(artifacts: Iterable[Path], run_id: str) -> dict[str, str]:
     report = next((p for p in artifacts if p.name == REPORT_FILE and p.is_file()), None)
-    return {NOTE_TAG: report.read_text()} if report is not None else {}
+    return {NOTE_TAG: plots_shown(report.read_text(), run_id)} if report is not None else {}

@@ -19,16 +19,20 @@ What the UI of MLflow 3.17 honours (read from its shipped bundle, ``mlflow/serve
   time (or neither ordered nor filtered): the view orders them by end time.
 - A run's metric logged at several steps is a line chart on its page (Model metrics): the
   parent run logs each key figure of its jobs as ``by_job/<metric>`` at step = job number.
+- A run's description is markdown whose images the page loads from their address: the
+  sweep's plots, linked by file name in its report, are shown from the server's
+  ``get-artifact?path=<file>&run_uuid=<run>`` (where a parent run's artifacts are).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from paged_bench.tracking.store import CLASSIC_KIND, EXPERIMENT_KIND_TAG, sqlite_path, without_credentials
 
@@ -44,6 +48,7 @@ BY_JOB = "by_job/"
 UI_PORT_ENV = "UI_PORT"  # make ui's port (Makefile), where an SQLite store's runs are seen
 DEFAULT_UI_PORT = 5000
 _PARENT = "mlflow.parentRunId"
+_PLOT_LINK = re.compile(r"!\[([^\]]*)\]\(([^()\s/:]+\.png)\)")  # ![title](name.png): the report's plots
 # the jobs in the order they ended (the order they ran, for a sweep run one job at a time): not
 # their start time, the one order under which the page nests a run's children under it, collapsed
 # (its bundle: shouldFetchParents = no order and no filter, or attributes.start_time)
@@ -138,6 +143,12 @@ def publish_sweep_view(mlflow_client: Any, parent_run_id: str, name: str) -> str
     mlflow_client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + parent_run_id, json.dumps(envelope))
     mlflow_client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, CLASSIC_KIND)
     return parent_run_id
+
+
+def plots_shown(markdown: str, run_id: str) -> str:
+    """The sweep's report as the parent run's description: its plots (artifacts of that run, at
+    its root) linked where the UI's server serves them, so the description shows them."""
+    return _PLOT_LINK.sub(lambda m: f"![{m[1]}](get-artifact?path={quote(m[2])}&run_uuid={run_id})", markdown)
 
 
 def ui_root(uri: str) -> str | None:
