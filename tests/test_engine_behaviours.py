@@ -11,6 +11,7 @@ from paged_bench.backends.sim import SimBackend
 from paged_bench.core.clock import VirtualClock
 from paged_bench.core.engine import Engine
 from paged_bench.core.kv.paged import PagedAllocator
+from paged_bench.core.plan import StepPlan
 from paged_bench.core.request import Request
 from paged_bench.core.scheduler.continuous import ContinuousScheduler
 from paged_bench.core.scheduler.preemptive import PreemptiveScheduler
@@ -156,3 +157,10 @@ def test_scheduler_vllm_v0_is_preemptive_with_prompt_steps_first_and_no_chunking
     sched = choice.plugins["scheduler"].build(PagedAllocator(num_blocks=200, block_size=16), max_model_len=512)
     assert isinstance(sched, PreemptiveScheduler) and sched.prefill_first and not sched.chunked_prefill
     assert sched.num_scheduler_steps == 10 and sched.admission_reserve_blocks == 2  # vLLM 0.x's 1% watermark
+
+
+def test_a_rooflines_window_step_is_priced_without_its_per_step_overhead():
+    backend = SimBackend(cost_model="roofline", hardware="h100")
+    plan = StepPlan((0, 1), (300, 40), (1, 1), num_decode_tokens=2)
+    first, later = backend.execute(plan).duration, backend.execute(plan._replace(window_step=1)).duration
+    assert first - later == pytest.approx(backend.roofline.hardware.overhead) and backend.roofline.hardware.overhead > 0
