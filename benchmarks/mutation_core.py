@@ -69,7 +69,7 @@ CORE = Path("paged_bench/core")
 TESTS = ("tests/test_core_*.py", "tests/test_schedulers.py", "tests/test_allocators.py", "tests/test_block_pool.py",
          "tests/test_step_contract.py", "tests/test_kv_accounting.py", "tests/test_deferred_hashing.py",
          "tests/test_engine.py", "tests/test_arrivals.py", "tests/test_plugin_faults.py", "tests/test_cluster.py",
-         "tests/test_properties.py")  # fmt: skip
+         "tests/test_properties.py", "tests/test_engine_behaviours.py")  # fmt: skip
 # stop at the first failure; no plugin the core's tests do not use (each loads in every run)
 PYTEST_ARGS = ("-q", "-x", "--no-header", "-W", "ignore", "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:schemathesis",
                "-p", "no:xdist", "-p", "no:xdist.looponfail", "-p", "no:unraisableexception")  # fmt: skip

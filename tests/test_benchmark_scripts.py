@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = {
     "client_cpu": (["--requests", "10", "--tokens", "4", "--gap-ms", "0", "--rounds", "1"], "paged_bench / aiohttp: "),
     "cluster_azure": (["--limit", "300", "--replicas", "2"], "cluster / engine replica-steps/s: "),
+    "measured_loo": (["--gpu", "h100", "--tp", "1"], "worst |error|: "),
     "metrics_outputs": (["--repeats", "1", "workload.num_requests=300"], "same figures: True; same table content"),
     "sim_speed": (["--cases", "seed", "--repeats", "1"], "| seed | compiled | "),
 }

@@ -65,7 +65,7 @@ def test_help_names_the_options_a_run_takes(tmp_path):
     """--help showed ``workload: name: poisson`` only, while the run says ``workload=seed``."""
     out = call_cli(tmp_path, "--help", "scheduler=static").stdout  # the defaults, and what the command line chose
     assert ("workload=seed, scheduler=static, allocator=paged, backend=sim, target=engine, cluster=colocated, "
-            "router=round_robin\n") in out  # fmt: skip
+            "router=round_robin, frontend=none\n") in out  # fmt: skip
     assert "workload=seed runs poisson" in out
 
 

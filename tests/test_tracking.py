@@ -228,8 +228,11 @@ def test_sim_runs_do_not_log_the_roofline_options_the_linear_model_ignores():
     params = params_of({"backend": sim})
     assert params == {"backend.name": "sim", "backend.cost_model": "linear", "backend.step_overhead_ms": "3.0",
                       "backend.preset": "null"}  # fmt: skip
-    roofline = params_of({"backend": {**sim, "cost_model": "roofline"}})
+    roofline = params_of({"backend": {**sim, "cost_model": "roofline", "engine_cpu": "vllm_v0"}})
     assert roofline["backend.hardware"] == "h100" and roofline["backend.model.num_layers"] == "2"
+    assert "backend.engine_cpu" not in roofline  # the measured model's option: the roofline ignores it
+    measured = params_of({"backend": {**sim, "cost_model": "measured", "engine_cpu": "none"}})
+    assert measured["backend.engine_cpu"] == "none" and measured["backend.hardware"] == "h100"
     assert params_of({"backend": {"name": "torch", "model": "small"}}) == {"backend.name": "torch",
                                                                            "backend.model": "small"}  # fmt: skip
 

@@ -9,15 +9,21 @@ per sequence):
              + per_swap_block * blocks swapped
 
 ``cost_model=roofline`` prices a step instead by its FLOPs and bytes for a model
-(``backend.model``) on a hardware preset (``backend.hardware``: cpu, a100, h100, h200, b200), and
+(``backend.model``) on a hardware preset (``backend.hardware``: cpu, a100, h100, h200, b200, a40), and
 ``backend.preset=FILE`` replays a roofline calibrated against a real backend
-(``python -m paged_bench.calibration.calibrate``); see ``paged_bench.costmodel.roofline``. A roofline
+(``python -m paged_bench.calibration.calibrate``); see ``paged_bench.costmodel.roofline``.
+``cost_model=measured`` prices it from kernels timed on real GPUs (h100, a100, a40; h200
+derived) plus the engine's per-step CPU work (``engine_cpu``); see ``paged_bench.costmodel.measured``. A roofline
 knows its model and hardware, so it sizes the KV pool (``num_blocks=auto``, from
 ``gpu_memory_utilization``) and splits the model over ``tensor_parallel_size`` ranks whose
 all-reduces cross ``interconnect`` (null: the hardware's own link).
 
 Runs on virtual time, so a sweep of thousands of steps takes seconds and is bit-for-bit
 reproducible; ``clock=wall`` paces it in real time instead.
+
+Inside a multi-step window (``scheduler.num_scheduler_steps``) every step after the first
+(``plan.window_step`` >= 1) is priced without the per-step overhead (``step_overhead``, a
+roofline's ``overhead``): vLLM 0.6 schedules and prepares the inputs once per window.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from paged_bench.backends.base import Backend
 from paged_bench.core.kv.base import Allocator
 from paged_bench.core.plan import StepOutput, StepPlan
 from paged_bench.costmodel.linear import LinearCost
+from paged_bench.costmodel.measured.step import MeasuredCost, measured_cost
 from paged_bench.costmodel.roofline import HeapMark, RooflineCost, load_preset
 from paged_bench.costmodel.roofline import hardware as hardware_preset  # the option below shadows its name
 from paged_bench.costmodel.step_work import RunTables
@@ -54,7 +61,7 @@ class SimBackend(Backend):
         per_kv_token_us: float = 1.0,
         per_swap_block_ms: float = 0.05,
         vocab_size: int | None = None,
-        cost_model: Literal["linear", "roofline"] = "linear",
+        cost_model: Literal["linear", "roofline", "measured"] = "linear",
         hardware: str = "h100",
         model: str | Mapping[str, Any] = "llama-3-8b",
         model_path: str | None = None,
@@ -63,19 +70,23 @@ class SimBackend(Backend):
         tensor_parallel_size: int = 1,
         interconnect: str | None = None,
         gpu_memory_utilization: float = 0.9,
+        engine_cpu: str = "vllm_v0",
     ) -> None:
         super().__init__()  # its options are checked where the config is read (run.backend_options.SimOptions)
         self.vocab_size = DEFAULT_VOCAB if vocab_size is None else vocab_size
         tp = tensor_parallel_size
         self.gpu_memory_utilization = float(gpu_memory_utilization)
         self.roofline: RooflineCost | None = None
+        self.measured: MeasuredCost | None = None
         self._heap = HeapMark()  # the run's heap, for a calibrated preset that prices its growth
         self._tables = RunTables()  # the run's block tables, for one that prices scattered K/V
         if preset:
             self.roofline = replace(load_preset(preset), tp=tp, interconnect=interconnect)
-        elif cost_model == "roofline":
+        elif cost_model in ("roofline", "measured"):
             cfg = resolve_model(model, model_path)
             self.roofline = RooflineCost(cfg, hardware_preset(hardware), dtype or cfg.dtype, tp, interconnect)
+            # measured kernels price the steps; the roofline still sizes the KV pool
+            self.measured = measured_cost(self.roofline, engine_cpu) if cost_model == "measured" else None
         self.num_devices = tp
         if self.roofline is not None:
             self.model_config = self.roofline.model  # its context bounds max_model_len, as a served model's
@@ -101,8 +112,12 @@ class SimBackend(Backend):
         self._block_size = allocator.layout.block_size
 
     def execute(self, plan: StepPlan) -> StepOutput:
+        if self.measured is not None:
+            return StepOutput([0] * len(plan.req_ids), self.measured.duration(plan, self._block_size))
         if self.roofline is not None:
             seconds = self.roofline.duration(plan, self._block_size, self._heap, self._tables)
+            if plan.window_step:  # a multi-step window's later step: the scheduler and its CPU work are skipped
+                seconds -= self.roofline.hardware.overhead
             return StepOutput([0] * len(plan.req_ids), seconds)
         # token 0 for every sample: deterministic, and the prefix cache still tells requests
         # apart because a block's hash chains over the whole prompt before it

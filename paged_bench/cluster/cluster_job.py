@@ -19,6 +19,7 @@ from paged_bench.cluster.spec import ClusterSpec
 from paged_bench.cluster.summary import cluster_summary, merged_result
 from paged_bench.errors import check
 from paged_bench.results.records import RequestRecords
+from paged_bench.run.frontend import FrontendSettings
 from paged_bench.run.outcome import JobOutcome, ProgressCallback, capacity_figures, run_info, step_callback
 
 
@@ -35,6 +36,9 @@ def run_cluster_job(
     target = (cfg.get("target") or {}).get("name", "engine")
     check(target == "engine", "target", target,
           "target=engine for a cluster (cluster.replicas > 1 simulates the replicas in-process)")  # fmt: skip
+    frontend = FrontendSettings.from_config(cfg.get("frontend"))
+    check(not frontend.priced, "frontend", {"request_ms": frontend.request_ms, "token_ms": frontend.token_ms},
+          "frontend=none for a cluster (a priced front end is applied to one in-process engine)")  # fmt: skip
     bench = build_cluster(cfg, spec)
     try:
         run = bench.cluster.run(bench.requests, step_callback(on_progress, len(bench.requests)))

@@ -98,6 +98,9 @@ class StepPlan(NamedTuple):
     swap_in: tuple[tuple[int, int], ...] = ()  # (cpu block, gpu block)
     preempted_req_ids: tuple[ReqId, ...] = ()
     finished_req_ids: tuple[ReqId, ...] = ()  # ended since the previous plan: their state may go
+    # 0: the scheduler planned this step (its CPU work is paid); k >= 1: the k-th step of a
+    # multi-step window (scheduler.num_scheduler_steps), run on without the scheduler
+    window_step: int = 0
 
     @property
     def num_reqs(self) -> int:
@@ -168,10 +171,11 @@ def new_step_plan(
     swap_in: tuple[tuple[int, int], ...],
     preempted_req_ids: tuple[ReqId, ...],
     finished_req_ids: tuple[ReqId, ...],
+    window_step: int = 0,
 ) -> StepPlan:
     return _tuple_new(StepPlan, (
         req_ids, num_computed_tokens, num_new_tokens, new_reqs, new_block_ids, partial_rows, num_decode_tokens,
-        swap_out, swap_in, preempted_req_ids, finished_req_ids,
+        swap_out, swap_in, preempted_req_ids, finished_req_ids, window_step,
     ))  # fmt: skip
 
 

@@ -21,8 +21,10 @@ class LinearCost:
     def duration(self, plan: StepPlan) -> float:
         decodes, scheduled = plan.num_decode_tokens, sum(plan.num_new_tokens)
         kv_read = scheduled + sum(plan.num_computed_tokens)
+        # a multi-step window's later steps skip the scheduler: no per-step overhead
+        overhead = 0.0 if plan.window_step else self.step_overhead
         return (
-            self.step_overhead
+            overhead
             + self.per_prefill_token * (scheduled - decodes)
             + self.per_decode_seq * decodes
             + self.per_kv_token * kv_read

@@ -137,6 +137,10 @@ HARDWARE: dict[str, Hardware] = {
     "h100": Hardware("h100", 989e12, 3.35e12, 50e9, overhead=3e-3, **_GPU, memory_bytes=79.19 * _GIB, link="nvlink4"),
     "h200": Hardware("h200", 989e12, 4.8e12, 50e9, overhead=3e-3, **_GPU, memory_bytes=139.72 * _GIB, link="nvlink4"),
     "b200": Hardware("b200", 2.25e15, 8e12, 50e9, overhead=3e-3, **_GPU, memory_bytes=178.35 * _GIB, link="nvlink5"),
+    # A40 (PCIe card, GDDR6; NVIDIA A40 datasheet: 149.7 TFLOPs dense bf16, 696 GB/s, 48 GB): one of
+    # the GPUs with kernel profiles (cost_model=measured). Memory: nvidia-smi's 46,068 MiB less the
+    # driver's share as on the H100 (0.46 GiB), an estimate
+    "a40": Hardware("a40", 149.7e12, 696e9, 25e9, overhead=4e-3, **_GPU, memory_bytes=44.53 * _GIB, link="pcie4"),
 }
 
 

@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from paged_bench.costmodel.roofline import hardware, load_preset
+from paged_bench.costmodel.measured.engine_cpu import ENGINE_CPU
+from paged_bench.costmodel.measured.step import measured_cost
+from paged_bench.costmodel.roofline import RooflineCost, hardware, load_preset
 from paged_bench.costmodel.tp_link import link_preset
 from paged_bench.errors import check, check_choice, check_int, check_number
 from paged_bench.model.config import DTYPE_BYTES, ModelConfig, resolve_model
@@ -35,10 +37,14 @@ class ModelSettings(PluginOptions):
         return resolve_model(self.model, self.model_path)
 
 
+COST_MODELS = ("linear", "roofline", "measured")
+
+
 @dataclass(frozen=True, kw_only=True)
 class SimOptions(ModelSettings):
     """``backend=sim``: a linear cost model's terms, or a roofline's model on a hardware preset
-    (``cost_model=roofline``, or a calibrated ``preset``) split over ``tensor_parallel_size``
+    (``cost_model=roofline``, or a calibrated ``preset``; ``cost_model=measured``: priced from
+    measured kernels, ``costmodel.measured``, with the engine's CPU work ``engine_cpu``) split over ``tensor_parallel_size``
     ranks, and the share of memory that sizes its KV pool. The roofline's names are checked
     whichever cost model reads them: a typo is never ignored."""
 
@@ -48,7 +54,7 @@ class SimOptions(ModelSettings):
     per_kv_token_us: float = 1.0
     per_swap_block_ms: float = 0.05
     vocab_size: int | None = None
-    cost_model: Literal["linear", "roofline"] = "linear"
+    cost_model: Literal["linear", "roofline", "measured"] = "linear"
     hardware: str = "h100"
     model: str | Mapping[str, Any] = "llama-3-8b"
     dtype: str | None = None
@@ -56,11 +62,13 @@ class SimOptions(ModelSettings):
     tensor_parallel_size: int = 1
     interconnect: str | None = None
     gpu_memory_utilization: float = 0.9
+    engine_cpu: str = "vllm_v0"  # measured: the engine's per-step CPU work (vllm_v0, none)
 
     def __post_init__(self) -> None:
         if self.vocab_size is not None:
             check_int("backend.vocab_size", self.vocab_size, 2)
-        check(self.cost_model in ("linear", "roofline"), "backend.cost_model", self.cost_model, "linear or roofline")
+        check(self.cost_model in COST_MODELS, "backend.cost_model", self.cost_model, ", ".join(COST_MODELS))
+        check_choice("backend.engine_cpu", self.engine_cpu, ENGINE_CPU)
         check_int(TP_KEY, self.tensor_parallel_size)
         check_utilization(self.gpu_memory_utilization)
         hardware(self.hardware)
@@ -70,11 +78,13 @@ class SimOptions(ModelSettings):
             link_preset(self.interconnect)
         model = self.roofline_model()
         check(model is not None or self.tensor_parallel_size == 1, TP_KEY, self.tensor_parallel_size,
-              "1 with cost_model=linear (use cost_model=roofline)")  # fmt: skip
+              "1 with cost_model=linear (use cost_model=roofline or measured)")  # fmt: skip
         if model is not None:  # the ids a workload draws are the model's (a client's prompts for its server)
             check(self.vocab_size in (None, model.vocab_size), "backend.vocab_size", self.vocab_size,
                   f"null with a roofline: its model's, {model.vocab_size} (another: backend.model="
                   f"{{preset:NAME,vocab_size:N}})")  # fmt: skip
+        if self.cost_model == "measured" and not self.preset:
+            measured_cost(self.measured_base(), self.engine_cpu)  # the GPU and dtype have profiles
         for key in ("step_overhead_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_us",
                     "per_swap_block_ms"):  # fmt: skip
             check_number(f"backend.{key}", getattr(self, key))
@@ -83,7 +93,13 @@ class SimOptions(ModelSettings):
         """The model a roofline prices (a preset's, else ``model``'s); None for the linear cost model."""
         if self.preset:
             return load_preset(self.preset).model
-        return self.model_config() if self.cost_model == "roofline" else None
+        return self.model_config() if self.cost_model in ("roofline", "measured") else None
+
+    def measured_base(self) -> RooflineCost:
+        """The model, hardware, dtype and TP split a measured cost model prices."""
+        cfg = self.model_config()
+        return RooflineCost(cfg, hardware(self.hardware), self.dtype or cfg.dtype, self.tensor_parallel_size,
+                            self.interconnect)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

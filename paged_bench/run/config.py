@@ -21,6 +21,7 @@ from paged_bench.errors import MAX_TOKENS, ConfigError, check, check_int, check_
 from paged_bench.results.metrics import SLO_KEYS
 from paged_bench.run import registry
 from paged_bench.run.compose import check_settings
+from paged_bench.run.frontend import FrontendSettings
 from paged_bench.run.plugin_options import PluginOptions
 
 PLUGIN_KINDS = ("workload", "scheduler", "allocator", "backend")
@@ -83,13 +84,15 @@ class SchedulerSettings:
 @dataclass(frozen=True)
 class RunSettings:
     """What a run is besides its engine: the seed of its workload, its clock (auto: the
-    backend's), its SLOs (goodput counts the requests that meet them all) and its target
-    (``engine``: in process; ``openai``, ``served``: a server, whose options loadgen reads)."""
+    backend's), its SLOs (goodput counts the requests that meet them all), its target
+    (``engine``: in process; ``openai``, ``served``: a server, whose options loadgen reads) and
+    the front end an in-process run prices (``run.frontend``; a server target has a real one)."""
 
     seed: int = 0
     clock: Literal["auto", "virtual", "wall"] = "auto"
     slo: Mapping[str, float | None] = field(default_factory=dict)
     target: str = "engine"
+    frontend: FrontendSettings = field(default_factory=FrontendSettings)
 
     def __post_init__(self) -> None:
         check_int("seed", self.seed, 0)
@@ -99,6 +102,10 @@ class RunSettings:
             check(key in SLO_KEYS, f"slo.{key}", value, f"one of {', '.join(SLO_KEYS)}")
             if value is not None:
                 check_number(f"slo.{key}", value, 0, strict=True, finite=False)
+        fe = self.frontend
+        check(not fe.priced or self.target == "engine", "frontend", {"request_ms": fe.request_ms, "token_ms": fe.token_ms},
+              f"frontend=none with target={self.target} (a server's own front end is measured; frontend prices one "
+              "for target=engine)")  # fmt: skip
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> RunSettings:
@@ -110,7 +117,8 @@ class RunSettings:
                 check(key == "name", f"target.{key}", value,
                       "no option with target=engine (the in-process engine); target=openai sends to a server")  # fmt: skip
         name = target.get("name", "engine") if isinstance(target, Mapping) else "engine"
-        return cls(given(cfg, "seed"), cfg.get("clock", "auto"), cfg.get("slo") or {}, name)
+        frontend = FrontendSettings.from_config(cfg.get("frontend"))
+        return cls(given(cfg, "seed"), cfg.get("clock", "auto"), cfg.get("slo") or {}, name, frontend)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from paged_bench.results.metrics import summarize
 from paged_bench.results.records import RequestRecords
 from paged_bench.results.run_files import write_run, write_steps
 from paged_bench.run.bench import Bench, build
+from paged_bench.run.frontend import receive_through, send_through
 from paged_bench.run.outcome import JobOutcome, ProgressCallback, capacity_figures, run_info, step_callback
 
 
@@ -40,7 +41,11 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
     remote = None
     try:
         if target == "engine":
+            frontend = bench.config.run.frontend
+            sent = send_through(bench.requests, frontend)  # a priced front end: paged_bench.run.frontend
             result = bench.engine.run(bench.requests, on_step, bench.max_concurrency)
+            if frontend.priced:
+                receive_through(result, sent, frontend)
         else:  # the same requests, sent to an OpenAI-compatible server
             from paged_bench.loadgen import run_target  # HTTP client code only for remote runs
 

@@ -34,12 +34,16 @@ class PluginOptions:
 @dataclass(frozen=True, kw_only=True)
 class SchedulerOptions(PluginOptions):
     """What every scheduler takes (``core.scheduler.base.Scheduler``): its section's copies of
-    the engine's limits, whether a prompt may be prefilled over several steps, and the top
-    level's ``max_model_len`` (auto until the backend's model says)."""
+    the engine's limits, whether a prompt may be prefilled over several steps, whether prompt
+    steps run alone (``prefill_first``, vLLM 0.x), the steps a decode batch runs per scheduling
+    (``num_scheduler_steps``, vLLM 0.6's multi-step), and the top level's ``max_model_len``
+    (auto until the backend's model says)."""
 
     max_batch: int
     max_num_batched_tokens: int
     chunked_prefill: bool = True
+    prefill_first: bool = False
+    num_scheduler_steps: int = 1
     max_model_len: int | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
@@ -47,6 +51,12 @@ class SchedulerOptions(PluginOptions):
         check_int("max_num_batched_tokens", self.max_num_batched_tokens)
         chunked = self.chunked_prefill
         check(isinstance(chunked, bool), "scheduler.chunked_prefill", chunked, "true or false")
+        check(isinstance(self.prefill_first, bool), "scheduler.prefill_first", self.prefill_first, "true or false")
+        # vLLM 0.x runs prompts first only without chunked prefill (_schedule_default)
+        check(not (self.prefill_first and chunked), "scheduler.prefill_first", self.prefill_first,
+              "false while scheduler.chunked_prefill is true (vLLM 0.x runs prompt steps first only without "
+              "chunked prefill: set scheduler.chunked_prefill=false too, or use scheduler=vllm_v0)")  # fmt: skip
+        check_int("scheduler.num_scheduler_steps", self.num_scheduler_steps, 1, 1024)
 
     def verify(self) -> None:
         """The step's token budget holds a token for each running sequence, as vLLM's

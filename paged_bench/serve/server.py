@@ -32,6 +32,7 @@ from paged_bench.errors import ConfigError, check, check_int, check_number
 from paged_bench.model.tokenizers import TOKENIZER_CHOICES, serving_tokenizer
 from paged_bench.run.bench import build_engine
 from paged_bench.run.compose import check_settings, compose_config
+from paged_bench.run.frontend import FrontendSettings
 from paged_bench.serve.api import OpenAIServer, create_app
 from paged_bench.serve.engine_loop import EngineLoop
 from paged_bench.serve.limits import Guard, GuardConfig, bounded_head_protocol
@@ -131,6 +132,9 @@ def build_app(cfg: Mapping[str, Any]) -> tuple[FastAPI, ServerConfig]:
     spec = cluster_spec(cfg)  # the cluster and router groups come with the config; one engine serves
     check(spec is None, "cluster", f"{spec.num_replicas} replicas" if spec else None,
           "one replica: the server runs one engine (a cluster is simulated by python -m paged_bench)")  # fmt: skip
+    frontend = FrontendSettings.from_config(cfg.get("frontend"))  # priced for in-process runs; this one is real
+    check(not frontend.priced, "frontend", {"request_ms": frontend.request_ms, "token_ms": frontend.token_ms},
+          "frontend=none for the server (its own HTTP front end is the real one)")  # fmt: skip
     check_settings(cfg, "serve")  # then the engine's own, without the server's section
     engine_cfg = {**{k: v for k, v in cfg.items() if k != "server"}, "clock": "wall"}
     built, _ = build_engine(engine_cfg)  # no workload: clients bring the requests

@@ -90,10 +90,15 @@ def common_tags(experiment: str | None) -> dict[str, str]:
 
 
 def _ignored_by_backend(config: Mapping[str, Any]) -> set[str]:
-    """Backend options the chosen backend does not read (the roofline's, under the linear sim)."""
+    """Backend options the chosen backend does not read (the roofline's, under the linear sim;
+    the measured model's engine CPU, under the roofline)."""
     backend = config.get("backend") or {}
-    if backend.get("name") != "sim" or backend.get("cost_model", "linear") != "linear" or backend.get("preset"):
+    if backend.get("name") != "sim":
         return set()
+    if backend.get("cost_model", "linear") != "linear" or backend.get("preset"):
+        # the engine's CPU figure is the measured cost model's alone
+        measured = backend.get("cost_model") == "measured" and not backend.get("preset")
+        return set() if measured or "engine_cpu" not in backend else {"backend.engine_cpu"}
     return {f"backend.{k}" for k in backend if k not in _LINEAR_SIM_KEYS}
 
 

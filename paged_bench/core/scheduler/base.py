@@ -12,6 +12,11 @@ backend (see ``paged_bench.core.plan``). A policy is a few hooks on top:
 - ``preemption_mode`` and ``admission_reserve_blocks``: how a victim is preempted, and how
   many blocks admission (and swap-in) leaves free.
 
+Two options every policy takes make steps as older vLLM made them (docs/engine.md, "The engine
+behaviours users compare against"): ``prefill_first``, vLLM 0.x's ``_schedule_default`` (a step
+that admits prompts runs no decodes; off: vLLM v1's mixed steps), and ``num_scheduler_steps``,
+vLLM 0.6's multi-step (a plan of decodes alone runs that many steps with its batch fixed).
+
 The scheduler asks the allocator for room and never touches blocks itself.
 """
 
@@ -53,6 +58,8 @@ class Scheduler:
         max_batch: int,
         max_num_batched_tokens: int,
         chunked_prefill: bool = True,
+        prefill_first: bool = False,
+        num_scheduler_steps: int = 1,
         eos_token_id: int | None = None,
         stop_token_ids: tuple[int, ...] = (),
     ) -> None:
@@ -61,6 +68,8 @@ class Scheduler:
         self.max_batch = max_batch
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked_prefill = chunked_prefill
+        self.prefill_first = prefill_first
+        self.num_scheduler_steps = num_scheduler_steps
         # every id that ends a sequence (a checkpoint may name several): a set, so one test a row
         self.end_token_ids = frozenset(t for t in (eos_token_id, *stop_token_ids) if t is not None)
         self.waiting: deque[Request] = deque()
@@ -73,6 +82,9 @@ class Scheduler:
         self._finished_ids: list[ReqId] = []  # ended since the last plan was handed out
         self._preempted_ids: list[ReqId] = []  # preempted in a step that planned nothing to run
         self._handed_over: list[NewRequestData] = []  # admitted by add_prefilled since the last plan
+        self._window: list[Request] = []  # multi-step: the batch of the window under way
+        self._window_left = 0  # its steps still to run after the last plan
+        self._window_done: list[Request] = []  # ended inside it: their blocks go at its end
 
     # -- policy hooks ---------------------------------------------------------------------
 
@@ -135,14 +147,28 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self, now: float) -> StepPlan:
+        if self._window_left:  # multi-step: the batch stays as it is until the window ends
+            plan = self._window_plan()
+            if plan is not None:
+                return plan
+        if self._window:
+            self._end_window()
         draft = PlanDraft(budget=self.max_num_batched_tokens)
         if self._handed_over:
             draft.new_reqs += self._handed_over
             self._handed_over = []
-        self._schedule_running(draft)
-        if self._admits(draft):
-            self._admit_waiting(draft, now)
-        return self._freeze(draft)
+        if not self.prefill_first:  # mixed: running first, then prompts in what the budget has left
+            self._schedule_running(draft)
+            if self._admits(draft):
+                self._admit_waiting(draft, now)
+        elif not (self._admits(draft) and self._admit_waiting(draft, now, swapped=False)):
+            self._schedule_running(draft)  # no prompt admitted: the decodes run, then swap-ins
+            if self._admits(draft):
+                self._admit_waiting(draft, now, prompts=False)
+        plan = self._freeze(draft)
+        if self.num_scheduler_steps > 1 and 0 < plan.num_reqs == plan.num_decode_tokens:
+            self._window, self._window_left = draft.reqs, self.num_scheduler_steps - 1
+        return plan
 
     def update(self, plan: StepPlan, output: StepOutput, now: float) -> list[Request]:
         """Advance the scheduled requests by the step's output; returns those that finished."""
@@ -160,9 +186,17 @@ class Scheduler:
                 finished.append(req)
         for req in finished:
             self.running.remove(req)
-            self.allocator.free(req)
-            self._finished_ids.append(req.request_id)
+            if self._window_left:  # inside a multi-step window: its blocks are held to the end
+                self._window_done.append(req)
+            else:
+                self._release(req)
+        if self._window_done and all(req.is_finished for req in self._window):
+            self._end_window()  # nothing left to run in it: no idle wait holds their blocks
         return finished
+
+    def _release(self, req: Request) -> None:
+        self.allocator.free(req)
+        self._finished_ids.append(req.request_id)
 
     def add_prefilled(self, req: Request, now: float) -> bool:
         """Admit a request whose prompt K/V was computed on another replica and moved here
@@ -209,6 +243,7 @@ class Scheduler:
         so). A run cut short mid-step (an interrupt, a crash) can leave a request between a list
         and the freeing of its blocks; ``Allocator.free_all`` frees what any request still holds
         and recounts what such a step may have torn."""
+        self._end_window()
         for req in [*self.running, *self.waiting]:
             self.finish_request(req, reason, now, error)
         for req in unsent:
@@ -249,10 +284,15 @@ class Scheduler:
                 draft.add(req, n, new_blocks)
             i += 1
 
-    def _admit_waiting(self, draft: PlanDraft, now: float) -> None:
-        allocator, waiting = self.allocator, self.waiting
+    def _admit_waiting(self, draft: PlanDraft, now: float, prompts: bool = True, swapped: bool = True) -> int:
+        """Admit waiting requests in the policy's order while ``max_batch``, the budget and the
+        pool allow, stopping at one of a kind not asked for (``prompts``: to prefill, ``swapped``:
+        to swap in); returns how many it admitted."""
+        allocator, waiting, admitted = self.allocator, self.waiting, 0
         while waiting and len(self.running) < self.max_batch and draft.budget > 0:
             req = self._next_waiting()
+            if not (swapped if req.status is RequestStatus.SWAPPED else prompts):
+                break
             # an empty engine admits regardless of the reserve, or nothing could ever run
             reserve = self.admission_reserve_blocks if self.running else 0
             if req.status is RequestStatus.SWAPPED:
@@ -277,6 +317,32 @@ class Scheduler:
             self.running.append(req)
             draft.new_reqs.append(NewRequestData.from_request(req, allocator.block_table(req), self.plan_token_ids))
             draft.add(req, n)
+            admitted += 1
+        return admitted
+
+    def _window_plan(self) -> StepPlan | None:
+        """The next step of a multi-step window: its batch again, a decode each (vLLM 0.6 runs
+        them on the GPU without the scheduler). None ends the window early: every request in it
+        has ended, or the pool has fewer free blocks than it has rows (a decode needs at most
+        one; vLLM reserves the window's slots at its start and preempts there instead)."""
+        rows = [req for req in self._window if not req.is_finished]
+        if not rows or self.allocator.num_free_blocks < len(rows):
+            return None
+        draft = PlanDraft(budget=self.max_num_batched_tokens)
+        for req in rows:
+            new_blocks = self.allocator.allocate_slots(req, 1)
+            if new_blocks is None:
+                raise EngineError(f"allocator {self.allocator.name!r} refused a block to request {req.request_id} "
+                                  "with more blocks free than the step has rows")  # fmt: skip
+            draft.add(req, 1, new_blocks)
+        self._window_left -= 1
+        return self._freeze(draft, self.num_scheduler_steps - 1 - self._window_left)
+
+    def _end_window(self) -> None:
+        """The window is over: the requests that ended inside it give their blocks back."""
+        for req in self._window_done:
+            self._release(req)
+        self._window, self._window_left, self._window_done = [], 0, []
 
     def _preempt(self, victim: Request, draft: PlanDraft) -> None:
         """Take ``victim`` off the GPU and put it at the front of the waiting queue."""
@@ -294,7 +360,7 @@ class Scheduler:
         victim.preempt(swapped=pairs is not None)
         self.waiting.appendleft(victim)
 
-    def _freeze(self, draft: PlanDraft) -> StepPlan:
+    def _freeze(self, draft: PlanDraft, window_step: int = 0) -> StepPlan:
         """The plan the backend gets: the draft's rows as columns, with what changed since
         the previous plan (admissions, new blocks, swaps, preemptions, finished requests)."""
         reqs, nums = draft.reqs, draft.num_new_tokens
@@ -318,6 +384,7 @@ class Scheduler:
             swap_in=tuple(draft.swap_in),
             preempted_req_ids=tuple(self._preempted_ids),
             finished_req_ids=tuple(self._finished_ids),
+            window_step=window_step,
         )
         if not plan.is_empty:  # an empty plan is not executed: its news wait for the next one
             self._preempted_ids = []

@@ -38,6 +38,8 @@ class PreemptiveScheduler(Scheduler):
         max_batch: int,
         max_num_batched_tokens: int,
         chunked_prefill: bool = True,
+        prefill_first: bool = False,
+        num_scheduler_steps: int = 1,
         mode: Literal["recompute", "swap"] = "recompute",
         watermark: float = 0.0,
         victim: Literal["last_admitted", "latest_arrival"] = "last_admitted",
@@ -46,6 +48,7 @@ class PreemptiveScheduler(Scheduler):
     ) -> None:
         super().__init__(allocator, max_model_len=max_model_len, max_batch=max_batch,
                          max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=chunked_prefill,
+                         prefill_first=prefill_first, num_scheduler_steps=num_scheduler_steps,
                          eos_token_id=eos_token_id, stop_token_ids=stop_token_ids)  # fmt: skip
         self.preemption_mode = mode
         self.victim = victim

@@ -1,0 +1,65 @@
+"""Attention priced from its FLOPs and bytes at kernel efficiencies others published.
+
+Vidur's attention profiles are not shipped (too large), so attention is a roofline per kernel:
+a prefill kernel (FlashAttention's varlen forward, what vLLM 0.x runs for prompts) at a fraction
+of peak FLOPs, and a decode kernel (vLLM's PagedAttention) at a fraction of peak bandwidth, each
+bounded by the other side at the same efficiencies, plus one launch per kernel and layer. The
+fractions, by GPU:
+
+- prefill, H100: 0.35. FlashAttention-3 (Shah et al., 2024, arXiv:2407.08608, abstract):
+  FlashAttention-2 reaches only 35% of H100's peak; vLLM 0.6 ran FlashAttention-2 (its
+  vllm-flash-attn fork).
+- prefill, A100: 0.60. FlashAttention-2 (Dao, 2023, arXiv:2307.08691, abstract): it
+  reaches 50-73% of A100's theoretical peak; 0.60 sits in that range for causal attention at
+  head dimension 128, below the non-causal maxima.
+- decode, all GPUs: 0.70 of peak bandwidth. FlashInfer's kernel study (Ye et al., "Accelerating
+  Self-Attentions for LLM Serving with FlashInfer", flashinfer.ai blog, 2024-02-02) shows batch
+  decode attention bound by bandwidth and rates kernels by the share of peak bandwidth they
+  reach, vLLM's PagedAttention below FlashInfer's; FlashInfer's README (github
+  flashinfer-ai/flashinfer) puts its paged kernels at 90% of the bandwidth of dense ones. 0.70 is
+  a choice inside that picture (the roofline presets' ``kv_eff``), not a figure read off a plot:
+  an assumption, and the one to revisit first when decode-heavy cases miss.
+- A40 (Ampere, like A100) takes A100's fractions; H200 (Hopper) takes H100's: derived, not measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AttentionEff:
+    prefill_flops: float  # fraction of peak FLOPs a prompt's attention reaches
+    decode_bandwidth: float  # fraction of peak bandwidth a decode's K/V gather reaches
+
+
+ATTENTION_EFF = {
+    "h100": AttentionEff(0.35, 0.70),
+    "h200": AttentionEff(0.35, 0.70),
+    "a100": AttentionEff(0.60, 0.70),
+    "a40": AttentionEff(0.60, 0.70),
+}
+
+
+@dataclass(frozen=True)
+class AttentionWork:
+    """One layer's attention on one rank, split by kernel."""
+
+    prefill_flops: float
+    prefill_bytes: float
+    decode_flops: float
+    decode_bytes: float
+    has_prefill: bool
+    has_decode: bool
+
+
+def attention_seconds(w: AttentionWork, eff: AttentionEff, peak: float, bandwidth: float, launch: float) -> float:
+    """One layer's attention: each kernel the step runs is the slower of its FLOPs at the
+    prefill efficiency and its bytes at the decode one, plus its launch."""
+    flops_rate, byte_rate = peak * eff.prefill_flops, bandwidth * eff.decode_bandwidth
+    total = 0.0
+    if w.has_prefill:
+        total += launch + max(w.prefill_flops / flops_rate, w.prefill_bytes / byte_rate)
+    if w.has_decode:
+        total += launch + max(w.decode_flops / flops_rate, w.decode_bytes / byte_rate)
+    return total

@@ -1,0 +1,183 @@
+"""The measured cost model of a step (``backend.cost_model=measured``): kernels others timed on
+real GPUs, added up for a step's plan.
+
+A step on one rank (the ranks run in parallel) costs
+
+    gpu = layers x (4 matmuls on the GPU's fitted surface (``gemm``)
+                    + norms, rotary, activation, residual add (``elementwise``)
+                    + attention: prefill and decode kernels (``attention``)
+                    + 2 all-reduces of tokens x hidden (``collectives``; TP only))
+        + the LM head on the sampled rows (the surface) + embedding lookup and final norm
+        + swapped blocks over the host link
+    cpu = the engine's per-step CPU work by batch size (``engine_cpu``; 0 with ``none``)
+
+``StepCost`` keeps the two figures apart (multi-step scheduling pays ``cpu`` once for several
+forwards); ``duration`` is their sum. Profiled GPUs: h100, a100, a40. ``h200`` is derived: H100's
+kernels with the memory-bound sides (matmul bandwidth, elementwise ops) scaled to H200's
+4.8 TB/s from H100's 3.35, H100's compute and all-reduce curves. The profiles ran bf16/fp16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cache
+
+import numpy as np
+
+from paged_bench.core.plan import StepPlan
+from paged_bench.costmodel.measured.attention import ATTENTION_EFF, AttentionWork, attention_seconds
+from paged_bench.costmodel.measured.collectives import all_reduce_curves
+from paged_bench.costmodel.measured.elementwise import OpCost, Shape, fit_elementwise, op_elements
+from paged_bench.costmodel.measured.engine_cpu import EngineCPU, engine_cpu
+from paged_bench.costmodel.measured.gemm import GemmSurface, fit_surface
+from paged_bench.costmodel.measured.profiles import GEMM_OPS, gemm_rows
+from paged_bench.costmodel.roofline import HARDWARE, RooflineCost
+from paged_bench.errors import check
+from paged_bench.model.config import DTYPE_BYTES
+
+MEASURED_GPUS = ("h100", "a100", "a40", "h200")
+# a GPU priced from another's profiles: (profiled GPU, its bandwidth over the profiled one's)
+DERIVED = {"h200": ("h100", HARDWARE["h200"].mem_bandwidth / HARDWARE["h100"].mem_bandwidth)}
+LAYER_ELEMENTWISE = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """One GPU's fitted kernels."""
+
+    gpu: str
+    surface: GemmSurface
+    elementwise: dict[str, OpCost]
+
+
+@dataclass(frozen=True)
+class StepCost:
+    gpu: float  # seconds of kernels, collectives and swaps
+    cpu: float  # seconds of the engine's CPU work (schedule, prepare inputs, sampler, outputs)
+
+    @property
+    def total(self) -> float:
+        return self.gpu + self.cpu
+
+
+def datasheet(gpu: str) -> tuple[float, float]:
+    """(peak FLOP/s, bytes/s) of a measured GPU: its hardware preset's datasheet figures."""
+    return HARDWARE[gpu].peak_flops, HARDWARE[gpu].mem_bandwidth
+
+
+def fit_kernels(gpu: str, leave_out: str | None = None) -> Kernels:
+    """``gpu``'s kernels fitted to its profiles (without ``leave_out``'s, to check the fit)."""
+    if gpu in DERIVED:
+        src, scale = DERIVED[gpu]
+        base = fit_kernels(src, leave_out)
+        surface = replace(base.surface, bandwidth=base.surface.bandwidth * scale)
+        ops = {op: replace(c, element_scale=c.element_scale / scale) for op, c in base.elementwise.items()}
+        return Kernels(gpu, surface, ops)
+    peak, bandwidth = datasheet(gpu)
+    return Kernels(gpu, fit_surface(gemm_rows(gpu, leave_out), peak, bandwidth),
+                   fit_elementwise(gpu, leave_out))  # fmt: skip
+
+
+@cache
+def kernels(gpu: str) -> Kernels:
+    return fit_kernels(gpu)
+
+
+def layer_seconds(
+    k: Kernels, dims: dict[str, tuple[int, int]], shape: Shape, tokens: int, ops: tuple[str, ...] = LAYER_ELEMENTWISE
+) -> float:
+    """One layer's matmuls and elementwise ``ops`` on ``tokens`` rows (no attention, no
+    collective): what the profiles time as a layer."""
+    n, kk = (np.array([dims[op][i] for op in GEMM_OPS], float) for i in (0, 1))
+    gemms = float(k.surface.seconds(np.full(len(GEMM_OPS), float(tokens)), n, kk).sum())
+    return gemms + sum(k.elementwise[op].seconds(op_elements(op, shape, tokens)) for op in ops)
+
+
+def measured_cost(base: RooflineCost, engine: str = "vllm_v0") -> MeasuredCost:
+    """``base``'s model on its GPU, priced from that GPU's profiles; a one-line error naming the
+    option where the GPU has none or the dtype is not what the profiles ran."""
+    gpu = base.hardware.name
+    check(gpu in MEASURED_GPUS, "backend.hardware", gpu,
+          f"{', '.join(MEASURED_GPUS)} with cost_model=measured (the GPUs with kernel profiles)")  # fmt: skip
+    check(DTYPE_BYTES[base.dtype] == 2, "backend.dtype", base.dtype,
+          "bfloat16 or float16 with cost_model=measured (what the profiled kernels ran)")  # fmt: skip
+    return MeasuredCost(base, engine_cpu(engine), kernels(gpu))
+
+
+@dataclass(frozen=True)
+class MeasuredCost:
+    """A step's cost from measured kernels; ``base`` holds the model, hardware preset, dtype and
+    TP split (and sizes the KV pool as the roofline does)."""
+
+    base: RooflineCost
+    engine: EngineCPU
+    kernels: Kernels
+
+    @property
+    def gemm_dims(self) -> dict[str, tuple[int, int]]:
+        s, m = self.base.shard, self.base.model
+        d = m.head_dim
+        return {
+            "attn_pre_proj": ((s.num_heads + 2 * s.num_kv_heads) * d, m.hidden_size),
+            "attn_post_proj": (m.hidden_size, s.num_heads * d),
+            "mlp_up_proj": (2 * s.intermediate_size, m.hidden_size),
+            "mlp_down_proj": (m.hidden_size, s.intermediate_size),
+        }
+
+    @property
+    def shape(self) -> Shape:
+        s, m = self.base.shard, self.base.model
+        return Shape(m.hidden_size, s.num_heads, s.num_kv_heads, m.head_dim, s.intermediate_size)
+
+    def attention_work(self, plan: StepPlan) -> AttentionWork:
+        """One layer's attention on this rank: (query, key) pairs and K/V bytes by kernel."""
+        m, s = self.base.model, self.base.shard
+        kv_token = s.kv_bytes_per_token(self.base.dtype) / m.num_layers  # one layer's K and V
+        qo_token = 2 * s.num_heads * m.head_dim * DTYPE_BYTES[self.base.dtype]  # a query read, an output written
+        pre_pairs = pre_kv = pre_new = dec_pairs = dec_kv = decodes = 0
+        for start, n in zip(plan.num_computed_tokens, plan.num_new_tokens):
+            if n == 1:
+                dec_pairs, dec_kv, decodes = dec_pairs + start + 1, dec_kv + start + 1, decodes + 1
+            elif n > 1:
+                pre_pairs += n * start + n * (n + 1) // 2
+                pre_kv, pre_new = pre_kv + start + n, pre_new + n
+        per_pair = 4.0 * s.num_heads * m.head_dim
+        return AttentionWork(
+            prefill_flops=per_pair * pre_pairs,
+            prefill_bytes=(pre_kv + pre_new) * kv_token + pre_new * qo_token,  # read K/V, write the new
+            decode_flops=per_pair * dec_pairs,
+            decode_bytes=(dec_kv + decodes) * kv_token + decodes * qo_token,
+            has_prefill=pre_new > 0,
+            has_decode=decodes > 0,
+        )
+
+    def all_reduce_seconds(self, nbytes: float) -> float:
+        tp = self.base.tp
+        curve = all_reduce_curves(self.kernels.gpu).get(tp)
+        return curve.seconds(nbytes) if curve is not None else self.base.link.allreduce_seconds(nbytes, tp)
+
+    def gpu_seconds(self, plan: StepPlan, block_size: int) -> float:
+        m, dtype, hw, k = self.base.model, self.base.dtype, self.base.hardware, self.kernels
+        swap = (len(plan.swap_in) + len(plan.swap_out)) * block_size * self.base.shard.kv_bytes_per_token(dtype)
+        tokens, seqs = sum(plan.num_new_tokens), len(plan.req_ids)
+        if not tokens:
+            return swap / hw.host_link
+        peak, bandwidth = datasheet(k.gpu)
+        layer = layer_seconds(k, self.gemm_dims, self.shape, tokens)
+        layer += attention_seconds(self.attention_work(plan), ATTENTION_EFF[k.gpu], peak, bandwidth, k.surface.launch)
+        if self.base.tp > 1:
+            layer += 2 * self.all_reduce_seconds(tokens * m.hidden_size * DTYPE_BYTES[dtype])
+        sampled = seqs - len(plan.partial_rows)  # vLLM computes logits only for the rows that sample
+        head = float(k.surface.seconds(sampled, self.base.shard.vocab_size, m.hidden_size)) if sampled else 0.0
+        ends = sum(k.elementwise[op].seconds(op_elements(op, self.shape, tokens)) for op in ("emb", "input_layernorm"))
+        return m.num_layers * layer + head + ends + swap / hw.host_link
+
+    def step_cost(self, plan: StepPlan, block_size: int) -> StepCost:
+        return StepCost(self.gpu_seconds(plan, block_size), self.cpu_seconds(len(plan.req_ids)))
+
+    def cpu_seconds(self, num_seqs: int) -> float:
+        """The engine's CPU work for a step of ``num_seqs`` sequences (the figure apart)."""
+        return self.engine.seconds(num_seqs)
+
+    def duration(self, plan: StepPlan, block_size: int) -> float:
+        return self.step_cost(plan, block_size).total

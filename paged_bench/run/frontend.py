@@ -1,0 +1,97 @@
+"""The serving front end an in-process run can add to its figures (``frontend=...``): what an
+HTTP server puts between a client and the engine, priced instead of run.
+
+A served request pays a price on its way in (HTTP parsing, validation, tokenisation, the hand-off
+to the engine process) and each of its output tokens one on its way out (detokenisation, the
+hand-back from the engine, OpenAI-style JSON and a server-sent event). ``target=served`` pays them
+for real; an in-process run (``target=engine``) with ``frontend.request_ms`` / ``frontend.token_ms``
+set adds them to the times it records, as a ``target=served`` run would see them:
+
+- a request reaches the scheduler ``request_ms`` after it was sent (its TTFT and end-to-end
+  latency grow by that; its arrival time stays the send time);
+- the front end is one serial stage, as vLLM's API server process is (vLLM 0.6.0 moved it out of
+  the engine's process, PR #6883; its blog post of 2024-09-05 names it a bottleneck under load):
+  the tokens a step produced are handed to it when the step ends, it takes ``token_ms`` for each,
+  starting once it has finished the previous step's, and the client sees them all when it is done.
+
+So at light load a request's TTFT grows by exactly ``request_ms + token_ms`` (one token in the
+step) and its ITL not at all (each token is late by the same amount); once a step's tokens take
+the front end longer than the step (``B x token_ms`` for B rows), it sets the pace and the ITL
+becomes ``B x token_ms``. The engine itself is not slowed: its step records are unchanged, and a
+closed loop (``workload.max_concurrency``) sends its next request when the engine finishes one.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from paged_bench.core.engine import EngineResult
+from paged_bench.core.request import Request
+from paged_bench.errors import check, check_number
+
+
+@dataclass(frozen=True)
+class FrontendSettings:
+    """``frontend``: milliseconds per request on its way in, per output token on its way out."""
+
+    request_ms: float = 0.0
+    token_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_number("frontend.request_ms", self.request_ms)
+        check_number("frontend.token_ms", self.token_ms)
+
+    @classmethod
+    def from_config(cls, section: Any) -> FrontendSettings:
+        """The ``frontend`` section (absent: none), each key checked."""
+        if section is None:
+            return cls()
+        check(isinstance(section, Mapping), "frontend", section, "a frontend config group option, e.g. frontend=none")
+        for key, value in section.items():
+            check(key in ("request_ms", "token_ms"), f"frontend.{key}", value, "not a frontend key; its keys are "
+                  "request_ms, token_ms")  # fmt: skip
+        return cls(section.get("request_ms", 0.0), section.get("token_ms", 0.0))
+
+    @property
+    def priced(self) -> bool:
+        return bool(self.request_ms or self.token_ms)
+
+
+def send_through(requests: list[Request], frontend: FrontendSettings) -> list[float]:
+    """Delay each request's arrival at the engine by the front end's price per request; returns
+    the send times, for ``receive_through`` to put back."""
+    sent = [req.arrival_time for req in requests]
+    if frontend.request_ms:
+        for req in requests:
+            req.arrival_time += frontend.request_ms / 1e3
+    return sent
+
+
+def receive_through(result: EngineResult, sent: list[float], frontend: FrontendSettings) -> None:
+    """Put the send times back and re-time every token as the client gets it through the serial
+    front end (see the module's docstring); a request that ended with its last token ends when
+    the client gets that token, and the run lasts until the last one is delivered."""
+    requests = result.requests
+    ended_with_token = [r.token_times and r.finish_time == r.token_times[-1] for r in requests]
+    for req, at in zip(requests, sent):
+        req.arrival_time = at
+    if frontend.token_ms:
+        # the tokens of one step share its end time exactly (the scheduler stamps them with it)
+        by_step: dict[float, list[tuple[Request, int]]] = defaultdict(list)
+        for req in requests:
+            for i, t in enumerate(req.token_times):
+                by_step[t].append((req, i))
+        free = float("-inf")
+        for end in sorted(by_step):
+            tokens = by_step[end]
+            free = max(end, free) + len(tokens) * frontend.token_ms / 1e3
+            for req, i in tokens:
+                req.token_times[i] = free
+    for req, last in zip(requests, ended_with_token):
+        if last:
+            req.finish_time = req.token_times[-1]
+    ends = [r.finish_time for r in requests if r.finish_time is not None]
+    result.duration = max([result.duration, *ends])

@@ -1,0 +1,139 @@
+"""The measured cost model (issue 35 item 1): kernel fits that predict a profiled model they
+never saw, steps that never beat the physics, and the option that runs it end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from paged_bench.core.plan import StepPlan
+from paged_bench.costmodel.measured.collectives import all_reduce_curves
+from paged_bench.costmodel.measured.engine_cpu import engine_cpu
+from paged_bench.costmodel.measured.loo import leave_one_out
+from paged_bench.costmodel.measured.profiles import models, read_data
+from paged_bench.costmodel.measured.step import MEASURED_GPUS, measured_cost
+from paged_bench.costmodel.roofline import HARDWARE, RooflineCost
+from paged_bench.costmodel.step_work import step_work
+from paged_bench.model.config import PRESETS, ModelConfig
+from paged_bench.run.bench import build
+from paged_bench.run.compose import compose_config
+from paged_bench.run.job import run_job
+
+# layers of the profiled models (their profiles time one layer; the shape is the rest)
+LAYERS = {"CodeLlama-34b-Instruct-hf": 48, "Llama-2-70b-hf": 80, "Llama-2-7b-hf": 32, "Meta-Llama-3-70B": 80,
+          "Meta-Llama-3-8B": 32, "Qwen-72B": 80, "internlm-20b": 60, "phi-2": 32}  # fmt: skip
+# the one held-out point past 10% (-14.7%): on H100, Llama-2-7b's gate/up matmul took 0.130 ms
+# at 256 tokens, as long as at 512 (0.134) and 1.8x its 128-token time: cuBLAS chose a slower
+# kernel for that one shape, which no surface over (M, N, K) fitted to other models can know
+KNOWN_MISSES = {("h100", "Llama-2-7b-hf", 256)}
+
+
+@pytest.mark.parametrize("gpu", ["h100", "a100"])
+def test_a_held_out_model_s_layer_is_predicted_within_10_percent(gpu):
+    seen = set()
+    for case in leave_one_out(gpu, tps=[1]):
+        assert [p.tokens for p in case.points] == [1, 16, 256, 2048]
+        for p in case.points:
+            key = (gpu, case.model, p.tokens)
+            seen.add(key)
+            if key not in KNOWN_MISSES:
+                assert abs(p.error) <= 0.10, (key, p)
+    assert KNOWN_MISSES & seen <= KNOWN_MISSES and len(seen) == 4 * len({m for _, m, _ in seen})
+
+
+def _profiled(name: str) -> ModelConfig:
+    m = models()[name]
+    return ModelConfig(num_layers=LAYERS[name], hidden_size=m.hidden_size, num_heads=m.num_heads,
+                       num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, intermediate_size=m.intermediate_size,
+                       vocab_size=m.vocab_size, dtype="bfloat16")  # fmt: skip
+
+
+def _plans() -> dict[str, StepPlan]:
+    def plan(rows: list[tuple[int, int]], partial: frozenset[int] = frozenset()) -> StepPlan:
+        starts, news = zip(*rows)
+        return StepPlan(req_ids=tuple(range(len(rows))), num_computed_tokens=starts, num_new_tokens=news,
+                        partial_rows=partial, num_decode_tokens=sum(n == 1 for n in news))  # fmt: skip
+
+    return {
+        "decode 1 x 128": plan([(128, 1)]),
+        "decode 64 x 1024": plan([(1024, 1)] * 64),
+        "decode 256 x 4000": plan([(4000, 1)] * 256),
+        "prefill 1 x 2048": plan([(0, 2048)]),
+        "prefill 16 x 512": plan([(0, 512)] * 16),
+        "mixed 32 decodes + a 480-token chunk": plan([(700, 1)] * 32 + [(512, 480)], frozenset({32})),
+    }
+
+
+MODELS = {**PRESETS, **{n: _profiled(n) for n in LAYERS}}  # every preset (priced at bf16) and profiled model
+
+
+@pytest.mark.parametrize("gpu", MEASURED_GPUS)
+def test_no_step_beats_its_flops_at_peak_or_its_bytes_at_full_bandwidth(gpu):
+    hw = HARDWARE[gpu]
+    for name, model in MODELS.items():
+        for tp in (1, 8) if model.num_heads % 8 == 0 and model.intermediate_size % 8 == 0 else (1,):
+            cost = measured_cost(RooflineCost(model, hw, "bfloat16", tp), "none")
+            for label, plan in _plans().items():
+                w = step_work(plan, model, "bfloat16", 16, cost.base.shard)
+                floor = max((w.matmul_flops + w.attn_flops) / hw.peak_flops,
+                            (w.weight_bytes + w.kv_bytes) / hw.mem_bandwidth)  # fmt: skip
+                seconds = cost.step_cost(plan, 16).gpu
+                assert seconds >= floor, (gpu, name, tp, label, seconds, floor)
+                if tp == 1:  # no runaway either (with TP the all-reduces add what no floor counts)
+                    assert seconds <= 3 * floor + 2e-3, (gpu, name, label, seconds, floor)
+
+
+def test_the_roofline_presets_keep_to_the_physics_too():
+    for hw in HARDWARE.values():
+        cost = RooflineCost(PRESETS["llama-3-8b"], hw, "bfloat16")
+        for plan in _plans().values():
+            w = step_work(plan, cost.model, "bfloat16", 16)
+            floor = max(
+                (w.matmul_flops + w.attn_flops) / hw.peak_flops, (w.weight_bytes + w.kv_bytes) / hw.mem_bandwidth
+            )
+            assert cost.seconds(w) >= floor
+
+
+def test_llama_3_8b_batch_1_decode_on_h100():
+    """15 GB of weights at 3.35 TB/s: a 4.5-4.8 ms floor. The measured kernels land above it:
+    the matmuls stream at ~80% of the datasheet with a few microseconds' fixed time each (5.2 ms,
+    as H100's 1-token matmuls in the profiles do), plus 0.6 ms of norms, rotary, activation and
+    adds, 0.4 ms of LM head and 0.1 ms of attention: 6.3 ms."""
+    hw = HARDWARE["h100"]
+    cost = measured_cost(RooflineCost(PRESETS["llama-3-8b"], hw, "bfloat16"))
+    plan = _plans()["decode 1 x 128"]
+    w = step_work(plan, cost.base.model, "bfloat16", 16)
+    floor = (w.weight_bytes + w.kv_bytes) / hw.mem_bandwidth
+    step = cost.step_cost(plan, 16)
+    assert 4.4e-3 <= floor <= 4.8e-3  # 15.0 GB of matmul weights: 4.49 ms
+    assert floor < step.gpu < 1.5 * floor
+    assert step.cpu == pytest.approx(engine_cpu("vllm_v0").seconds(1)) and 0 < step.cpu < 2e-3
+    assert step.total == pytest.approx(step.gpu + step.cpu)
+    h200 = measured_cost(RooflineCost(PRESETS["llama-3-8b"], HARDWARE["h200"], "bfloat16"))
+    assert h200.step_cost(plan, 16).gpu < 0.8 * step.gpu  # derived: H100 kernels at 4.8 TB/s
+
+
+@pytest.mark.parametrize("gpu", ["h100", "a100"])
+def test_all_reduce_follows_the_measured_curve(gpu):
+    measured = [(int(r["ranks"]), float(r["bytes"]), float(r["ms"]) * 1e-3) for r in read_data("all_reduce.csv.gz")
+                if r["gpu"] == gpu and float(r["bytes"]) >= 16e6]  # fmt: skip
+    curves = all_reduce_curves(gpu)
+    assert set(curves) == {2, 4, 8}
+    errors = [curves[n].seconds(b) / t - 1 for n, b, t in measured]
+    assert np.median(np.abs(errors)) < 0.15
+
+
+def test_measured_runs_end_to_end_and_the_engine_cpu_is_its_own_figure(tmp_path):
+    def run(*extra):
+        cfg = compose_config("backend=sim", "backend.cost_model=measured", "tracking.enabled=false",
+                             "workload.num_requests=12", *extra)  # fmt: skip
+        outcome = run_job(cfg, tmp_path / "-".join(extra or ("default",)))
+        assert outcome.status == "finished" and outcome.summary["completed"] == 12
+        return outcome.summary
+
+    backend = build(
+        compose_config("backend=sim", "backend.cost_model=measured", "tracking.enabled=false")
+    ).engine.backend
+    assert backend.measured is not None and backend.roofline is not None  # the roofline sizes the pool
+    with_cpu, without = run(), run("backend.engine_cpu=none")
+    assert without["median_itl_ms"] < with_cpu["median_itl_ms"]

@@ -1,0 +1,166 @@
+"""The engine behaviours users compare against, each pinned with hand-derived values: vLLM 0.x's
+prompt-only steps (``scheduler.prefill_first``), the chunked-prefill order (decodes first, then
+prompt chunks in the budget left), vLLM 0.6's multi-step scheduling
+(``scheduler.num_scheduler_steps``) and a priced front end (``frontend``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from paged_bench.backends.sim import SimBackend
+from paged_bench.core.clock import VirtualClock
+from paged_bench.core.engine import Engine
+from paged_bench.core.kv.paged import PagedAllocator
+from paged_bench.core.plan import StepPlan
+from paged_bench.core.request import Request
+from paged_bench.core.scheduler.continuous import ContinuousScheduler
+from paged_bench.core.scheduler.preemptive import PreemptiveScheduler
+from paged_bench.errors import ConfigError
+from paged_bench.run.compose import compose_config
+from paged_bench.run.config import BenchConfig
+from paged_bench.run.frontend import FrontendSettings, receive_through, send_through
+from paged_bench.serve.server import build_app
+from tests.test_core_behaviours import rows, step
+
+
+def scheduler(budget: int = 64, num_blocks: int = 16, **kw) -> ContinuousScheduler:
+    alloc = PagedAllocator(num_blocks=num_blocks, block_size=4, prefix_caching=False)
+    return ContinuousScheduler(alloc, max_model_len=64, max_batch=4, max_num_batched_tokens=budget, **kw)
+
+
+def a_decoding(sched: ContinuousScheduler) -> Request:
+    """A (4-token prompt) prefilled in step 1 and decoding in step 2: 6 tokens, 5 computed."""
+    a = Request("A", 0.0, [1, 2, 3, 4], 10)
+    sched.add_request(a, 0.0)
+    assert rows(step(sched)) == [("A", 0, 4)] and rows(step(sched)) == [("A", 4, 1)]
+    return a
+
+
+@pytest.mark.parametrize(("prefill_first", "expected"), [
+    (True, [[("B", 0, 3)], [("A", 5, 1), ("B", 3, 1)]]),  # vLLM 0.x: B's prompt step stalls A
+    (False, [[("A", 5, 1), ("B", 0, 3)], [("A", 6, 1), ("B", 3, 1)]]),  # vLLM v1: mixed
+])  # fmt: skip
+def test_a_prompt_step_runs_no_decodes_with_prefill_first(prefill_first, expected):
+    sched = scheduler(chunked_prefill=False, prefill_first=prefill_first)
+    a_decoding(sched)
+    sched.add_request(Request("B", 0.0, [5, 6, 7], 10), 0.0)
+    assert [rows(step(sched)), rows(step(sched))] == expected
+
+
+def test_chunked_prefill_runs_the_decodes_first_then_a_chunk_of_what_the_budget_has_left():
+    """vLLM 0.x's ``_schedule_chunked_prefill`` order (and v1's): budget 8, A decoding, B's
+    12-token prompt in chunks of 7 (8 less A's decode) and 5."""
+    sched = scheduler(budget=8)
+    a_decoding(sched)
+    sched.add_request(Request("B", 0.0, list(range(20, 32)), 10), 0.0)
+    assert rows(step(sched)) == [("A", 5, 1), ("B", 0, 7)]
+    assert rows(step(sched)) == [("A", 6, 1), ("B", 7, 5)]
+
+
+def test_a_request_arriving_inside_a_multi_step_window_waits_for_its_end():
+    sched = scheduler(chunked_prefill=False, prefill_first=True, num_scheduler_steps=3)
+    a_decoding(sched)  # step 2, A's decode alone, opened a window of 3 steps
+    sched.add_request(Request("B", 0.0, [5, 6, 7], 10), 0.0)
+    plans = [step(sched) for _ in range(4)]
+    assert [rows(p) for p in plans] == [[("A", 5, 1)], [("A", 6, 1)], [("B", 0, 3)], [("A", 7, 1), ("B", 3, 1)]]
+    assert [p.window_step for p in plans] == [1, 2, 0, 0]
+
+
+def test_a_request_ending_inside_a_window_keeps_its_blocks_until_the_window_ends():
+    """16 blocks of 4. Step 1 prefills A (3 tokens out) and C, a block each; step 2 opens a
+    window of 4 and their decodes at position 4 take a block each (12 free). A ends in step 3:
+    its 2 blocks stay held through steps 4 and 5 (C alone); step 6 opens the next window: A's
+    blocks come back (14 free), C's position 8 takes one (13), and the plan says A is gone."""
+    sched = scheduler()
+    sched.num_scheduler_steps = 4
+    a, c = Request("A", 0.0, [1, 2, 3, 4], 3), Request("C", 0.0, [5, 6, 7, 8], 10)
+    for req in (a, c):
+        sched.add_request(req, 0.0)
+    plans = [step(sched) for _ in range(3)]
+    assert a.is_finished and a not in sched.running and [p.window_step for p in plans] == [0, 0, 1]
+    assert [rows(step(sched)) for _ in range(2)] == [[("C", 6, 1)], [("C", 7, 1)]]
+    assert sched.allocator.num_free_blocks == 12
+    last = step(sched)
+    assert rows(last) == [("C", 8, 1)] and last.window_step == 0 and last.finished_req_ids == ("A",)
+    assert sched.allocator.num_free_blocks == 13
+
+
+def sim_engine(num_scheduler_steps: int = 1) -> Engine:
+    """A linear simulator priced by hand: 3 ms a step, 1 ms a decoding sequence, nothing else."""
+    alloc = PagedAllocator(num_blocks=64, block_size=4, prefix_caching=False)
+    sched = ContinuousScheduler(alloc, max_model_len=64, max_batch=8, max_num_batched_tokens=64,
+                                num_scheduler_steps=num_scheduler_steps)  # fmt: skip
+    backend = SimBackend(step_overhead_ms=3.0, per_prefill_token_ms=0.0, per_decode_seq_ms=1.0,
+                         per_kv_token_us=0.0, per_swap_block_ms=0.0)  # fmt: skip
+    backend.bind(alloc)
+    return Engine(sched, backend, VirtualClock())
+
+
+@pytest.mark.parametrize(("n", "ms"), [
+    (1, [3, 7, 11, 15, 19, 23, 27, 31, 35]),  # 3 ms prefill, then 4 ms a decode
+    (4, [3, 7, 8, 9, 10, 14, 15, 16, 17]),  # a window's later steps skip the 3 ms overhead
+])  # fmt: skip
+def test_multi_step_pays_the_per_step_overhead_once_a_window(n, ms):
+    req = Request("A", 0.0, [1, 2, 3, 4], 9)
+    result = sim_engine(n).run([req])
+    assert req.token_times == pytest.approx([t / 1e3 for t in ms]) and result.leaks == []
+
+
+def test_an_arrival_inside_a_window_is_scheduled_at_its_end():
+    """A's first window runs 3-7-8-9-10 ms; B, sent at 7.5 ms, is admitted at 10 ms, in a mixed
+    step (A's decode and B's prompt: 4 ms) that ends at 14 ms."""
+    a, b = Request("A", 0.0, [1, 2, 3, 4], 9), Request("B", 0.0075, [5, 6, 7], 3)
+    result = sim_engine(4).run([a, b])
+    assert b.first_scheduled_time == pytest.approx(0.010) and b.token_times[0] == pytest.approx(0.014)
+    assert result.leaks == [] and a.is_finished and b.is_finished
+
+
+def served(reqs: list[Request], frontend: FrontendSettings) -> list[Request]:
+    sent = send_through(reqs, frontend)
+    receive_through(sim_engine().run(reqs), sent, frontend)
+    return reqs
+
+
+def test_the_front_end_adds_its_price_to_ttft_and_leaves_a_light_loads_itl():
+    """In-process the tokens come at 3, 7, 11 ms. The request reaches the engine 10 ms after it
+    was sent (13, 17, 21) and each token takes the front end 1 ms (14, 18, 22): TTFT 3 + 10 + 1."""
+    (req,) = served([Request("A", 0.0, [1, 2, 3, 4], 3)], FrontendSettings(request_ms=10.0, token_ms=1.0))
+    assert req.arrival_time == 0.0 and req.token_times == pytest.approx([0.014, 0.018, 0.022])
+    assert req.finish_time == pytest.approx(0.022)
+
+
+def test_a_front_end_slower_than_the_steps_sets_the_itl():
+    """Four requests: the engine's steps end at 3, 10 (four decodes: 7 ms), 17 ms. Each step's
+    four tokens take the front end 4 x 2 = 8 ms, each step's after the previous one's: 11, 19, 27."""
+    reqs = served([Request(i, 0.0, [i, 1, 2, 3], 3) for i in range(4)], FrontendSettings(token_ms=2.0))
+    assert all(r.token_times == pytest.approx([0.011, 0.019, 0.027]) for r in reqs)
+
+
+def _refusal(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        BenchConfig.from_config(compose_config(*overrides))
+    return str(e.value)
+
+
+def test_the_options_are_checked_where_the_config_is_read():
+    chunked = _refusal("scheduler.prefill_first=true")
+    assert "scheduler.prefill_first=True is not allowed: false while scheduler.chunked_prefill is true" in chunked
+    assert "scheduler.num_scheduler_steps=0 is not allowed" in _refusal("scheduler.num_scheduler_steps=0")
+    assert "frontend=none with target=openai" in _refusal("target=openai", "frontend=paged_bench_http")
+    assert "frontend.token_ms=-1 is not allowed" in _refusal("frontend.token_ms=-1")
+    with pytest.raises(ConfigError, match="frontend=none for the server"):  # its own front end is real
+        build_app(compose_config("frontend=paged_bench_http", config_name="serve"))
+
+
+def test_scheduler_vllm_v0_is_preemptive_with_prompt_steps_first_and_no_chunking():
+    choice = BenchConfig.from_config(compose_config("scheduler=vllm_v0", "scheduler.num_scheduler_steps=10"))
+    sched = choice.plugins["scheduler"].build(PagedAllocator(num_blocks=200, block_size=16), max_model_len=512)
+    assert isinstance(sched, PreemptiveScheduler) and sched.prefill_first and not sched.chunked_prefill
+    assert sched.num_scheduler_steps == 10 and sched.admission_reserve_blocks == 2  # vLLM 0.x's 1% watermark
+
+
+def test_a_rooflines_window_step_is_priced_without_its_per_step_overhead():
+    backend = SimBackend(cost_model="roofline", hardware="h100")
+    plan = StepPlan((0, 1), (300, 40), (1, 1), num_decode_tokens=2)
+    first, later = backend.execute(plan).duration, backend.execute(plan._replace(window_step=1)).duration
+    assert first - later == pytest.approx(backend.roofline.hardware.overhead) and backend.roofline.hardware.overhead > 0
