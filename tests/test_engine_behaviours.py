@@ -98,6 +98,7 @@ def sim_engine(num_scheduler_steps: int = 1) -> Engine:
 
 @pytest.mark.parametrize(("n", "ms"), [
     (1, [3, 7, 11, 15, 19, 23, 27, 31, 35]),  # 3 ms prefill, then 4 ms a decode
+    (2, [3, 7, 8, 12, 13, 17, 18, 22, 23]),
     (4, [3, 7, 8, 9, 10, 14, 15, 16, 17]),  # a window's later steps skip the 3 ms overhead
 ])  # fmt: skip
 def test_multi_step_pays_the_per_step_overhead_once_a_window(n, ms):
@@ -164,3 +165,24 @@ def test_a_rooflines_window_step_is_priced_without_its_per_step_overhead():
     plan = StepPlan((0, 1), (300, 40), (1, 1), num_decode_tokens=2)
     first, later = backend.execute(plan).duration, backend.execute(plan._replace(window_step=1)).duration
     assert first - later == pytest.approx(backend.roofline.hardware.overhead) and backend.roofline.hardware.overhead > 0
+
+
+def test_with_prefill_first_a_swapped_out_request_comes_back_after_the_decodes_not_in_a_prompt_step():
+    """vLLM 0.x's ``_schedule_default``: no prompt step while a request is swapped out; the
+    running decode, then it swaps in, and a waiting prompt waits for a step of its own. 4 blocks
+    of 4: step 1 prefills A (2 tokens out), B and C (a 3-token prompt), a block each; in step 2
+    A's and B's decodes need a block each and one is free: C, the last admitted, is swapped out.
+    A ends (2 blocks free). Step 3: B decodes, C swaps in (one block); D, which fits the last
+    block, waits: step 4 is its prompt step, with no decode."""
+    alloc = PagedAllocator(num_blocks=4, block_size=4, prefix_caching=False, swap_blocks=8)
+    sched = PreemptiveScheduler(alloc, max_model_len=64, max_batch=4, max_num_batched_tokens=64,
+                                chunked_prefill=False, prefill_first=True, mode="swap")  # fmt: skip
+    for rid, prompt, max_tokens in (("A", [1, 2, 3, 4], 2), ("B", [1, 2, 3, 4], 10), ("C", [5, 6, 7], 10)):
+        sched.add_request(Request(rid, 0.0, prompt, max_tokens), 0.0)
+    assert rows(step(sched)) == [("A", 0, 4), ("B", 0, 4), ("C", 0, 3)]
+    second = step(sched)
+    assert rows(second) == [("A", 4, 1), ("B", 4, 1)] and len(second.swap_out) == 1
+    sched.add_request(Request("D", 0.0, [8, 9, 10, 11], 10), 0.0)
+    third = step(sched)
+    assert rows(third) == [("B", 5, 1), ("C", 3, 1)] and len(third.swap_in) == 1
+    assert rows(step(sched)) == [("D", 0, 4)]

@@ -284,11 +284,11 @@ class Scheduler:
                 draft.add(req, n, new_blocks)
             i += 1
 
-    def _admit_waiting(self, draft: PlanDraft, now: float, prompts: bool = True, swapped: bool = True) -> int:
+    def _admit_waiting(self, draft: PlanDraft, now: float, prompts: bool = True, swapped: bool = True) -> bool:
         """Admit waiting requests in the policy's order while ``max_batch``, the budget and the
         pool allow, stopping at one of a kind not asked for (``prompts``: to prefill, ``swapped``:
-        to swap in); returns how many it admitted."""
-        allocator, waiting, admitted = self.allocator, self.waiting, 0
+        to swap in); returns whether it admitted any."""
+        allocator, waiting, admitted = self.allocator, self.waiting, False
         while waiting and len(self.running) < self.max_batch and draft.budget > 0:
             req = self._next_waiting()
             if not (swapped if req.status is RequestStatus.SWAPPED else prompts):
@@ -317,7 +317,7 @@ class Scheduler:
             self.running.append(req)
             draft.new_reqs.append(NewRequestData.from_request(req, allocator.block_table(req), self.plan_token_ids))
             draft.add(req, n)
-            admitted += 1
+            admitted = True
         return admitted
 
     def _window_plan(self) -> StepPlan | None:
