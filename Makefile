@@ -75,7 +75,7 @@ results: install
 	$(PY) -m paged_bench.report --experiment seed_batching --experiment seed_paging --out docs/results --into README.md
 
 # make validate: every published real-GPU case of conf/validation/ simulated, the table printed
-# (published / simulated / ratio) and written into docs/validation.md (about 15 s)
+# (published / simulated / ratio) and written into docs/validation.md (about 30 CPU-seconds)
 validate: install
 	$(PY) -m paged_bench.validate --write docs/validation.md $(ARGS)
 
