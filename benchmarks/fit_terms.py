@@ -37,7 +37,7 @@ def timed_samples(repeats: int) -> tuple[RooflineCost, list[cal_shapes.Shape], l
     backend = registry.create("backend", options.pop("name"), **options)
     model, shapes = backend.model_config, cal_shapes.default_shapes(4096)
     try:
-        samples = cal_shapes.time_shapes(backend, model, "float32", shapes, repeats)  # then the idle probes, cold
+        samples = cal_shapes.time_shapes(backend, model, "float32", shapes, repeats)
         longest = max(s.decodes + s.prefills * s.chunk for s in shapes)
         curve = cal_matmuls.time_matmuls(backend, model, longest, max(repeats, 3))
     finally:
@@ -51,7 +51,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5, help="timing rounds over the shapes (their median)")
     args = p.parse_args()
     start, shapes, samples = timed_samples(args.repeats)
-    print(f"{len(shapes)} step shapes (and {len(samples) - len(shapes)} after idling) timed on backend=numpy, "
+    print(f"{len(shapes)} step shapes timed on backend=numpy, "
           f"median of {args.repeats} rounds\n")  # fmt: skip
     print("| fit | median abs error | largest | " + " | ".join(f"{k}: median error" for k in KINDS) + " |")
     print("|---|---:|---:|" + "---:|" * len(KINDS))

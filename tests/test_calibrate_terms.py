@@ -1,11 +1,12 @@
-"""The calibrated roofline's CPU terms, each on a step built to need it: a cold step after
-idling, one cost per attention group, K/V past the last-level cache, the heap a run's first
-large steps grow (priced once, in run order), the calibration run's workload; the NNLS the fit
-solves with; and the numpy backend holding its freed temporaries while bound."""
+"""The calibrated roofline's CPU terms, each on a step built to need it: K/V past the
+last-level cache, the heap a run's first large steps grow (priced once, in run order), the
+calibration run's workload; the NNLS the fit solves with; a preset that prices a removed term;
+and the numpy backend holding its freed temporaries while bound."""
 
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -16,7 +17,8 @@ from paged_bench.calibration.check_run import CALIBRATION_WORKLOAD, calibration_
 from paged_bench.calibration.fit import _nnls
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.plan import NewRequestData, SamplingParams, StepPlan
-from paged_bench.costmodel.roofline import Hardware, HeapMark, RooflineCost
+from paged_bench.costmodel.roofline import Hardware, HeapMark, RooflineCost, load_preset, save_preset
+from paged_bench.errors import ConfigError
 from paged_bench.costmodel.step_work import RunTables, scattered_blocks, step_work
 from paged_bench.model import heap
 from paged_bench.model.config import PRESETS
@@ -50,22 +52,15 @@ def test_nnls_matches_an_exhaustive_search():
         assert (x >= 0).all() and np.sum((a @ x - b) ** 2) <= best + 1e-9
 
 
-def test_a_step_is_cold_only_when_no_request_ran_before_it():
-    alone = step_work(_plan(cal_shapes.Shape(0, 2, 64, 0)), MODEL, "float32", 16)  # prompts only: the engine had none
-    beside = step_work(_plan(cal_shapes.Shape(3, 1, 64, 16), continuing=True), MODEL, "float32", 16)  # amid decodes
-    assert alone.cold and not beside.cold
-    cold = _cost(cold_step=5e-4)
-    assert cold.seconds(alone) - _cost().seconds(alone) == pytest.approx(5e-4)
-    assert cold.seconds(beside) == _cost().seconds(beside)
-
-
-def test_each_attention_group_costs_its_own():
-    decodes = step_work(_plan(cal_shapes.Shape(4, 0, 0, 64), continuing=True), MODEL, "float32", 16)
-    mixed = step_work(_plan(cal_shapes.Shape(4, 1, 64, 64), continuing=True), MODEL, "float32", 16)
-    assert (decodes.num_attention_groups, mixed.num_attention_groups) == (1, 2)
-    cost = _cost(per_attention_group=2e-4)
-    assert cost.seconds(decodes) - _cost().seconds(decodes) == pytest.approx(2e-4)
-    assert cost.seconds(mixed) - _cost().seconds(mixed) == pytest.approx(2 * 2e-4)
+def test_a_preset_pricing_a_removed_term_is_refused_and_one_leaving_it_at_zero_loads(tmp_path):
+    path = tmp_path / "old.json"
+    save_preset(path, _cost(per_token=5e-6), {})
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "hardware": {**data["hardware"], "cold_step": 0.0, "cache_bytes": 1e6}}))
+    assert load_preset(path) == _cost(per_token=5e-6)
+    path.write_text(json.dumps({**data, "hardware": {**data["hardware"], "cold_step": 5e-5}}))
+    with pytest.raises(ConfigError, match="a preset without the removed terms cold_step .calibrate again"):
+        load_preset(path)
 
 
 def test_each_new_token_costs_its_elementwise_work_beyond_the_matmuls():

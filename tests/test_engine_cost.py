@@ -27,14 +27,16 @@ def test_calibration_adds_the_engine_cost_to_what_the_backend_costs(tmp_path, mo
         return fitted["cost"]
 
     monkeypatch.setattr(cal, "fit", spy_fit)
-    monkeypatch.setattr(cal, "measure_engine_cost", lambda repeats: EngineCost(per_step=2e-3, per_seq=1e-4))
+    timers = []  # the engine's cost is timed as the backend's steps are (backend.step_timer)
+    monkeypatch.setattr(cal, "measure_engine_cost",
+                        lambda repeats, step_timer: timers.append(step_timer) or EngineCost(per_step=2e-3, per_seq=1e-4))  # fmt: skip
     out = tmp_path / "tiny.json"
     assert cal.main(["backend=numpy", "backend.model=tiny", "max_model_len=160", "--hardware", "cpu",
                      "--repeats", "1", "--out", str(out)]) == 0  # fmt: skip
     data = json.loads(out.read_text())
     assert data["hardware"]["overhead"] == pytest.approx(fitted["cost"].hardware.overhead + 2e-3)
     assert data["hardware"]["per_seq"] == pytest.approx(fitted["cost"].hardware.per_seq + 1e-4)
-    assert data["engine"] == {"per_step_s": 2e-3, "per_seq_s": 1e-4}
+    assert data["engine"] == {"per_step_s": 2e-3, "per_seq_s": 1e-4} and timers == ["wall"]
 
 
 def test_fit_finds_what_an_eager_attention_pays_for_its_scores():

@@ -6,7 +6,7 @@ runs the backend (any overrides of the main command pick it and its model) over 
 batches, prefill chunks and mixed steps at several context lengths, times each step as a run
 meets it, times the backend's own matmuls at every row count a step may have (the
 ``matmul_curve``: a CPU BLAS is no roofline at a few rows), fits the roofline's
-``overhead``, ``per_seq``, ``per_prefill`` and attention terms to what the matmuls leave
+``overhead``, ``per_seq``, per-token and attention terms to what the matmuls leave
 (least squares on relative error, non-negative), and saves a preset that ``backend=sim
 backend.preset=FILE`` replays. ``benchmarks/sim_vs_numpy.py --replay`` checks a preset step
 by step against a real run.
@@ -29,7 +29,7 @@ from paged_bench.calibration.engine_cost import measure_engine_cost
 from paged_bench.calibration.fit import fit, fit_errors
 from paged_bench.calibration.heap_growth import time_heap_growth
 from paged_bench.calibration.matmuls import matmul_rounds
-from paged_bench.calibration.shapes import BLOCK_SIZE, Shape, default_shapes, is_idle_probe, shape_rounds
+from paged_bench.calibration.shapes import BLOCK_SIZE, Shape, default_shapes, shape_rounds
 from paged_bench.cli.hydra_errors import hydra_error
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.costmodel.roofline import HARDWARE, Hardware, RooflineCost, hardware, measure_cpu, save_preset
@@ -77,9 +77,7 @@ def calibrate(
     cost = fit(RooflineCost(model, hw, dtype), samples)
     info = {"backend": name, "backend_options": options, "fit": fit_errors(cost, samples),
             "shapes": [{**asdict(shape), "measured_ms": t * 1e3, "fitted_ms": cost.seconds(w) * 1e3}
-                       for shape, (w, t) in zip(shapes, samples)],
-            "idle_shapes": [{**asdict(shape), "measured_ms": t * 1e3, "fitted_ms": cost.seconds(w) * 1e3}
-                            for shape, (w, t) in zip(filter(is_idle_probe, shapes), samples[len(shapes):])]}  # fmt: skip
+                       for shape, (w, t) in zip(shapes, samples, strict=True)]}  # fmt: skip
     # every timed step's work and seconds, so a preset can be refitted with fewer terms
     # (benchmarks/term_evidence.py) without timing again
     info["samples"] = [{"work": asdict(w), "seconds": t} for w, t in samples]
@@ -187,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     h, fit_info = cost.hardware, info["fit"]
     print(
         f"calibrated {info['backend']} on {len(shapes)} shapes: overhead {h.overhead * 1e3:.2f} ms/step, "
-        f"{h.per_seq * 1e6:.0f} us/seq, {h.per_prefill * 1e6:.0f} us/prompt chunk; matmuls measured at "
+        f"{h.per_seq * 1e6:.0f} us/seq, {h.per_token * 1e6:.1f} us/token; matmuls measured at "
         f"{len(h.matmul_curve or ())} row counts; of {h.peak_flops / 1e9:.0f} GFLOP/s and "
         f"{h.mem_bandwidth / 1e9:.1f} GB/s: attention {_pct(h.attn_eff)} / {_pct(h.kv_eff)}; "
         f"median |error| "

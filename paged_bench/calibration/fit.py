@@ -44,11 +44,7 @@ _EFFS = ("compute_eff", "memory_eff", "attn_eff", "kv_eff")
 # the terms added on top of either bound, each by what it counts in a step
 ADDITIVE: dict[str, Callable[[RooflineCost, StepWork], float]] = {
     "per_score_byte": lambda cost, w: w.score_bytes,
-    "per_prefill": lambda cost, w: w.num_prefills,
-    "per_spilled_kv_byte": lambda cost, w: cost.spilled_kv_bytes(w),
     "per_llc_spilled_byte": lambda cost, w: cost.llc_spilled_kv_bytes(w),
-    "cold_step": lambda cost, w: w.cold,
-    "per_attention_group": lambda cost, w: w.num_attention_groups,
     "per_token": lambda cost, w: w.num_tokens,
     "per_scattered_block": lambda cost, w: w.scattered_blocks,
 }
@@ -62,10 +58,10 @@ def check_terms(names: Collection[str]) -> None:
 
 def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iterations: int = 30,
         without: Collection[str] = ()) -> RooflineCost:  # fmt: skip
-    """Fit overhead, per_seq, per_prefill, the four efficiencies, per_score_byte, the two
-    cache-spill rates, the cold step, the per-attention-group, per-token and per-scattered-block
-    costs of ``cost`` to measured step times (with a measured ``matmul_curve``, the matmuls are known
-    and the rest is fitted to what they leave).
+    """Fit overhead, per_seq, the four efficiencies and the ``ADDITIVE`` terms (per score byte,
+    per byte past the last-level cache, per token, per scattered block) of ``cost`` to measured
+    step times (with a measured ``matmul_curve``, the matmuls are known and the rest is fitted
+    to what they leave).
 
     Each roofline is a max, so this alternates: given which side bounds each kernel class of
     each step, the time is linear in (1, sequences, and the bounding side's FLOPs/peak or

@@ -8,9 +8,8 @@ puts before it, and ``typical_seconds`` of its rounds is what the fit takes it t
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,10 +25,6 @@ from paged_bench.model.config import ModelConfig
 BLOCK_SIZE = 16
 WARM_STEPS = 3  # untimed steps a timed one follows (decodes of the batch, or of the lead-in)
 TIMED_STEPS = 3  # a decode batch's steps timed in a row, per round (their median)
-# an engine with nothing to run sleeps until the next arrival (tens of ms at the seeds' 25
-# req/s); the step it then starts finds its weights and code evicted from the caches by
-# whatever ran meanwhile: on this 2-core VM +0.3-0.5 ms on a 3-7 ms prompt step
-IDLE_SECONDS = 0.02
 
 
 @dataclass(frozen=True)
@@ -111,8 +106,7 @@ def shape_rounds(
     backend: Backend, model: ModelConfig, dtype: str, shapes: Sequence[Shape]
 ) -> Iterator[list[tuple[StepWork, float]]]:
     """After each round over every shape, the samples so far: (work, seconds:
-    ``typical_seconds`` of the rounds) of ``backend.execute`` for each shape, then for each
-    ``is_idle_probe`` shape the same after an idle gap (its work ``cold``).
+    ``typical_seconds`` of the rounds) of ``backend.execute`` for each shape.
 
     The repeats are rounds over every shape rather than back-to-back runs of one, so that a
     burst of load from elsewhere on a shared machine spreads over the shapes instead of
@@ -136,7 +130,6 @@ def shape_rounds(
     shuffled = _shuffled(need + 1, rng) if any(s.scattered for s in shapes) else allocator
     times: list[list[float]] = [[] for _ in shapes]
     works: list[StepWork] = []
-    idle: dict[int, list[float]] = {i: [] for i, s in enumerate(shapes) if is_idle_probe(s)}
     for round_no in itertools.count():
         for i, shape in enumerate(shapes):
             blocks = shuffled if shape.scattered else allocator
@@ -150,11 +143,6 @@ def shape_rounds(
                     backend.execute(_continuing(lead_plan))
                 reqs += lead_reqs
                 times[i].append(_seconds(backend, timed))
-                if i in idle:  # again, after the engine idled as it does waiting for arrivals
-                    for _ in range(WARM_STEPS):
-                        backend.execute(_continuing(lead_plan))
-                    time.sleep(IDLE_SECONDS)
-                    idle[i].append(_seconds(backend, timed))
             else:
                 for _ in range(WARM_STEPS):
                     backend.execute(timed)
@@ -164,15 +152,13 @@ def shape_rounds(
             backend.execute(StepPlan(finished_req_ids=tuple(r.request_id for r in reqs)))  # the backend lets them go
             if round_no == 0:
                 works.append(shape_work(plan, model, dtype))
-        warm = [(work, typical_seconds(t)) for work, t in zip(works, times)]
-        yield warm + [(replace(works[i], cold=True), typical_seconds(t)) for i, t in idle.items()]
+        yield [(work, typical_seconds(t)) for work, t in zip(works, times)]
 
 
 def shape_work(plan: StepPlan, model: ModelConfig, dtype: str) -> StepWork:
-    """The work of a shape's first ``_plan`` (every row new, its whole table in the plan), as
-    it is timed: warm, whatever the plan says (all of its requests new)."""
+    """The work of a shape's first ``_plan`` (every row new, its whole table in the plan)."""
     scattered = scattered_blocks(plan, [new.block_ids for new in plan.new_reqs], BLOCK_SIZE)
-    return replace(step_work(plan, model, dtype, BLOCK_SIZE, scattered=scattered), cold=False)
+    return step_work(plan, model, dtype, BLOCK_SIZE, scattered=scattered)
 
 
 def _shuffled(num_blocks: int, rng: np.random.Generator) -> PagedAllocator:
@@ -184,12 +170,6 @@ def _shuffled(num_blocks: int, rng: np.random.Generator) -> PagedAllocator:
     for i in rng.permutation(len(taken)):
         allocator.free(taken[i])
     return allocator
-
-
-def is_idle_probe(shape: Shape) -> bool:
-    """Shapes also timed after an idle gap: a short prompt alone (what an idle engine starts
-    with), where the cold start is a large share of the step."""
-    return shape.decodes == 0 and shape.context == 0 and shape.chunk <= 128
 
 
 def _seconds(backend: Backend, plan: StepPlan) -> float:

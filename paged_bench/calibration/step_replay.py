@@ -53,8 +53,32 @@ def shape_of(plan: StepPlan) -> str:
     return f"{'mixed ' + str(decodes) + '+' if decodes else 'prefill '}{len(chunks)}x<={bound}"
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """A real run's plans, each with the duration its step took, to price with any cost model."""
+
+    plans: list[StepPlan]
+    measured: list[float]
+    block_size: int
+    run_seconds: float
+    num_preemptions: int
+
+    def priced(self, cost: RooflineCost) -> list[float]:
+        """Each plan's seconds by ``cost``, as a run of its own (its heap and tables start empty)."""
+        heap, tables = HeapMark(), RunTables()
+        return [cost.duration(plan, self.block_size, heap, tables) for plan in self.plans]
+
+
 def replay(cfg: Mapping[str, Any], cost: RooflineCost) -> Replay:
-    """Run ``cfg`` (a wall-clock backend) once; price each step it ran with ``cost``."""
+    """Run ``cfg`` (a real backend) once; price each step it ran with ``cost``."""
+    run = record(cfg)
+    steps = [ReplayedStep(shape_of(plan), measured, predicted)
+             for plan, measured, predicted in zip(run.plans, run.measured, run.priced(cost), strict=True)]  # fmt: skip
+    return Replay(steps, run.run_seconds, run.num_preemptions, adjacent_blocks(run.plans))
+
+
+def record(cfg: Mapping[str, Any]) -> Recorded:
+    """Run ``cfg`` (a real backend) once, recording each plan it ran and its step's duration."""
     bench = build(cfg)
     backend, block_size = bench.backend, bench.engine.allocator.layout.block_size
     plans: list[StepPlan] = []
@@ -70,12 +94,8 @@ def replay(cfg: Mapping[str, Any], cost: RooflineCost) -> Replay:
     finally:
         backend.close()
     # the engine records a step for every plan it executes, in order
-    heap, tables = HeapMark(), RunTables()  # priced as a run of its own: its heap starts empty
-    steps = [
-        ReplayedStep(shape_of(plan), row.duration, cost.duration(plan, block_size, heap, tables))
-        for plan, row in zip(plans, result.steps.rows(), strict=True)
-    ]
-    return Replay(steps, result.duration, result.num_preemptions, adjacent_blocks(plans))
+    measured = [row.duration for row in result.steps.rows()]
+    return Recorded(plans, measured, block_size, result.duration, result.num_preemptions)
 
 
 def adjacent_blocks(plans: Sequence[StepPlan]) -> float:

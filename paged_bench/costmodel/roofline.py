@@ -6,7 +6,7 @@ A step runs two kinds of kernels one after the other, each bounded by its own ro
              + max(matmul FLOPs / (peak_flops * compute_eff), weight bytes / (mem_bandwidth * memory_eff))
              + max(attention FLOPs / (peak_flops * attn_eff), K/V bytes / (mem_bandwidth * kv_eff))
              + score bytes * per_score_byte (an eager attention's score matrices; 0 when fused)
-             + per_prefill * prompt chunks + per_token * new tokens
+             + per_token * new tokens
              + per_scattered_block * blocks read out of pool order (a calibrated CPU preset)
              + swap bytes / host_link
              + 2 x layers x all-reduce seconds (tensor parallel, over the ranks' link)
@@ -63,9 +63,6 @@ class Hardware:
     # queries x keys x heads floats, what makes a long prompt's prefill memory-bound on a CPU;
     # 0 for a fused (flash) attention, which keeps none (the GPU presets)
     per_score_byte: float = 0.0
-    # seconds per prompt chunk in a step, on top of per_seq: the eager attention's per-chunk
-    # work (its causal mask, padding) and a prefill's own bookkeeping; 0 in the GPU presets
-    per_prefill: float = 0.0
     # seconds per new token beyond its matmuls: the elementwise work of a forward on each token
     # row (norms, rotary, activations, residual adds), which a measured matmul curve leaves out
     # and per_seq covers only for decodes (one token a sequence); 0 in the GPU presets
@@ -73,10 +70,6 @@ class Hardware:
     # an eager attention (the numpy/torch backends, what calibrate fits) gathers each group's
     # K/V padded to its longest context: the padding is read at the K/V rate too
     eager_attention: bool = False
-    # a core's own cache (L2, measured): a layer's K/V gather beyond it streams from the shared
-    # cache or memory at per_spilled_kv_byte seconds a byte more (calibrated CPU presets)
-    cache_bytes: float | None = None
-    per_spilled_kv_byte: float = 0.0
     # the shared last-level cache (L3, measured): a step re-reads the weights and every K/V
     # byte its requests hold, step after step; what of that exceeds the LLC comes from memory
     # at per_llc_spilled_byte seconds a byte more (the K/V rate of one sequence's L3-resident
@@ -84,12 +77,6 @@ class Hardware:
     # steps of a long-prompt workload by 20%)
     llc_bytes: float | None = None
     per_llc_spilled_byte: float = 0.0
-    # seconds a ``cold`` step pays (the first after the engine idled): its weights and code
-    # fetched back from memory into caches that other work used meanwhile (calibrated CPU presets)
-    cold_step: float = 0.0
-    # seconds per attention group of an eager attention (decodes in one, prompt chunks in
-    # another: a step mixing both pays two groups' masks, gathers and softmax calls per layer)
-    per_attention_group: float = 0.0
     # the process heap an eager attention's step holds per byte of one layer's score matrices,
     # and the seconds a byte of it costs the first time a run's step needs it (``model.heap``:
     # held memory is reused, growth is faulted in); calibrated CPU presets only
@@ -159,7 +146,7 @@ def measure_cpu(seconds: float = 1.0, nbytes: int = 512 << 20) -> Hardware:
     dst = np.empty_like(src)
     bandwidth = _best_rate(lambda: np.copyto(dst, src), 2 * src.nbytes, seconds / 2)
     return Hardware(
-        "measured-cpu", flops, bandwidth, bandwidth / 2, cache_bytes=core_cache_bytes(), llc_bytes=core_cache_bytes(3)
+        "measured-cpu", flops, bandwidth, bandwidth / 2, llc_bytes=core_cache_bytes(3)
     )
 
 
@@ -238,14 +225,6 @@ class RooflineCost:
             w.matmul_flops / (hw.peak_flops * hw.compute_eff), w.weight_bytes / (hw.mem_bandwidth * hw.memory_eff)
         )
 
-    def spilled_kv_bytes(self, w: StepWork) -> float:
-        """K/V bytes the step's layers gather beyond the per-core cache (0 without one)."""
-        cache = self.hardware.cache_bytes
-        if cache is None:
-            return 0.0
-        layers = self.model.num_layers
-        return layers * max(0.0, (w.kv_bytes + w.padding_kv_bytes) / layers - cache)
-
     def llc_spilled_kv_bytes(self, w: StepWork) -> float:
         """K/V bytes the step gathers beyond what the last-level cache holds beside its weights
         (0 without an LLC figure)."""
@@ -259,15 +238,12 @@ class RooflineCost:
         matmuls = self.matmul_seconds(w)
         kv_bytes = w.kv_bytes + w.padding_kv_bytes if hw.eager_attention else w.kv_bytes
         attention = max(w.attn_flops / (hw.peak_flops * hw.attn_eff), kv_bytes / (hw.mem_bandwidth * hw.kv_eff))
-        attention += self.spilled_kv_bytes(w) * hw.per_spilled_kv_byte
         attention += self.llc_spilled_kv_bytes(w) * hw.per_llc_spilled_byte
         attention += w.scattered_blocks * hw.per_scattered_block
         comm = w.num_allreduces * self.link.allreduce_seconds(w.allreduce_bytes, self.tp) if w.num_allreduces else 0.0
         scores = w.score_bytes * hw.per_score_byte
-        per_request = hw.per_seq * w.num_seqs + hw.per_prefill * w.num_prefills + hw.per_token * w.num_tokens
-        per_request += hw.per_attention_group * w.num_attention_groups
-        overhead = hw.overhead + hw.cold_step if w.cold else hw.overhead
-        return overhead + per_request + matmuls + attention + scores + w.swap_bytes / hw.host_link + comm
+        per_request = hw.per_seq * w.num_seqs + hw.per_token * w.num_tokens
+        return hw.overhead + per_request + matmuls + attention + scores + w.swap_bytes / hw.host_link + comm
 
     def duration(
         self, plan: StepPlan, block_size: int, heap: HeapMark | None = None, tables: RunTables | None = None
@@ -316,6 +292,8 @@ def load_preset(path: str | Path) -> RooflineCost:
     try:
         data = json.loads(p.read_text())
         hw = data["hardware"]
+        _check_no_removed_terms(hw, str(path))
+        hw = {k: v for k, v in hw.items() if k not in REMOVED_TERMS}
         if hw.get("matmul_curve") is not None:
             hw = {**hw, "matmul_curve": tuple(tuple(float(v) for v in p) for p in hw["matmul_curve"])}
         cost = RooflineCost(ModelConfig(**data["model"]), Hardware(**hw), data["dtype"])
@@ -323,6 +301,19 @@ def load_preset(path: str | Path) -> RooflineCost:
         raise ConfigError("backend.preset", str(path), f"a calibration preset ({type(e).__name__}: {e})") from e
     _check_hardware(cost.hardware, str(path))
     return cost
+
+
+# terms calibration once fitted and no longer does: none moved a named case's replayed busy time
+# by more than 2% (benchmarks/term_evidence.py; docs/backends.md, "Which terms the CPU cost model keeps")
+REMOVED_TERMS = ("per_prefill", "per_attention_group", "cache_bytes", "per_spilled_kv_byte", "cold_step")
+
+
+def _check_no_removed_terms(hw: dict[str, Any], path: str) -> None:
+    """A preset written before a term's removal loads if it left the term at 0, else is refused
+    (priced without it, its other terms, fitted beside it, would be off)."""
+    kept = [k for k in REMOVED_TERMS if hw.get(k) and k != "cache_bytes"]
+    check(not kept, "backend.preset", path, f"a preset without the removed terms {', '.join(kept)} (calibrate again: "
+                                            "python -m paged_bench.calibration.calibrate)")  # fmt: skip
 
 
 # rates and efficiencies that divide a step's work: 0 would be a ZeroDivisionError mid-run

@@ -1,7 +1,7 @@
 """What a step does, counted from its plan: the work a cost model prices.
 
 ``step_work`` reads a ``StepPlan`` (rows, computed and new tokens, swaps) for a model and
-dtype and counts FLOPs, bytes, score matrices, prompt chunks and attention groups;
+dtype and counts FLOPs, bytes and score matrices;
 ``scattered_blocks`` counts, from the rows' block tables, the blocks a step reads that do not
 follow the one before them in the pool (K/V scattered by a run's frees costs more to gather
 than K/V on consecutive blocks: ``benchmarks/numpy_memory.py``); ``RunTables`` keeps a run's
@@ -33,12 +33,7 @@ class StepWork:
     allreduce_bytes: float = 0.0  # each one's activations
     score_bytes: float = 0.0  # fp32 attention scores an eager attention materialises, per layer and head
     num_tokens: int = 0  # new tokens: the rows of every layer's matmuls
-    num_prefills: int = 0  # sequences computing a chunk of more than one token
     padding_kv_bytes: float = 0.0  # K/V an eager attention gathers past a request's end (its group's longest)
-    # no request of the step ran in the step before (all are new): the engine had nothing to
-    # run, so it idled until an arrival (or it has just started), and the caches went cold
-    cold: bool = False
-    num_attention_groups: int = 0  # an eager attention's padded groups: decodes, prompt chunks (0-2)
     # blocks the step reads that do not follow the block before them in the pool: K/V on
     # scattered blocks costs more to gather than on consecutive ones at the same bytes
     scattered_blocks: int = 0
@@ -92,10 +87,7 @@ def step_work(
         allreduce_bytes=float(new * model.hidden_size * DTYPE_BYTES[dtype]),
         score_bytes=4.0 * model.num_layers * shard.num_heads * scores,  # this rank's heads
         num_tokens=new,
-        num_prefills=prefills,
         padding_kv_bytes=float(padding * kv_token),
-        cold=0 < len(plan.req_ids) <= len(plan.new_reqs),
-        num_attention_groups=(decodes > 0) + (prefills > 0),
         scattered_blocks=scattered,
     )
 
