@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 
 import httpx
 import pytest
@@ -174,7 +175,8 @@ def test_a_text_traces_prompts_are_as_long_in_process_as_served(server, config, 
     assert all(u["prompt_tokens"] < len(t) // 2 for u, t in zip(read, texts))  # words, not bytes
 
 
-def test_spawned_server_runs_this_config(config, tmp_path):
+def test_spawned_server_runs_this_config(config, tmp_path, caplog):
+    caplog.set_level(logging.INFO)  # as a Hydra job's logging is set
     out = run_job(config(*WORKLOAD, *FAST, "target=openai", "target.spawn=true", "target.warmup=1",
                          "+server.log_level=info", "+server.max_waiting=64"), tmp_path)  # fmt: skip
     assert out.status == "finished" and out.summary["completed"] == 12
@@ -183,6 +185,7 @@ def test_spawned_server_runs_this_config(config, tmp_path):
     log = (tmp_path / "server" / "server.log").read_text()
     assert "server stopped" in log and "Traceback" not in log
     assert '"POST /v1/completions HTTP/1.1" 200' in log  # its log level was the job's (warning, always)
+    assert not [r.getMessage() for r in caplog.records if r.name == "httpx"]  # not a line per /health probe
 
 
 @pytest.mark.parametrize("key", ["host", "port"])

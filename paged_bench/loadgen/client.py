@@ -1,5 +1,5 @@
 """One streaming request to an OpenAI-compatible endpoint, timed as vLLM's benchmark client
-(``vllm/benchmarks/lib/endpoint_request_func.py``) times it, over the same HTTP stack: an
+(``vllm/benchmarks/lib/endpoint_request_func.py`` at 02cfb534) times it, over its HTTP stack: an
 ``aiohttp.ClientSession`` (its C parser), the body read as it arrives (``iter_any``) and cut
 into server-sent events here (vLLM's ``StreamedResponseHandler`` splits on blank lines; we cut
 at each line end, so ``\\r\\n`` endings and a ``data:`` without its space read as well).

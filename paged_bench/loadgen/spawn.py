@@ -9,6 +9,7 @@ the clean shutdown path.
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import subprocess
@@ -85,6 +86,7 @@ def spawned_server(cfg: Mapping[str, Any], target: TargetConfig, run_dir: Path) 
 
 
 def _wait_healthy(proc: subprocess.Popen, url: str, timeout: float, log_path: Path) -> None:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per probe in the run's output
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
