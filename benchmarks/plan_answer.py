@@ -34,6 +34,12 @@ def answer(record: dict[str, Any]) -> str:
     head = f"| deployment | GPUs | $/h | capacity (x) | meets {record['target_scale']:g}x | " + " | ".join(
         f"{n} at target" for n in names) + " |\n|" + "---|" * (5 + len(names))  # fmt: skip
     w = record["winner"]
+    if w is None:
+        best = max(cands, key=lambda c: c["capacity"], default=None)
+        lines = [f"**No candidate meets the target** (the best: {best['label']}, {best['capacity']:g}x).\n" if best
+                 else "**Nothing was simulated.**\n", head]  # fmt: skip
+        lines += [_row(c, names) for c in sorted(cands, key=lambda c: -c["capacity"])[:ROWS]]
+        return "\n".join(lines)
     lines = [f"**Winner**: {w['label']} ({w['num_gpus']} GPUs, ${w['usd_per_hour']:,.2f}/h): "
              f"{w['qps_per_usd_hour']:.3f} QPS per $/h, ${w['usd_per_million_output_tokens'] or float('nan'):.2f} "
              f"per million output tokens.\n", "```bash", record["command"], "```\n",
