@@ -34,10 +34,21 @@ def answer(record: dict[str, Any]) -> str:
     head = f"| deployment | GPUs | $/h | capacity (x) | meets {record['target_scale']:g}x | " + " | ".join(
         f"{n} at target" for n in names) + " |\n|" + "---|" * (5 + len(names))  # fmt: skip
     w = record["winner"]
-    lines = [f"**Winner**: {w['label']} ({w['num_gpus']} GPUs, ${w['usd_per_hour']:,.2f}/h): "
-             f"{w['qps_per_usd_hour']:.3f} QPS per $/h, ${w['usd_per_million_output_tokens'] or float('nan'):.2f} "
-             f"per million output tokens.\n", "```bash", record["command"], "```\n",
-             "The cheapest that meet the target, and the costliest that do not:\n", head]  # fmt: skip
+    if w is None:
+        best = max(cands, key=lambda c: c["capacity"], default=None)
+        first = (
+            f"**No candidate meets the target** (the best: {best['label']}, {best['capacity']:g}x).\n"
+            if best
+            else "**Nothing was simulated.**\n"
+        )
+        lines = [first, head]
+        lines += [_row(c, names) for c in sorted(cands, key=lambda c: -c["capacity"])[:ROWS]]
+        return "\n".join(lines)
+    winner = (f"**Winner**: {w['label']} ({w['num_gpus']} GPUs, ${w['usd_per_hour']:,.2f}/h): "
+              f"{w['qps_per_usd_hour']:.3f} QPS per $/h, ${w['usd_per_million_output_tokens'] or float('nan'):.2f} "
+              f"per million output tokens.\n")  # fmt: skip
+    title = "The cheapest that meet the target, and the costliest that do not:\n"
+    lines = [winner, "```bash", record["command"], "```\n", title, head]
     lines += [_row(c, names) for c in meets[:ROWS]] + [_row(c, names) for c in misses[:ROWS]]
     splits = [c for c in cands if "P+" in c["split"]]
     best_split = min((c for c in splits if c["meets_target"]), key=lambda c: c["usd_per_hour"], default=None)
@@ -49,9 +60,9 @@ def answer(record: dict[str, Any]) -> str:
         verdict = f"the cheapest split that meets it, {best_split['label']}, costs ${best_split['usd_per_hour']:,.2f}/h"
     pruned = ", ".join(f"{n} {why}" for why, n in record["pruned"].items())
     per = record["trial_cpu_s"] / record["num_trials"] if record["num_trials"] else 0.0
-    lines += ["", f"Does a P/D split pay? {verdict}.", "",
-              f"{len(record['candidates'])} candidates: {len(cands)} simulated, pruned: {pruned}. "
-              f"{record['num_trials']} simulations, {record['trial_cpu_s']:.0f} CPU-s in all ({per:.2f} each)."]  # fmt: skip
+    cost = (f"{len(record['candidates'])} candidates: {len(cands)} simulated, pruned: {pruned}. "
+            f"{record['num_trials']} simulations, {record['trial_cpu_s']:.0f} CPU-s in all ({per:.2f} each).")  # fmt: skip
+    lines += ["", f"Does a P/D split pay? {verdict}.", "", cost]
     return "\n".join(lines)
 
 

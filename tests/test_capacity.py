@@ -84,7 +84,7 @@ def test_a_run_stops_only_once_its_percentile_cannot_be_met():
 
 SMALL = ("workload=poisson", "workload.num_requests=120", "backend.model=llama-3-8b",
          "plan.space.hardware=[a100,h100]", "plan.space.tensor_parallel_size=[1]", "plan.space.replicas=[1,2]",
-         "plan.target_scale=2", "plan.search.precision=0.1", "plan.wave=8")  # fmt: skip
+         "plan.target_scale=4", "plan.search.precision=0.1", "plan.wave=8")  # fmt: skip
 
 
 def _plan(tmp_path: Path, *extra: str):
@@ -103,7 +103,9 @@ def test_a_small_plan_end_to_end_and_its_rerun_reuses_every_simulation(tmp_path)
     assert parent.data.tags["winner"] == record["winner"]["label"]
     assert record["num_trials"] > 0 and record["num_reused"] == 0 and record["winner"]
     assert (tmp_path / "first" / "pareto.png").read_bytes()[:4] == b"\x89PNG"
-    command = next(line.strip() for line in first.stdout.splitlines() if line.strip().startswith("python -m paged_bench "))
+    command = next(
+        line.strip() for line in first.stdout.splitlines() if line.strip().startswith("python -m paged_bench ")
+    )
     again = _plan(tmp_path, "hydra.run.dir=again", "tracking.enabled=false")
     rerun = json.loads((tmp_path / "again" / "plan.json").read_text())
     assert again.returncode == 0 and rerun["num_trials"] == 0 and rerun["num_reused"] == record["num_trials"]
@@ -114,13 +116,19 @@ def test_a_small_plan_end_to_end_and_its_rerun_reuses_every_simulation(tmp_path)
     assert plain.returncode == 0, plain.stderr
     summary = json.loads((tmp_path / "winner" / "summary.json").read_text())
     assert summary["p90_ttft_ms"] <= 500 and summary["p99_tpot_ms"] <= 50
+    # ... and the next-cheaper candidate, run the same way, does not
+    cheaper = call_cli(tmp_path, *record["next_cheaper"]["command"].split()[3:], "hydra.run.dir=cheaper",
+                       "tracking.enabled=false")  # fmt: skip
+    assert cheaper.returncode == 0, cheaper.stderr
+    summary = json.loads((tmp_path / "cheaper" / "summary.json").read_text())
+    assert summary["p90_ttft_ms"] > 500 or summary["p99_tpot_ms"] > 50
 
 
 @pytest.mark.parametrize(("override", "line"), [
     ("plan.space.hardware=[a100,x100]", "error: plan.space.hardware='x100' is not allowed: roofline hardware presets"),
     ("plan.space.hardware=[b200]", "error: plan.prices.b200.usd_per_gpu_hour=None is not allowed: a price"),
     ("plan.space.replicas=[]", "error: plan.space.replicas=[] is not allowed: a non-empty list"),
-    ("plan.slo.ttft_p90_ms=0.001", "error: plan.slo={TTFT p90 <= 0.001 ms, TPOT p99 <= 50 ms} is not met"),
+    ("plan.slo.ttft_p90_ms=0.001", "error: plan.slo={TTFT p90 <= 0.001 ms, TPOT p99 <= 50 ms} is not met at plan.target_scale=4"),
 ])  # fmt: skip
 def test_a_bad_plan_is_one_line_naming_its_key(tmp_path, override, line):
     # the unmeetable SLO: one candidate, its search down to half the target (two simulations, each stopped early)

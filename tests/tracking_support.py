@@ -176,7 +176,8 @@ def call_cli(cwd: Path, *args: str, module: str = "paged_bench", **env: str) -> 
                 warnings.filterwarnings(action, category=category, module=where)
             warnings.showwarning = _show_on_stderr
             try:
-                code = main() if module in ("paged_bench", "paged_bench.serve", "paged_bench.plan") else main(list(args))
+                no_argv = module in ("paged_bench", "paged_bench.serve", "paged_bench.plan")  # they read sys.argv
+                code = main() if no_argv else main(list(args))
             except SystemExit as e:
                 code = e.code
             finally:

@@ -61,8 +61,11 @@ class Plan:
         self.launcher = TrialLauncher(cfg, self.trials_dir)
         hc = HydraConfig.get()
         # the user's overrides of the run (not of the plan, Hydra or tracking, which change no simulation)
-        self.base = [o for o in hc.overrides.task
-                     if not o.lstrip("+~").startswith(("plan.", "plan/", "hydra", "tracking.", "experiment_name"))]
+        self.base = [
+            o
+            for o in hc.overrides.task
+            if not o.lstrip("+~").startswith(("plan.", "plan/", "hydra", "tracking.", "experiment_name"))
+        ]
         # the simulator's cost model, on every simulation's command line: one override switches it
         self.extra = [f"backend.cost_model={plan.get('cost_model')}"]
         self.folder = Path(hc.runtime.output_dir)
@@ -115,7 +118,9 @@ def _progress(entries: list[Entry]) -> None:
     for e in entries:
         t = e.trials[-1]
         how = "reused" if t.get("reused") else f"{t.get('cpu_s', 0):.1f} CPU-s"
-        verdict = "meets" if t["passed"] else f"fails: {t['error']}" if t.get("error") else f"misses {', '.join(t['missed'])}"
+        verdict = (
+            "meets" if t["passed"] else f"fails: {t['error']}" if t.get("error") else f"misses {', '.join(t['missed'])}"
+        )
         print(f"  {e.candidate.label}: {t['scale']:g}x {verdict} ({how})", flush=True)
 
 
@@ -138,15 +143,19 @@ def report(plan: Plan, result: PlanResult, cfg: DictConfig) -> None:
                    and not e.search.meets(result.target)]  # fmt: skip
         runner_up = max(cheaper, key=lambda e: e.candidate.usd_per_hour, default=None)
         w = result.winner
-        print(f"\nwinner: {w.candidate.label}, {w.candidate.num_gpus} GPUs at ${w.candidate.usd_per_hour:,.2f}/h, "
-              f"serves {w.search.capacity:g}x (target {result.target:g}x) under {plan.slo.describe()}\n  {command}")
+        print(
+            f"\nwinner: {w.candidate.label}, {w.candidate.num_gpus} GPUs at ${w.candidate.usd_per_hour:,.2f}/h, "
+            f"serves {w.search.capacity:g}x (target {result.target:g}x) under {plan.slo.describe()}\n  {command}"
+        )
     plot = output.plot(result, plan.folder / "pareto.png", f"{plan.slo.describe()}; target {result.target:g}x")
     record = output.plan_record(result, plan.base_rate, command)
     if result.winner is not None and runner_up is not None:
         record["next_cheaper"] = {"label": runner_up.candidate.label, "usd_per_hour": runner_up.candidate.usd_per_hour,
                                   "command": plan.command(runner_up)}  # fmt: skip
-        print(f"next cheaper: {runner_up.candidate.label} at ${runner_up.candidate.usd_per_hour:,.2f}/h, does not "
-              f"meet the target (capacity < {runner_up.search.upper:g}x)\n  {record['next_cheaper']['command']}")
+        print(
+            f"next cheaper: {runner_up.candidate.label} at ${runner_up.candidate.usd_per_hour:,.2f}/h, does not "
+            f"meet the target (capacity < {runner_up.search.upper:g}x)\n  {record['next_cheaper']['command']}"
+        )
     path = output.write(plan.folder, record)
     print(f"-> {path}, {plot}")
     tracking = cfg.get("tracking") or {}

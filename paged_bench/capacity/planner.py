@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +131,7 @@ def run_plan(candidates: list[Candidate], settings: SearchSettings, runner: Runn
 
 def ranked(result: PlanResult) -> list[Entry]:
     """Those that meet the target, cheapest first, then the rest by capacity per dollar."""
+
     def key(e: Entry) -> tuple[Any, ...]:
         meets = e.search.meets(result.target) is True
         return (not meets, e.candidate.usd_per_hour if meets else -e.search.capacity / e.candidate.usd_per_hour)

@@ -32,8 +32,12 @@ class SearchSettings:
         check_number("plan.target_scale", self.target, 0, strict=True)
         check_number("plan.search.precision", self.precision, 0.001)
         check_number("plan.search.min_scale", self.min_scale, 0, strict=True)
-        check(self.max_scale >= self.target >= self.min_scale, "plan.search.max_scale", self.max_scale,
-              f"a range [plan.search.min_scale, plan.search.max_scale] that holds plan.target_scale={self.target}")
+        check(
+            self.max_scale >= self.target >= self.min_scale,
+            "plan.search.max_scale",
+            self.max_scale,
+            f"a range [plan.search.min_scale, plan.search.max_scale] that holds plan.target_scale={self.target}",
+        )
 
 
 @dataclass

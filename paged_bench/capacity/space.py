@@ -122,7 +122,7 @@ def candidates(space: Mapping[str, Any], prices: Mapping[str, Any]) -> list[Cand
     ConfigError for an unknown GPU type, a GPU with no price, a bad value, or an empty space."""
     unknown = set(space) - set(AXES)
     if unknown:
-        key = sorted(unknown)[0]
+        key = min(unknown)
         raise ConfigError(f"plan.space.{key}", space[key], f"one of the axes {', '.join(AXES)}")
     axes = {key: _axis(space, key) for key in AXES}
     for name in axes["hardware"]:
@@ -143,7 +143,12 @@ def candidates(space: Mapping[str, Any], prices: Mapping[str, Any]) -> list[Cand
     out = [
         Candidate(hw, tp, p, d, mb, mnbt, router, priced[hw].usd_per_gpu_hour)
         for hw, tp, (p, d), mb, mnbt, router in itertools.product(
-            axes["hardware"], axes["tensor_parallel_size"], splits, axes["max_batch"],
-            axes["max_num_batched_tokens"], axes["router"])  # fmt: skip
+            axes["hardware"],
+            axes["tensor_parallel_size"],
+            splits,
+            axes["max_batch"],
+            axes["max_num_batched_tokens"],
+            axes["router"],
+        )
     ]
     return sorted(dict.fromkeys(out), key=lambda c: (c.usd_per_hour, c.num_gpus))
