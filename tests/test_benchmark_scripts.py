@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPTS = {
-    "client_cpu": (["--requests", "10", "--tokens", "4", "--gap-ms", "0", "--rounds", "1"], "paged_bench / aiohttp: "),
+    "client_cpu": (["--requests", "10", "--tokens", "4", "--gap-ms", "0", "--rounds", "1"], "paged_bench / vLLM's: "),
     "cluster_azure": (["--limit", "300", "--replicas", "2"], "cluster / engine replica-steps/s: "),
     "measured_loo": (["--gpu", "h100", "--tp", "1"], "worst |error|: "),
     "metrics_outputs": (["--repeats", "1", "workload.num_requests=300"], "same figures: True; same table content"),
