@@ -167,6 +167,15 @@ def test_a_rooflines_window_step_is_priced_without_its_per_step_overhead():
     assert first - later == pytest.approx(backend.roofline.hardware.overhead) and backend.roofline.hardware.overhead > 0
 
 
+def test_a_measured_window_step_costs_its_gpu_part_and_the_sampler_alone():
+    backend = SimBackend(cost_model="measured", hardware="h100")
+    plan = StepPlan((0, 1), (300, 40), (1, 1), num_decode_tokens=2)
+    cost = backend.measured.step_cost(plan, backend._block_size)
+    first, later = backend.execute(plan).duration, backend.execute(plan._replace(window_step=1)).duration
+    assert first == pytest.approx(cost.total) and later == pytest.approx(cost.gpu + cost.cpu_each_step)
+    assert 0 < cost.cpu_each_step < 0.6 * cost.cpu  # schedule + prepare inputs + output processing are skipped
+
+
 def test_with_prefill_first_a_swapped_out_request_comes_back_after_the_decodes_not_in_a_prompt_step():
     """vLLM 0.x's ``_schedule_default``: no prompt step while a request is swapped out; the
     running decode, then it swaps in, and a waiting prompt waits for a step of its own. 4 blocks

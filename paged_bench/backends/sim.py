@@ -23,7 +23,7 @@ reproducible; ``clock=wall`` paces it in real time instead.
 
 Inside a multi-step window (``scheduler.num_scheduler_steps``) every step after the first
 (``plan.window_step`` >= 1) is priced without the per-step overhead (``step_overhead``, a
-roofline's ``overhead``): vLLM 0.6 schedules and prepares the inputs once per window.
+roofline's ``overhead``, the measured model's engine CPU figure but its sampler's share): vLLM 0.6 schedules and prepares the inputs once per window.
 """
 
 from __future__ import annotations
@@ -113,7 +113,9 @@ class SimBackend(Backend):
 
     def execute(self, plan: StepPlan) -> StepOutput:
         if self.measured is not None:
-            return StepOutput([0] * len(plan.req_ids), self.measured.duration(plan, self._block_size))
+            c = self.measured.step_cost(plan, self._block_size)
+            # a multi-step window's later step: no scheduling or input preparation, only the sampler's CPU
+            return StepOutput([0] * len(plan.req_ids), c.gpu + c.cpu_each_step if plan.window_step else c.total)
         if self.roofline is not None:
             seconds = self.roofline.duration(plan, self._block_size, self._heap, self._tables)
             if plan.window_step:  # a multi-step window's later step: the scheduler and its CPU work are skipped

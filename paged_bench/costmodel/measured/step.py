@@ -54,6 +54,7 @@ class Kernels:
 class StepCost:
     gpu: float  # seconds of kernels, collectives and swaps
     cpu: float  # seconds of the engine's CPU work (schedule, prepare inputs, sampler, outputs)
+    cpu_each_step: float = 0.0  # the sampler's share of cpu: a multi-step window's later steps pay only it
 
     @property
     def total(self) -> float:
@@ -173,7 +174,8 @@ class MeasuredCost:
         return m.num_layers * layer + head + ends + swap / hw.host_link
 
     def step_cost(self, plan: StepPlan, block_size: int) -> StepCost:
-        return StepCost(self.gpu_seconds(plan, block_size), self.cpu_seconds(len(plan.req_ids)))
+        seqs = len(plan.req_ids)
+        return StepCost(self.gpu_seconds(plan, block_size), self.cpu_seconds(seqs), self.engine.each_step_seconds(seqs))
 
     def cpu_seconds(self, num_seqs: int) -> float:
         """The engine's CPU work for a step of ``num_seqs`` sequences (the figure apart)."""
