@@ -59,7 +59,9 @@ def answer(record: dict[str, Any]) -> str:
         elif top["capacity"]:
             reach = f" (the best measured, {top['label']}, serves {top['capacity']:g}x)"
         else:  # every search ended below its lowest scale
-            reach = f" (none of the {len(splits)} measured serves the search's lowest scale, {top['capacity_below']:g}x)"
+            reach = (
+                f" (none of the {len(splits)} measured serves the search's lowest scale, {top['capacity_below']:g}x)"
+            )
         verdict = "no prefill/decode split that costs no more than the winner meets the target" + reach
     else:
         verdict = f"the cheapest split that meets it, {best_split['label']}, costs ${best_split['usd_per_hour']:,.2f}/h"

@@ -22,8 +22,15 @@ CASES = [  # (candidate overrides, scale): small ones failing early, bigger ones
     (["backend.hardware=h100", "backend.tensor_parallel_size=4", "cluster.replicas=1"], 2.5),
     (["backend.hardware=h200", "backend.tensor_parallel_size=8", "cluster.replicas=2"], 10),
     (["backend.hardware=h100", "backend.tensor_parallel_size=4", "cluster.replicas=4"], 3),
-    (["backend.hardware=h100", "backend.tensor_parallel_size=4", "cluster.prefill_replicas=2",
-      "cluster.decode_replicas=2"], 5),
+    (
+        [
+            "backend.hardware=h100",
+            "backend.tensor_parallel_size=4",
+            "cluster.prefill_replicas=2",
+            "cluster.decode_replicas=2",
+        ],
+        5,
+    ),
 ]
 
 
@@ -42,17 +49,27 @@ def main() -> None:
     total = total_build = 0.0
     with initialize_config_module("paged_bench.conf", version_base=None):
         for overrides, scale in CASES:
-            cfg = compose("plan", [
-                "+plan/experiment=llama70b_azure_10x", "backend.cost_model=roofline", "max_num_batched_tokens=512",
-                *overrides, f"workload.time_scale={1 / scale:.6g}"])
+            cfg = compose(
+                "plan",
+                [
+                    "+plan/experiment=llama70b_azure_10x",
+                    "backend.cost_model=roofline",
+                    "max_num_batched_tokens=512",
+                    *overrides,
+                    f"workload.time_scale={1 / scale:.6g}",
+                ],
+            )
             slo = Slo.from_config(dict(cfg.plan.slo))
             built.clear()
             record = trial.simulate(run_config(cfg), slo)
             b = sum(built)
             total += record["cpu_s"]
             total_build += b
-            print(f"{' '.join(overrides):90s} x{scale:<5g} passed={record['passed']!s:5s} "
-                  f"cpu {record['cpu_s']:6.2f} s (requests {b:5.2f} s) {record['stopped_early'] or ''}", flush=True)
+            print(
+                f"{' '.join(overrides):90s} x{scale:<5g} passed={record['passed']!s:5s} "
+                f"cpu {record['cpu_s']:6.2f} s (requests {b:5.2f} s) {record['stopped_early'] or ''}",
+                flush=True,
+            )
     n = len(CASES)
     print(f"mean over {n}: {total / n:.2f} CPU-s per simulation, {total_build / n:.2f} of it building requests")
 
