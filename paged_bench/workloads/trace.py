@@ -20,6 +20,7 @@ its text, tokenized by the engine's tokenizer; or its token ids) and an output l
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import sys
 from array import array
@@ -51,17 +52,16 @@ SHIPPED = Path(__file__).resolve().parent.parent / "data" / "traces"
 # A process that builds the same trace's requests again and again (a capacity plan's worker
 # runs one candidate after another at other rates) parses the file and draws its prompts once:
 # about a third of a short simulation of the Azure trace otherwise. One of each is kept (the
-# Azure trace's prompts are 176 MB); the file's size and mtime are in the key, so an edited
-# file is read again.
+# Azure trace's prompts are 176 MB). The key holds a digest of the file's bytes (milliseconds
+# for the Azure trace), not its mtime: a file rewritten within the clock's tick keeps its mtime.
 @functools.lru_cache(maxsize=1)
-def _read_trace_cached(path: Path, stamp: tuple[int, int], columns: tuple[tuple[str, str], ...],
-                       time_unit: str) -> TraceRows:  # fmt: skip
+def _read_trace_cached(path: Path, digest: bytes, columns: tuple[tuple[str, str], ...], time_unit: str) -> TraceRows:
     return read_trace(path, dict(columns), time_unit)
 
 
 def _rows(path: Path, columns: Mapping[str, str], time_unit: str) -> TraceRows:
-    stat = path.stat()
-    return _read_trace_cached(path, (stat.st_mtime_ns, stat.st_size), tuple(sorted(columns.items())), time_unit)
+    digest = hashlib.blake2b(path.read_bytes(), digest_size=16).digest()
+    return _read_trace_cached(path, digest, tuple(sorted(columns.items())), time_unit)
 
 
 @functools.lru_cache(maxsize=1)
