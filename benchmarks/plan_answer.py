@@ -54,8 +54,15 @@ def answer(record: dict[str, Any]) -> str:
     best_split = min((c for c in splits if c["meets_target"]), key=lambda c: c["usd_per_hour"], default=None)
     if best_split is None:
         top = max(splits, key=lambda c: c["capacity"], default=None)
-        verdict = ("no prefill/decode split that costs no more than the winner meets the target" +
-                   (f" (the best measured, {top['label']}, serves {top['capacity']:g}x)" if top else ""))  # fmt: skip
+        if top is None:
+            reach = ""
+        elif top["capacity"]:
+            reach = f" (the best measured, {top['label']}, serves {top['capacity']:g}x)"
+        else:  # every search ended below its lowest scale
+            reach = (
+                f" (none of the {len(splits)} measured serves the search's lowest scale, {top['capacity_below']:g}x)"
+            )
+        verdict = "no prefill/decode split that costs no more than the winner meets the target" + reach
     else:
         verdict = f"the cheapest split that meets it, {best_split['label']}, costs ${best_split['usd_per_hour']:,.2f}/h"
     pruned = ", ".join(f"{n} {why}" for why, n in record["pruned"].items())

@@ -15,7 +15,7 @@ from paged_bench.capacity.search import RateSearch, SearchSettings
 from paged_bench.capacity.slo import Broken, Slo, Watch
 from paged_bench.capacity.space import Candidate, candidates
 from paged_bench.tracking.runs import KIND_TAG, PARENT_TAG
-from tests.tracking_support import call_cli, runs_of
+from tests.tracking_support import call_cli, fresh_store, runs_of
 
 PRICES = {"a100": {"usd_per_gpu_hour": 1.0}, "h100": {"usd_per_gpu_hour": 2.5}, "h200": {"usd_per_gpu_hour": 3.0}}
 SPACE = {"hardware": ["a100", "h100", "h200"], "tensor_parallel_size": [1, 2, 4], "replicas": [1, 2, 3, 4],
@@ -92,7 +92,7 @@ def _plan(tmp_path: Path, *extra: str):
 
 
 def test_a_small_plan_end_to_end_and_its_rerun_reuses_every_simulation(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path)  # the session's migrated store, copied: no migrations run here
     first = _plan(tmp_path, "hydra.run.dir=first", f"tracking.uri={uri}", "experiment_name=plan")
     assert first.returncode == 0, first.stderr
     record = json.loads((tmp_path / "first" / "plan.json").read_text())
@@ -132,7 +132,7 @@ def test_a_small_plan_end_to_end_and_its_rerun_reuses_every_simulation(tmp_path)
 ])  # fmt: skip
 def test_a_bad_plan_is_one_line_naming_its_key(tmp_path, override, line):
     # the unmeetable SLO: one candidate, its search down to half the target (two simulations, each stopped early)
-    unmet = ("plan.space.hardware=[h100]", "plan.space.replicas=[1]", "plan.search.min_scale=1")
+    unmet = ("plan.space.hardware=[h100]", "plan.space.replicas=[1]", "plan.search.min_scale=2")
     ran = _plan(tmp_path, override, "tracking.enabled=false", *(unmet if "slo" in override else ()))
     assert ran.returncode != 0
     assert ran.stderr.strip().splitlines()[-1].startswith(line), ran.stderr

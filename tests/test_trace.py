@@ -312,3 +312,14 @@ def test_a_rate_on_an_experiment_that_scales_time_says_how_to_combine_them(confi
     assert e.value.key == "workload.time_scale" and "add workload.time_scale=1.0 beside workload.rate" in str(e.value)
     assert len(build(config("+experiment=routing", "workload.rate=60", "workload.time_scale=1.0",
                             "workload.limit=10")).requests) == 10  # fmt: skip
+
+
+def test_a_rewritten_trace_is_read_again_and_each_build_owns_its_prompts(tmp_path):
+    # a process keeps the parsed file and the drawn prompts (a plan's worker rebuilds them per run)
+    first = replay(tmp_path, "arrival_time,prompt_len,output_len\n0.0,4,2\n1.0,4,2\n")
+    again = replay(tmp_path, "arrival_time,prompt_len,output_len\n0.0,4,2\n1.0,4,2\n")
+    assert [list(r.token_ids) for r in again] == [list(r.token_ids) for r in first]
+    first[0].token_ids.append(7)  # a run appends its outputs to its prompt's array
+    assert len(again[0].token_ids) == 4
+    same_size = replay(tmp_path, "arrival_time,prompt_len,output_len\n0.0,4,2\n2.0,4,3\n")  # at once: one mtime
+    assert [(r.arrival_time, r.max_tokens) for r in same_size] == [(0.0, 2), (2.0, 3)]
