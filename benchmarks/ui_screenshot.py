@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import paged_bench.tracking  # noqa: F401  (telemetry off before mlflow is imported)
+from paged_bench.loadgen.spawn import free_port
 from paged_bench.tracking import browser, store, ui
 from paged_bench.tracking.runs import KIND_TAG
 
@@ -32,12 +32,6 @@ _TIDY_JS = """(() => {
   }
   return true;
 })()"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve(db: Path, port: int, log: Path) -> subprocess.Popen:
@@ -76,7 +70,7 @@ def main() -> None:
     parent = sweeps[0]
     # saved again, as this checkout's tracking/ui.py makes it (and made for a sweep logged before sweeps saved one)
     ui.publish_sweep_view(client, parent.info.run_id, parent.info.run_name)
-    port = _free_port()
+    port = free_port()
     server = _serve(db, port, opts.out.with_suffix(".log"))
     try:
         url = ui.view_url(f"http://127.0.0.1:{port}", exp.experiment_id, parent.info.run_id)

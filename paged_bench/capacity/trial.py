@@ -10,7 +10,6 @@ run that has broken its SLO stops there (``slo.Watch``): what is left cannot cha
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,7 +21,9 @@ from paged_bench.cluster.spec import cluster_spec
 from paged_bench.cluster.summary import cluster_summary, merged_result
 from paged_bench.results.metrics import summarize
 from paged_bench.results.records import RequestRecords
+from paged_bench.results.whole_files import write_whole
 from paged_bench.run.bench import build
+from paged_bench.run.job import run_in_process
 
 TRIAL_FILE = "trial.json"
 # the summary figures a trial keeps besides its SLO's (the table's and the costs')
@@ -38,7 +39,7 @@ def simulate(cfg: Mapping[str, Any], slo: Slo) -> dict[str, Any]:
         bench = build(cfg)
         watch = Watch(slo, len(bench.requests))
         try:
-            result = bench.engine.run(bench.requests, watch.on_step, bench.max_concurrency)
+            result = run_in_process(bench, watch.on_step)  # as target=engine runs it (front end included)
         finally:
             bench.backend.close()
         summary = None if watch.broken else summarize(result, bench.config.run.slo)
@@ -80,6 +81,4 @@ def read(folder: Path) -> dict[str, Any] | None:
 def write(folder: Path, record: Mapping[str, Any]) -> None:
     """Whole or not at all: a trial cut off mid-write is run again, never half read."""
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{TRIAL_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-    tmp.replace(folder / TRIAL_FILE)
+    write_whole(folder / TRIAL_FILE, json.dumps(record, indent=1, sort_keys=True))

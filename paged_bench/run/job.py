@@ -41,11 +41,7 @@ def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback
     remote = None
     try:
         if target == "engine":
-            frontend = bench.config.run.frontend
-            sent = send_through(bench.requests, frontend)  # a priced front end: paged_bench.run.frontend
-            result = bench.engine.run(bench.requests, on_step, bench.max_concurrency)
-            if frontend.priced:
-                receive_through(result, sent, frontend)
+            result = run_in_process(bench, on_step)
         else:  # the same requests, sent to an OpenAI-compatible server
             from paged_bench.loadgen import run_target  # HTTP client code only for remote runs
 
@@ -81,3 +77,14 @@ def _write_outcome(run_dir: Path, bench: Bench, result: EngineResult, remote: An
         info["compute"] = {"devices": bench.backend.num_devices, "threads_per_device": bench.backend.threads}
     outcome.files = write_run(run_dir, result, summary, info, records)
     return outcome
+
+
+def run_in_process(bench: Bench, on_step: Callable[[EngineResult], object] | None) -> EngineResult:
+    """The engine runs the bench's requests, through its priced front end where one is set
+    (``paged_bench.run.frontend``): what ``target=engine`` runs, and each capacity plan's trial."""
+    frontend = bench.config.run.frontend
+    sent = send_through(bench.requests, frontend)
+    result = bench.engine.run(bench.requests, on_step, bench.max_concurrency)
+    if frontend.priced:
+        receive_through(result, sent, frontend)
+    return result

@@ -1,5 +1,5 @@
 """A headless Chromium driven over the DevTools protocol, to see the MLflow UI as a person does:
-the test that a sweep's view shows its figures (tests/test_ui_view.py) and the screenshot in
+the test that a sweep's view shows its figures (tests/test_remote_tracking.py) and the screenshot in
 docs/framework.md (benchmarks/ui_screenshot.py).
 
 The system's browser (Debian's ``chromium``, which ``make install`` installs as root where it
