@@ -112,14 +112,11 @@ class SimBackend(Backend):
         self._block_size = allocator.layout.block_size
 
     def execute(self, plan: StepPlan) -> StepOutput:
+        # each cost model prices a multi-step window's later steps itself (plan.window_step)
         if self.measured is not None:
-            c = self.measured.step_cost(plan, self._block_size)
-            # a multi-step window's later step: no scheduling or input preparation, only the sampler's CPU
-            return StepOutput([0] * len(plan.req_ids), c.gpu + c.cpu_each_step if plan.window_step else c.total)
+            return StepOutput([0] * len(plan.req_ids), self.measured.duration(plan, self._block_size))
         if self.roofline is not None:
             seconds = self.roofline.duration(plan, self._block_size, self._heap, self._tables)
-            if plan.window_step:  # a multi-step window's later step: the scheduler and its CPU work are skipped
-                seconds -= self.roofline.hardware.overhead
             return StepOutput([0] * len(plan.req_ids), seconds)
         # token 0 for every sample: deterministic, and the prefix cache still tells requests
         # apart because a block's hash chains over the whole prompt before it

@@ -36,9 +36,9 @@ def run_cluster_job(
     target = (cfg.get("target") or {}).get("name", "engine")
     check(target == "engine", "target", target,
           "target=engine for a cluster (cluster.replicas > 1 simulates the replicas in-process)")  # fmt: skip
-    frontend = FrontendSettings.from_config(cfg.get("frontend"))
-    check(not frontend.priced, "frontend", {"request_ms": frontend.request_ms, "token_ms": frontend.token_ms},
-          "frontend=none for a cluster (a priced front end is applied to one in-process engine)")  # fmt: skip
+    FrontendSettings.from_config(cfg.get("frontend")).refuse_priced(
+        "frontend=none for a cluster (a priced front end is applied to one in-process engine)"
+    )
     bench = build_cluster(cfg, spec)
     try:
         run = bench.cluster.run(bench.requests, step_callback(on_progress, len(bench.requests)))

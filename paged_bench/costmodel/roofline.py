@@ -258,6 +258,8 @@ class RooflineCost:
         if heap is not None and hw.per_heap_growth_byte:
             need = hw.heap_bytes_per_score_byte * work.score_bytes / self.model.num_layers
             seconds += heap.grow(need) * hw.per_heap_growth_byte
+        if plan.window_step:  # a multi-step window's later step: the scheduler and its CPU work are skipped
+            seconds -= hw.overhead
         return seconds
 
     def with_fit(self, **coefficients: float) -> RooflineCost:

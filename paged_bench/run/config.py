@@ -103,10 +103,9 @@ class RunSettings:
             check(key in SLO_KEYS, f"slo.{key}", value, f"one of {', '.join(SLO_KEYS)}")
             if value is not None:
                 check_number(f"slo.{key}", value, 0, strict=True, finite=False)
-        fe = self.frontend
-        check(not fe.priced or self.target == "engine", "frontend", {"request_ms": fe.request_ms, "token_ms": fe.token_ms},
-              f"frontend=none with target={self.target} (a server's own front end is measured; frontend prices one "
-              "for target=engine)")  # fmt: skip
+        if self.target != "engine":
+            self.frontend.refuse_priced(f"frontend=none with target={self.target} (a server's own front end is "
+                                        "measured; frontend prices one for target=engine)")  # fmt: skip
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> RunSettings:

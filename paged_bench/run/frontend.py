@@ -59,6 +59,10 @@ class FrontendSettings:
     def priced(self) -> bool:
         return bool(self.request_ms or self.token_ms)
 
+    def refuse_priced(self, allowed: str) -> None:
+        """Refuse a priced front end where none applies (``allowed`` says what is, and why)."""
+        check(not self.priced, "frontend", {"request_ms": self.request_ms, "token_ms": self.token_ms}, allowed)
+
 
 def send_through(requests: list[Request], frontend: FrontendSettings) -> list[float]:
     """Delay each request's arrival at the engine by the front end's price per request; returns

@@ -137,8 +137,7 @@ def build_app(cfg: Mapping[str, Any]) -> tuple[FastAPI, ServerConfig]:
     check(spec is None, "cluster", f"{spec.num_replicas} replicas" if spec else None,
           "one replica: the server runs one engine (a cluster is simulated by python -m paged_bench)")  # fmt: skip
     frontend = FrontendSettings.from_config(cfg.get("frontend"))  # priced for in-process runs; this one is real
-    check(not frontend.priced, "frontend", {"request_ms": frontend.request_ms, "token_ms": frontend.token_ms},
-          "frontend=none for the server (its own HTTP front end is the real one)")  # fmt: skip
+    frontend.refuse_priced("frontend=none for the server (its own HTTP front end is the real one)")
     check_settings(cfg, "serve")  # then the engine's own, without the server's section
     engine_cfg = {**{k: v for k, v in cfg.items() if k != "server"}, "clock": "wall"}
     built, _ = build_engine(engine_cfg)  # no workload: clients bring the requests

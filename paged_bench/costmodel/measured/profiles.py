@@ -26,7 +26,6 @@ OPS = ("emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 # what one layer runs, in the profiles: every operation but the embedding lookup (once a step)
 LAYER_OPS = tuple(op for op in OPS if op != "emb")
-PROFILED_GPUS = ("h100", "a100", "a40")
 
 
 @dataclass(frozen=True)

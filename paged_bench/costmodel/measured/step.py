@@ -175,11 +175,12 @@ class MeasuredCost:
 
     def step_cost(self, plan: StepPlan, block_size: int) -> StepCost:
         seqs = len(plan.req_ids)
-        return StepCost(self.gpu_seconds(plan, block_size), self.cpu_seconds(seqs), self.engine.each_step_seconds(seqs))
-
-    def cpu_seconds(self, num_seqs: int) -> float:
-        """The engine's CPU work for a step of ``num_seqs`` sequences (the figure apart)."""
-        return self.engine.seconds(num_seqs)
+        return StepCost(
+            self.gpu_seconds(plan, block_size), self.engine.seconds(seqs), self.engine.each_step_seconds(seqs)
+        )
 
     def duration(self, plan: StepPlan, block_size: int) -> float:
-        return self.step_cost(plan, block_size).total
+        """The step's seconds; a multi-step window's later step pays no scheduling or input
+        preparation, only the sampler's CPU (docs/costmodel.md)."""
+        cost = self.step_cost(plan, block_size)
+        return cost.gpu + cost.cpu_each_step if plan.window_step else cost.total
