@@ -1,0 +1,64 @@
+"""The measured cost model's figures quoted in docs/costmodel.md (issue 35).
+
+Prints each GPU's fitted matmul bandwidth and launch time and its all-reduce curves, then the
+step table: a step's physics floor (FLOPs at peak or bytes at the datasheet bandwidth, whichever
+is longer), the shipped roofline preset's price, the measured kernels' GPU time and vLLM v0's
+engine CPU (``backend.engine_cpu=vllm_v0``).
+
+    .venv/bin/python benchmarks/measured_figures.py
+"""
+
+from __future__ import annotations
+
+from paged_bench.core.plan import StepPlan
+from paged_bench.costmodel.measured.collectives import all_reduce_curves
+from paged_bench.costmodel.measured.step import kernels, measured_cost
+from paged_bench.costmodel.roofline import HARDWARE, RooflineCost
+from paged_bench.costmodel.step_work import step_work
+from paged_bench.model.config import PRESETS
+
+# (model, GPU, TP, label, (context, new tokens) per row)
+STEPS = (
+    ("llama-3-8b", "h100", 1, "decode 1 x ctx 128", [(128, 1)]),
+    ("llama-3-8b", "h100", 1, "decode 64 x ctx 1024", [(1024, 1)] * 64),
+    ("llama-3-8b", "h100", 1, "prefill 1 x 2048", [(0, 2048)]),
+    ("llama-3-70b", "h100", 4, "decode 1 x ctx 128", [(128, 1)]),
+    ("llama-3-70b", "h100", 4, "prefill 1 x 2048", [(0, 2048)]),
+    ("llama-3-8b", "h200", 1, "decode 1 x ctx 128", [(128, 1)]),
+    ("llama-3-8b", "a100", 1, "decode 1 x ctx 128", [(128, 1)]),
+    ("llama-3-8b", "a100", 1, "prefill 1 x 2048", [(0, 2048)]),
+)
+
+
+def plan(rows: list[tuple[int, int]]) -> StepPlan:
+    starts, news = zip(*rows)
+    return StepPlan(req_ids=tuple(range(len(rows))), num_computed_tokens=starts, num_new_tokens=news,
+                    num_decode_tokens=sum(n == 1 for n in news))  # fmt: skip
+
+
+def main() -> None:
+    print("fitted kernels (Vidur's profiles):")
+    for gpu in ("h100", "a100", "a40"):
+        s = kernels(gpu).surface
+        line = f"  {gpu}: matmuls stream at {s.bandwidth / 1e12:.2f} TB/s, {s.launch * 1e6:.1f} us launch"
+        curves = all_reduce_curves(gpu)
+        if curves:
+            lat = [c.latency * 1e6 for c in curves.values()]
+            bw = [c.bandwidth / 1e9 for c in curves.values()]
+            line += (f"; all-reduce {min(lat):.0f}-{max(lat):.0f} us + bytes at {min(bw):.0f}-{max(bw):.0f} GB/s "
+                     f"({min(curves)}-{max(curves)} ranks)")  # fmt: skip
+        print(line)
+    print("\n| model | GPU | step | floor ms | roofline ms | measured GPU ms | engine CPU ms |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for name, gpu, tp, label, rows in STEPS:
+        hw, model, p = HARDWARE[gpu], PRESETS[name], plan(rows)
+        roofline = RooflineCost(model, hw, "bfloat16", tp)
+        w = step_work(p, model, "bfloat16", 16, roofline.shard)
+        floor = max((w.matmul_flops + w.attn_flops) / hw.peak_flops, (w.weight_bytes + w.kv_bytes) / hw.mem_bandwidth)
+        step = measured_cost(roofline).step_cost(p, 16)
+        print(f"| {name} | {gpu} TP{tp} | {label} | {floor * 1e3:.2f} | {roofline.duration(p, 16) * 1e3:.2f} "
+              f"| {step.gpu * 1e3:.2f} | {step.cpu * 1e3:.2f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
