@@ -14,7 +14,7 @@ official ``openai`` client:
     .venv/bin/python benchmarks/serve_fairness.py                      # the issue's sizes
     .venv/bin/python benchmarks/serve_fairness.py --tokens 1000 --copies 16 --distinct 16 --delay 1
 
-Extra ``key=value`` arguments go to the server (``server.long_prefill_token_threshold=0
+Extra ``key=value`` arguments go to the server (``scheduler.long_prefill_token_threshold=0
 server.max_prefills_per_request=64`` turns the fairness off). Linux only (``/proc``).
 """
 

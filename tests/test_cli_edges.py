@@ -151,7 +151,6 @@ def test_a_report_file_that_fails_late_is_one_line_and_the_markdown_still_printe
     ("graceful_shutdown_s", 1e18, "a number from 0 to 3600"),  # OverflowError in the timer thread at Ctrl-C
     ("port", True, "a port 0-65535"),  # bound port 1
     ("port", False, "a port 0-65535"),  # bound any free port
-    ("long_prefill_token_threshold", -1, "an integer >= 0"),  # 0 is no cap
     ("max_prefills_per_request", 0, "an integer >= 1"),  # 0 would never admit a request's prompts
 ])  # fmt: skip
 def test_server_settings_are_checked_at_startup(key, value, allowed):

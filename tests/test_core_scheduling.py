@@ -315,7 +315,7 @@ def test_a_preemption_reaches_the_backend_in_the_first_plan_it_runs(mode):
 
 
 def test_long_prefill_token_threshold_caps_each_prompts_chunk_and_leaves_the_budget_to_others():
-    """vLLM's long_prefill_token_threshold (the server sets it): a long prompt gets at most that
+    """vLLM's long_prefill_token_threshold (scheduler.long_prefill_token_threshold): a long prompt gets at most that
     many tokens a step, running or admitted, so a prompt behind it is admitted in the same step;
     without chunking, or at 0, a prompt runs whole as before."""
     sched = scheduler(num_blocks=16, budget=16)

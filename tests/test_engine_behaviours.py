@@ -149,6 +149,8 @@ def test_the_options_are_checked_where_the_config_is_read():
     assert "scheduler.num_scheduler_steps=0 is not allowed" in _refusal("scheduler.num_scheduler_steps=0")
     assert "frontend=none with target=openai" in _refusal("target=openai", "frontend=paged_bench_http")
     assert "frontend.token_ms=-1 is not allowed" in _refusal("frontend.token_ms=-1")
+    assert "scheduler.long_prefill_token_threshold=-1 is not allowed: an integer from 0 to" in _refusal(
+        "scheduler.long_prefill_token_threshold=-1")  # 0 is no cap
     with pytest.raises(ConfigError, match="frontend=none for the server"):  # its own front end is real
         build_app(compose_config("frontend=paged_bench_http", config_name="serve"))
 
@@ -158,6 +160,17 @@ def test_scheduler_vllm_v0_is_preemptive_with_prompt_steps_first_and_no_chunking
     sched = choice.plugins["scheduler"].build(PagedAllocator(num_blocks=200, block_size=16), max_model_len=512)
     assert isinstance(sched, PreemptiveScheduler) and sched.prefill_first and not sched.chunked_prefill
     assert sched.num_scheduler_steps == 10 and sched.admission_reserve_blocks == 2  # vLLM 0.x's 1% watermark
+
+
+def test_the_long_prefill_cap_is_a_scheduler_option_the_server_config_sets_to_256():
+    """One knob for the benchmark and the server (a target=served run's server takes the run's
+    scheduler section): 0 in the benchmark's config, 256 in conf/serve.yaml, any scheduler."""
+    alloc = PagedAllocator(num_blocks=200, block_size=16)
+    for config, overrides, cap in (("config", ("scheduler=preemptive",), 0), ("serve", ("scheduler=continuous",), 256),
+                                   ("config", ("scheduler.long_prefill_token_threshold=64",), 64)):
+        cfg = compose_config(*overrides, config_name=config)
+        choice = BenchConfig.from_config({k: v for k, v in cfg.items() if k != "server"})  # as build_app reads it
+        assert choice.plugins["scheduler"].build(alloc, max_model_len=512).long_prefill_token_threshold == cap
 
 
 def test_a_rooflines_window_step_is_priced_without_its_per_step_overhead():

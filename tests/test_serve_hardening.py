@@ -243,7 +243,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_of_the_long_prefill_threshold():
     """The server inherited the benchmark's 8192-token budget: a 4,000-token prompt was one
     step, and every other stream waited for it whole (18 s on the numpy model); vLLM's server
     budget of 2048 still made 2-6 s steps. A sequence now takes at most
-    ``server.long_prefill_token_threshold`` (256) prompt tokens a step."""
+    ``scheduler.long_prefill_token_threshold`` (256 in conf/serve.yaml) prompt tokens a step."""
     handle = serve_in_thread(*QUIET, *FAST, "server.tokenizer=byte", "max_model_len=4096")
     try:
         before = metric(handle.url, "paged_bench_step_batch_size_count")

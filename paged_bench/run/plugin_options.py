@@ -36,14 +36,16 @@ class SchedulerOptions(PluginOptions):
     """What every scheduler takes (``core.scheduler.base.Scheduler``): its section's copies of
     the engine's limits, whether a prompt may be prefilled over several steps, whether prompt
     steps run alone (``prefill_first``, vLLM 0.x), the steps a decode batch runs per scheduling
-    (``num_scheduler_steps``, vLLM 0.6's multi-step), and the top level's ``max_model_len``
-    (auto until the backend's model says)."""
+    (``num_scheduler_steps``, vLLM 0.6's multi-step), the most prompt tokens one request gets a
+    step (``long_prefill_token_threshold``, vLLM v1's; 0 = no cap) and the top level's
+    ``max_model_len`` (auto until the backend's model says)."""
 
     max_batch: int
     max_num_batched_tokens: int
     chunked_prefill: bool = True
     prefill_first: bool = False
     num_scheduler_steps: int = 1
+    long_prefill_token_threshold: int = 0
     max_model_len: int | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
@@ -57,6 +59,7 @@ class SchedulerOptions(PluginOptions):
               "false while scheduler.chunked_prefill is true (vLLM 0.x runs prompt steps first only without "
               "chunked prefill: set scheduler.chunked_prefill=false too, or use scheduler=vllm_v0)")  # fmt: skip
         check_int("scheduler.num_scheduler_steps", self.num_scheduler_steps, 1, 1024)
+        check_int("scheduler.long_prefill_token_threshold", self.long_prefill_token_threshold, 0, MAX_TOKENS)
 
     def verify(self) -> None:
         """The step's token budget holds a token for each running sequence, as vLLM's

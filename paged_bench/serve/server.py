@@ -71,7 +71,6 @@ class ServerConfig:
     max_prompts: int = Limits.max_prompts
     max_choices: int = Limits.max_choices
     max_logprobs: int = Limits.max_logprobs
-    long_prefill_token_threshold: int = 256
     max_prefills_per_request: int = 1
 
     @classmethod
@@ -98,7 +97,6 @@ class ServerConfig:
         for key in ("max_body_bytes", "max_header_bytes", "max_stop", "max_stop_chars", "max_prompts", "max_choices"):
             check_int(f"server.{key}", getattr(cfg, key))
         check_int("server.max_logprobs", cfg.max_logprobs, 0)
-        check_int("server.long_prefill_token_threshold", cfg.long_prefill_token_threshold, 0)
         check_int("server.max_prefills_per_request", cfg.max_prefills_per_request)
         for key in ("body_timeout_s", "header_timeout_s"):
             check_number(f"server.{key}", getattr(cfg, key), 0, strict=True)
@@ -141,9 +139,6 @@ def build_app(cfg: Mapping[str, Any]) -> tuple[FastAPI, ServerConfig]:
     check_settings(cfg, "serve")  # then the engine's own, without the server's section
     engine_cfg = {**{k: v for k, v in cfg.items() if k != "server"}, "clock": "wall"}
     built, _ = build_engine(engine_cfg)  # no workload: clients bring the requests
-    # fairness (docs/serving.md, "What one request may cost"): a long prompt takes at most this
-    # many tokens a step, so decodes and other prompts keep going beside it
-    built.scheduler.long_prefill_token_threshold = server_cfg.long_prefill_token_threshold
     engine = Engine(built.scheduler, built.backend, built.clock, max_step_records=MAX_STEP_RECORDS)
     backend = built.backend
     tokenizer = serving_tokenizer(server_cfg.tokenizer, backend.tokenizer, backend.vocab_size)

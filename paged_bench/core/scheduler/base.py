@@ -48,10 +48,6 @@ class Scheduler:
     name: ClassVar[str] = ""
     preemption_mode: Literal["recompute", "swap"] = "recompute"
     admission_reserve_blocks: int = 0
-    # vLLM's long_prefill_token_threshold (v1 Scheduler.schedule caps a request's num_new_tokens at
-    # it, running and waiting alike): most prompt tokens one request gets in a step, so a long
-    # prompt leaves the step's budget to others; 0 = no cap. The server sets it (server.*).
-    long_prefill_token_threshold: int = 0
     plan_token_ids: bool = True  # new requests carry their tokens (the engine sets the backend's choice)
 
     def __init__(
@@ -64,6 +60,7 @@ class Scheduler:
         chunked_prefill: bool = True,
         prefill_first: bool = False,
         num_scheduler_steps: int = 1,
+        long_prefill_token_threshold: int = 0,
         eos_token_id: int | None = None,
         stop_token_ids: tuple[int, ...] = (),
     ) -> None:
@@ -74,6 +71,10 @@ class Scheduler:
         self.chunked_prefill = chunked_prefill
         self.prefill_first = prefill_first
         self.num_scheduler_steps = num_scheduler_steps
+        # vLLM's long_prefill_token_threshold (v1 Scheduler.schedule caps a request's num_new_tokens
+        # at it, running and waiting alike): most prompt tokens one request gets in a step, so a
+        # long prompt leaves the step's budget to others; 0 = no cap (the server's config sets 256)
+        self.long_prefill_token_threshold = long_prefill_token_threshold
         # every id that ends a sequence (a checkpoint may name several): a set, so one test a row
         self.end_token_ids = frozenset(t for t in (eos_token_id, *stop_token_ids) if t is not None)
         self.waiting: deque[Request] = deque()

@@ -40,6 +40,7 @@ class PreemptiveScheduler(Scheduler):
         chunked_prefill: bool = True,
         prefill_first: bool = False,
         num_scheduler_steps: int = 1,
+        long_prefill_token_threshold: int = 0,
         mode: Literal["recompute", "swap"] = "recompute",
         watermark: float = 0.0,
         victim: Literal["last_admitted", "latest_arrival"] = "last_admitted",
@@ -49,6 +50,7 @@ class PreemptiveScheduler(Scheduler):
         super().__init__(allocator, max_model_len=max_model_len, max_batch=max_batch,
                          max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=chunked_prefill,
                          prefill_first=prefill_first, num_scheduler_steps=num_scheduler_steps,
+                         long_prefill_token_threshold=long_prefill_token_threshold,
                          eos_token_id=eos_token_id, stop_token_ids=stop_token_ids)  # fmt: skip
         self.preemption_mode = mode
         self.victim = victim
