@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from paged_bench.backends.request_state import RequestStates
 from paged_bench.core.kv.paged import PagedAllocator
@@ -15,6 +16,8 @@ from paged_bench.core.request import Request
 from paged_bench.errors import ConfigError
 from paged_bench.model.batch import build_batch
 from paged_bench.model.config import PRESETS, ModelConfig, read_hf_config, resolve_model
+from paged_bench.model.ops_numpy import NumpyOps
+from paged_bench.model.ops_torch import TorchOps
 from paged_bench.model.sampling import request_rng, sample
 from paged_bench.model.weights import load_state, random_state, shapes
 from paged_bench.sizing import kv_bytes
@@ -127,6 +130,28 @@ def test_step_batch_maps_positions_through_block_tables():
     assert decode.ctx_slots.tolist() == [[table_b[0] * 4 + j for j in range(3)]]
     allowed = prefill.allowed()[0]
     assert allowed[3].tolist() == [True] * 4 + [False] * 6  # causal
+
+
+def test_each_prefill_attends_alone_not_padded_to_the_longest():
+    """A 2-token prompt beside a 12-token one: both backends attend it over its own 2 queries
+    and 2 keys (padded, it took 12 x 12: the long prompt's shape, for every prompt of the step)."""
+    alloc = PagedAllocator(num_blocks=32, block_size=4, prefix_caching=False)
+    reqs = [Request("long", 0.0, list(range(12)), 4), Request("short", 0.0, [5, 6], 4), Request("d", 0.0, [1, 2], 4)]
+    for r in reqs:
+        alloc.allocate_slots(r, len(r.token_ids))
+    reqs[2].num_computed_tokens = 1  # d decodes its last prompt token
+    plan = StepPlan.starting((NewRequestData.from_request(r, alloc.block_table(r)), n)
+                             for r, n in zip(reqs, (12, 2, 1)))  # fmt: skip
+    batch = build_batch(plan, RequestStates().apply(plan), alloc.layout.block_size)
+    prefills = next(g for g in batch.groups if g.rows.shape[1] > 1)
+    assert prefills.rows.shape == (2, 12)  # packed padded; each() takes them apart
+    assert [(one.rows.tolist(), one.ctx_slots.shape) for one in prefills.each()] == [
+        ([list(range(12))], (1, 12)), ([[12, 13]], (1, 2))]
+    cfg = PRESETS["tiny"]
+    on_numpy = NumpyOps(cfg).prepare(batch).groups
+    on_torch = TorchOps(cfg, torch.device("cpu"), torch.float32).prepare(batch).groups
+    assert [g.src.ctx_slots.shape for g in on_numpy] == [(1, 2), (1, 12), (1, 2)]  # the decode, then each prefill
+    assert [tuple(g.ctx_slots.shape) for g in on_torch] == [(1, 2), (1, 12), (1, 2)]
 
 
 def test_sampling_greedy_top_p_and_seeds():

@@ -80,10 +80,11 @@ class NumpyOps:
             self._cos, self._sin = rope_table(self.cfg, max(top, 2 * len(self._cos)))
         groups = []
         for g in batch.groups:
-            # a prefill group's masks are made per slice (see attention): its [G, N, L] could be GBs
-            decodes = g.rows.shape[1] == 1
-            mask = np.where(g.allowed(), np.float32(0), np.float32(-np.inf))[:, None, None] if decodes else None
-            groups.append(_Group(g, mask, g.rows[g.valid]))
+            if g.rows.shape[1] == 1:  # the decodes, padded to the longest context
+                mask = np.where(g.allowed(), np.float32(0), np.float32(-np.inf))[:, None, None]
+                groups.append(_Group(g, mask, g.rows[g.valid]))
+            else:  # each prefill alone; its masks are made per slice (see attention)
+                groups.extend(_Group(one, None, one.rows[0]) for one in g.each())
         return _Step(batch, self._cos[batch.positions][:, None], self._sin[batch.positions][:, None], groups)
 
     def embed(self, table: np.ndarray, st: _Step) -> np.ndarray:
@@ -111,10 +112,8 @@ class NumpyOps:
         for g in st.groups:
             if g.mask is not None:
                 out[g.out_rows] = self._padded(q, pool[layer], g, scale)
-                continue
-            for i in range(len(g.src.rows)):  # each prefill alone: no padding to the longest
-                n = int(g.src.valid[i].sum())
-                self._prefill(q, pool[layer], g.src.rows[i, :n], g.src.q_pos[i, :n], g.src.ctx_slots[i], scale, out)
+            else:
+                self._prefill(q, pool[layer], g.src.rows[0], g.src.q_pos[0], g.src.ctx_slots[0], scale, out)
         return out
 
     def _heads(self, q: np.ndarray) -> np.ndarray:

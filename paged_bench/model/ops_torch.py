@@ -1,7 +1,9 @@
 """The forward's primitives in torch, on CPU or CUDA (float32, bfloat16 or float16).
 
 Attention is ``scaled_dot_product_attention`` over K/V gathered through the block tables
-(with ``enable_gqa`` so the KV heads are not copied per query head); norms are computed in
+(with ``enable_gqa`` so the KV heads are not copied per query head): the decodes as one group
+padded to the longest context, each prefill chunk alone (``AttnGroup.each``: a short prompt
+beside a long one is not padded to its shape); norms are computed in
 float32 as in Hugging Face's Llama; the KV pool lives on the device, the swap space in
 (pinned, on CUDA) host memory.
 """
@@ -101,12 +103,13 @@ class TorchOps:
             self._set_rope(max(top, 2 * len(self._cos)))
         pos = self._index(batch.positions)
         groups = []
-        for g in batch.groups:
-            valid = None if g.all_valid else self._index(g.valid)
-            groups.append(_Group(
-                self._index(g.rows), self._index(g.ctx_slots), self._index(g.allowed()[:, None]),
-                self._index(g.rows[g.valid]), valid,
-            ))  # fmt: skip
+        for g in batch.groups:  # the decodes padded to the longest context; each prefill alone
+            for one in [g] if g.rows.shape[1] == 1 else g.each():
+                valid = None if one.all_valid else self._index(one.valid)
+                groups.append(_Group(
+                    self._index(one.rows), self._index(one.ctx_slots), self._index(one.allowed()[:, None]),
+                    self._index(one.rows[one.valid]), valid,
+                ))  # fmt: skip
         return _Step(
             self._index(batch.input_ids), self._index(batch.slots),
             self._cos[pos][:, None], self._sin[pos][:, None], groups, self._index(batch.sample_rows),
