@@ -107,18 +107,20 @@ def _workloads_text() -> str:
     """How the cases' requests are made (paged_bench.validate.workloads)."""
     table = sharegpt_table()
     kept = table[vllm_keeps(table)]
-    return ("Workloads: where a source used ShareGPT, vLLM's own sampler is replayed over ShareGPT lengths "
-            f"shipped with paged_bench (paged_bench/data/lengths/: {len(table)} conversations of "
-            "ShareGPT_V3_unfiltered_cleaned_split, a published random sample, counted in Llama 3 tokens as vLLM "
-            "counts them; its README gives the source and licence): shuffled with the seed, filtered as "
-            f"`sample_sharegpt_requests` filters (vllm-project/vllm `benchmarks/benchmark_serving.py`, tag v0.6.0: "
-            f"a prompt or output under {MIN_TOKENS} tokens, a prompt over {MAX_PROMPT:,} or a prompt + output over "
-            f"{MAX_TOTAL:,} is dropped; {len(kept)} kept, mean {kept[:, 0].mean():.0f} in / {kept[:, 1].mean():.0f} "
-            "out), the first N sent, each output exactly its completion's length (max_tokens, and vLLM's nightly "
-            "benchmark passes --ignore-eos). They are not the conversations vLLM's seed picked, but from the same "
-            "population; the workload column gives the replayed draw's means beside the published ones. The sonnet "
-            "sets of vLLM's posts are modelled as fixed lengths at their published averages. Arrivals are vLLM's "
-            "benchmark client's: all at once (QPS inf) or Poisson at the QPS.")
+    return (
+        "Workloads: where a source used ShareGPT, vLLM's own sampler is replayed over ShareGPT lengths "
+        f"shipped with paged_bench (paged_bench/data/lengths/: {len(table)} conversations of "
+        "ShareGPT_V3_unfiltered_cleaned_split, a published random sample, counted in Llama 3 tokens as vLLM "
+        "counts them; its README gives the source and licence): shuffled with the seed, filtered as "
+        f"`sample_sharegpt_requests` filters (vllm-project/vllm `benchmarks/benchmark_serving.py`, tag v0.6.0: "
+        f"a prompt or output under {MIN_TOKENS} tokens, a prompt over {MAX_PROMPT:,} or a prompt + output over "
+        f"{MAX_TOTAL:,} is dropped; {len(kept)} kept, mean {kept[:, 0].mean():.0f} in / {kept[:, 1].mean():.0f} "
+        "out), the first N sent, each output exactly its completion's length (max_tokens, and vLLM's nightly "
+        "benchmark passes --ignore-eos). They are not the conversations vLLM's seed picked, but from the same "
+        "population; the workload column gives the replayed draw's means beside the published ones. The sonnet "
+        "sets of vLLM's posts are modelled as fixed lengths at their published averages. Arrivals are vLLM's "
+        "benchmark client's: all at once (QPS inf) or Poisson at the QPS."
+    )
 
 
 def markdown(files: Sequence[SourceFile], rows: Sequence[Compared]) -> str:

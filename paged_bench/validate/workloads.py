@@ -24,7 +24,7 @@ from paged_bench.workloads.sharegpt import sharegpt_sample
 def request_lengths(workload: Workload, seed: int) -> np.ndarray:
     """``workload``'s (prompt_len, output_len) per request."""
     if workload.dataset == "sharegpt":
-        return sharegpt_sample(workload.num_requests, seed, "workload.num_requests (a validation case's)")
+        return sharegpt_sample(workload.num_requests, seed)
     return np.tile([workload.prompt_len, workload.output_len], (workload.num_requests, 1))
 
 

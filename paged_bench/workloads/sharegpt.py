@@ -20,8 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from paged_bench.errors import check
-
 TABLE = Path(__file__).resolve().parent.parent / "data" / "lengths" / "sharegpt_v3_llama3.csv"
 MIN_TOKENS = 4  # vLLM's sampler drops a prompt or a completion shorter than this
 MAX_PROMPT = 1024  # ... a prompt longer than this
@@ -42,16 +40,27 @@ def sharegpt_table() -> np.ndarray:
 def vllm_keeps(lengths: np.ndarray) -> np.ndarray:
     """Which (prompt_len, output_len) rows vLLM's ShareGPT sampler keeps."""
     prompts, outputs = lengths[:, 0], lengths[:, 1]
-    return (prompts >= MIN_TOKENS) & (outputs >= MIN_TOKENS) & (prompts <= MAX_PROMPT) & (prompts + outputs <= MAX_TOTAL)
+    return (
+        (prompts >= MIN_TOKENS) & (outputs >= MIN_TOKENS) & (prompts <= MAX_PROMPT) & (prompts + outputs <= MAX_TOTAL)
+    )
 
 
-def sharegpt_sample(n: int, seed: int, key: str = "workload.num_requests") -> np.ndarray:
+def sharegpt_sample(n: int, seed: int | np.random.Generator) -> np.ndarray:
     """``n`` (prompt_len, output_len) rows as vLLM's sampler picks them: the table shuffled with
-    ``seed``, walked in order, the first ``n`` that its filter keeps. More than the filter keeps
-    is refused (``key`` names the setting): vLLM's sampler sends no conversation twice."""
+    ``seed`` (or drawn from a generator), walked in order, the first ``n`` that its filter keeps.
+    Past the rows it keeps (899), the walk goes on over the table shuffled again: vLLM's sampler
+    never sends a conversation twice, but it draws from ~90,000 and this table holds 992."""
+    rng = np.random.default_rng(seed)
     table = sharegpt_table()
-    shuffled = table[np.random.default_rng(seed).permutation(len(table))]
-    kept = shuffled[vllm_keeps(shuffled)]
-    check(n <= len(kept), key, n,
-          f"at most {len(kept)}: the ShareGPT conversations shipped ({len(table)}) that vLLM's length filter keeps")  # fmt: skip
-    return kept[:n]
+    passes = []
+    while sum(map(len, passes)) < n:
+        shuffled = table[rng.permutation(len(table))]
+        passes.append(shuffled[vllm_keeps(shuffled)])
+    return np.concatenate(passes)[:n] if passes else table[:0]
+
+
+def sharegpt_means() -> tuple[float, float]:
+    """The mean prompt and output length of the rows vLLM's filter keeps."""
+    table = sharegpt_table()
+    kept = table[vllm_keeps(table)]
+    return float(kept[:, 0].mean()), float(kept[:, 1].mean())
