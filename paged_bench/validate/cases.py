@@ -69,14 +69,15 @@ class Figure:
 
 @dataclass(frozen=True)
 class Workload:
-    """What the published run sent: ``dataset`` sharegpt (lengths modelled, ``workloads``) or
-    fixed (``prompt_len`` / ``output_len`` each request), ``num_requests`` of them at ``rate``
-    requests/s (Poisson, as vLLM's benchmark_serving.py sends them) or all at once (inf)."""
+    """What the published run sent: ``dataset`` sharegpt (vLLM's sampler replayed over the shipped
+    ShareGPT lengths: ``workloads``) or fixed (``prompt_len`` / ``output_len`` each request),
+    ``num_requests`` of them at ``rate`` requests/s (Poisson, as vLLM's benchmark_serving.py sends
+    them) or all at once (inf)."""
 
     dataset: str
     num_requests: int
     rate: float
-    prompt_len: int = 0  # fixed: every prompt; sharegpt: the published mean
+    prompt_len: int = 0  # fixed: every prompt; sharegpt: the published mean (shown beside the draw's)
     output_len: int = 0
 
 

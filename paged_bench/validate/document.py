@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from paged_bench.errors import counted
 from paged_bench.validate.cases import SourceFile
-from paged_bench.validate.simulate import Compared
-from paged_bench.validate.workloads import MAX_PROMPT, MAX_TOTAL, MIN_TOKENS, SIGMA
+from paged_bench.validate.simulate import SEED, Compared
+from paged_bench.validate.workloads import request_lengths
+from paged_bench.workloads.sharegpt import MAX_PROMPT, MAX_TOTAL, MIN_TOKENS, sharegpt_table, vllm_keeps
 
 TOLERANCE = 0.15  # a figure this close (|ratio - 1|) counts as met
 COMMAND = "python -m paged_bench.validate --write docs/validation.md"
@@ -78,8 +79,11 @@ def terminal_table(rows: Sequence[Compared]) -> str:
 def _workload_text(row: Compared) -> str:
     w = row.case.workload
     rate = "all at once" if math.isinf(w.rate) else f"{w.rate:g} req/s"
-    lengths = (f"ShareGPT-like, mean {w.prompt_len} in / {w.output_len} out" if w.dataset == "sharegpt"
-               else f"{w.prompt_len} in / {w.output_len} out")  # fmt: skip
+    if w.dataset == "sharegpt":  # the replayed draw's means beside the published ones
+        drawn = request_lengths(w, SEED).mean(axis=0)
+        lengths = f"ShareGPT, mean {drawn[0]:.0f} in / {drawn[1]:.0f} out (published {w.prompt_len} / {w.output_len})"
+    else:
+        lengths = f"{w.prompt_len} in / {w.output_len} out"
     return f"{w.num_requests} x {lengths}, {rate}"
 
 
@@ -97,6 +101,26 @@ def _breakdown(files: Sequence[SourceFile], rows: Sequence[Compared]) -> list[st
             mid = f"{statistics.median(ratios):.2f}" if ratios else "-"
             out.append(f"| {label} | {t.figures} | {t.within} | {median} | {mid} |")
     return out
+
+
+def _workloads_text() -> str:
+    """How the cases' requests are made (paged_bench.validate.workloads)."""
+    table = sharegpt_table()
+    kept = table[vllm_keeps(table)]
+    return (
+        "Workloads: where a source used ShareGPT, vLLM's own sampler is replayed over ShareGPT lengths "
+        f"shipped with paged_bench (paged_bench/data/lengths/: {len(table)} conversations of "
+        "ShareGPT_V3_unfiltered_cleaned_split, a published random sample, counted in Llama 3 tokens as vLLM "
+        "counts them; its README gives the source and licence): shuffled with the seed, filtered as "
+        f"`sample_sharegpt_requests` filters (vllm-project/vllm `benchmarks/benchmark_serving.py`, tag v0.6.0: "
+        f"a prompt or output under {MIN_TOKENS} tokens, a prompt over {MAX_PROMPT:,} or a prompt + output over "
+        f"{MAX_TOTAL:,} is dropped; {len(kept)} kept, mean {kept[:, 0].mean():.0f} in / {kept[:, 1].mean():.0f} "
+        "out), the first N sent, each output exactly its completion's length (max_tokens, and vLLM's nightly "
+        "benchmark passes --ignore-eos). They are not the conversations vLLM's seed picked, but from the same "
+        "population; the workload column gives the replayed draw's means beside the published ones. The sonnet "
+        "sets of vLLM's posts are modelled as fixed lengths at their published averages. Arrivals are vLLM's "
+        "benchmark client's: all at once (QPS inf) or Poisson at the QPS."
+    )
 
 
 def markdown(files: Sequence[SourceFile], rows: Sequence[Compared]) -> str:
@@ -117,15 +141,7 @@ def markdown(files: Sequence[SourceFile], rows: Sequence[Compared]) -> str:
         "README lists (issue 35: each to come within 15%); the others are kept aside to judge the result "
         f"(those alone: {summary_line(totals([r for r in rows if not r.case.file.startswith(SHARED)]))}).",
         "",
-        "Workloads: where a source used ShareGPT, its lengths are modelled, not replayed (the dataset "
-        f"is not shipped): prompt and output lengths each lognormal (sigma {SIGMA:g} of the log), filtered "
-        f"as vLLM's benchmark sampler filters ShareGPT (a prompt or output under {MIN_TOKENS} tokens, a prompt "
-        f"over {MAX_PROMPT:,} or a prompt + output over {MAX_TOTAL:,} is dropped: vllm-project/vllm "
-        "`benchmarks/benchmark_serving.py`, `sample_sharegpt_requests`, tag v0.6.0), with the lognormals' "
-        "means set so that what is kept has the published means. The sonnet sets of vLLM's posts are "
-        "modelled as fixed lengths at their published averages. Arrivals are vLLM's benchmark client's: "
-        "all at once (QPS inf) or Poisson at the QPS. So a TTFT or TPOT with every request at once "
-        "depends on the length distribution's tail, which the model only approximates.",
+        _workloads_text(),
         "",
         "## Results",
         "",

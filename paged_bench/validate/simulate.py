@@ -40,20 +40,22 @@ class Compared:
         return None if self.simulated is None else self.simulated / self.figure.published
 
 
-def case_overrides(case: Case, trace: Path) -> list[str]:
+def case_overrides(case: Case, trace: Path, seed: int = SEED) -> list[str]:
     """What ``python -m paged_bench`` would be given to run ``case`` on ``trace``."""
-    return ["backend=sim", "workload=trace", f"workload.path={trace}", f"seed={SEED}", "tracking.enabled=false",
+    return ["backend=sim", "workload=trace", f"workload.path={trace}", f"seed={seed}", "tracking.enabled=false",
             f"backend.hardware={case.gpu}", f"backend.model={case.model}",
             f"backend.tensor_parallel_size={case.tp}", *case.overrides]  # fmt: skip
 
 
-def run_case(case: Case, time_limit_s: float) -> list[Compared]:
+def run_case(case: Case, time_limit_s: float, seed: int = SEED) -> list[Compared]:
     """``case`` simulated and each of its figures compared; a case that fails or runs past
-    ``time_limit_s`` gives its figures an error instead of a value (the other cases still run)."""
+    ``time_limit_s`` gives its figures an error instead of a value (the other cases still run).
+    ``seed``: the draw of its requests (the registry's table uses SEED; other draws show how much
+    a figure rests on which requests were drawn: benchmarks/sharegpt_draws.py)."""
     with tempfile.TemporaryDirectory(prefix="paged_bench_validate_") as tmp:
-        trace = write_trace(case.workload, Path(tmp) / "requests.csv", SEED)
+        trace = write_trace(case.workload, Path(tmp) / "requests.csv", seed)
         try:
-            cfg = compose_config(*case_overrides(case, trace))
+            cfg = compose_config(*case_overrides(case, trace, seed))
             with _time_limit(time_limit_s):
                 summary = run_job(cfg, Path(tmp) / "run").summary
         except CaseTimeout as e:

@@ -21,8 +21,9 @@ from paged_bench.core.clock import HORIZON_S
 from paged_bench.core.request import Request
 from paged_bench.errors import MAX_TOKENS, ConfigError, check, check_choice, check_int, check_number
 from paged_bench.run.memory import check_requests_fit
-from paged_bench.workloads.lengths import length_dist
+from paged_bench.workloads.lengths import ShareGPT, length_dist
 from paged_bench.workloads.schedule import SCHEDULES, first_at_zero, vllm_arrivals
+from paged_bench.workloads.sharegpt import sharegpt_sample
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,13 @@ class SyntheticWorkload(Workload):
         self.prompt_len = length_dist("workload.prompt_len", prompt_len)
         self.prompt_spec = prompt_len if isinstance(prompt_len, int) else dict(prompt_len)  # as configured
         self.output_len = length_dist("workload.output_len", output_len)
+        # ShareGPT's lengths are pairs (a conversation's prompt and completion): both or neither
+        self.sharegpt = isinstance(self.prompt_len, ShareGPT)
+        mine, other = ("output_len", "prompt_len") if self.sharegpt else ("prompt_len", "output_len")
+        check(self.sharegpt == isinstance(self.output_len, ShareGPT), f"workload.{mine}",
+              output_len if self.sharegpt else prompt_len,
+              f"{{dist: sharegpt}}, as workload.{other} is: ShareGPT's prompt and output lengths are "
+              "drawn in pairs")  # fmt: skip
         self.num_prefixes, self.prefix_len = check_shared_prefix(shared_prefix, self.num_requests)
         self.max_concurrency = check_max_concurrency(max_concurrency)
         self.seed = check_int("workload.seed", seed, 0)
@@ -158,8 +166,11 @@ class SyntheticWorkload(Workload):
             arrivals = vllm_arrivals(n, self.rate, self.burstiness, self.seed, lambda k: self.gaps(arrival_rng, k))
         else:
             arrivals = first_at_zero(self.gaps(arrival_rng, n - 1))
-        prompt_lens = self.prompt_len.sample(prompt_rng, n)
-        output_lens = self.output_len.sample(output_rng, n)
+        if self.sharegpt:  # one conversation's prompt and completion, drawn together
+            prompt_lens, output_lens = sharegpt_sample(n, prompt_rng).T.copy()
+        else:
+            prompt_lens = self.prompt_len.sample(prompt_rng, n)
+            output_lens = self.output_len.sample(output_rng, n)
         prefixes = random_prompts(token_rng, np.full(self.num_prefixes, self.prefix_len), ctx.vocab_size)
         groups = token_rng.integers(0, self.num_prefixes, n) if self.num_prefixes and self.prefix_len else None
         prompts = random_prompts(token_rng, prompt_lens, ctx.vocab_size)

@@ -8,6 +8,9 @@
   2.5, max 256 has a median of 3 (40% are 1) and a mean of about 25. ``sigma`` is at most 5.
 - ``heavy_tail``: the seeds' mix: ``long_fraction`` of requests near ``long``, the rest near
   ``short``, each spread uniformly by +-``spread`` (a fraction of the centre)
+- ``sharegpt`` (no keys; for ``prompt_len`` and ``output_len`` together): ShareGPT's prompt and
+  completion lengths in Llama 3 tokens, pairs drawn as vLLM's benchmark draws them
+  (``workloads.sharegpt``); a synthetic workload draws the pair of each request at once
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from paged_bench.errors import MAX_TOKENS, ConfigError, check, check_int, check_number
+from paged_bench.workloads.sharegpt import sharegpt_means, sharegpt_sample
 
 MAX_SIGMA = 5  # of a lognormal's log: past it, the lengths are its min or max and nothing between
 
@@ -94,6 +98,25 @@ class HeavyTail(LengthDist):
         return self.long_fraction * self.long + (1 - self.long_fraction) * self.short
 
 
+@dataclass(frozen=True)
+class ShareGPT(LengthDist):
+    """One column of vLLM's ShareGPT pairs (0: prompts, 1: outputs). Drawn alone, a column is
+    that column of ``n`` pairs; a synthetic workload draws the pairs once for both columns."""
+
+    column: int
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return sharegpt_sample(n, rng)[:, self.column].copy()
+
+    @property
+    def expected(self) -> float:
+        return sharegpt_means()[self.column]
+
+
+def _sharegpt(key: str) -> LengthDist:
+    return ShareGPT(1 if key.endswith("output_len") else 0)
+
+
 def _fixed(key: str, value: Any) -> LengthDist:
     return Fixed(check_int(f"{key}.value", value, 1, MAX_TOKENS))
 
@@ -134,7 +157,8 @@ def _heavy_tail(key: str, short: Any = 24, long: Any = 150, long_fraction: Any =
     return HeavyTail(short, long, float(long_fraction), float(spread))
 
 
-_BUILDERS = {"fixed": _fixed, "uniform": _uniform, "lognormal": _lognormal, "heavy_tail": _heavy_tail}
+_BUILDERS = {"fixed": _fixed, "uniform": _uniform, "lognormal": _lognormal, "heavy_tail": _heavy_tail,
+             "sharegpt": _sharegpt}  # fmt: skip
 
 
 def length_dist(key: str, spec: Mapping[str, Any] | int) -> LengthDist:
@@ -156,6 +180,6 @@ def length_dist(key: str, spec: Mapping[str, Any] | int) -> LengthDist:
             raise ConfigError(f"{key}.dist", dist, f"{dist} with its keys: {', '.join(allowed)}") from None
         # keys left over from the distribution it replaces (prompt_len.dist=fixed keeps uniform's low/high)
         raise ConfigError(f"{key}.{unknown[0]}", params[unknown[0]],
-                          f"no key of dist={dist}, which takes {', '.join(allowed)}; to switch distributions on the "
-                          f"command line, drop the old keys: '~{key}' '+{key}={{dist:{dist},...}}' "
-                          f"(a fixed length: {key}=N)") from None
+                          f"no key of dist={dist}, which takes {', '.join(allowed) or 'no keys'}; to switch "
+                          f"distributions on the command line, drop the old keys: '~{key}' "
+                          f"'+{key}={{dist:{dist},...}}' (a fixed length: {key}=N)") from None  # fmt: skip
