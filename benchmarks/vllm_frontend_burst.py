@@ -21,7 +21,8 @@ sets) or 202 (its ShareGPT mean).
     .venv/bin/python benchmarks/vllm_frontend_burst.py [--requests 500] [--prompt-tokens 462]
 
 Prints, for the burst: the client's CPU seconds, the server's CPU seconds (and per request), the
-tokeniser's time per prompt, and each request's wait from its ``st`` to its hand-off (mean,
+tokeniser's time per prompt, the server's CPU before the first hand-off (per request: what
+``frontend.intake_ms`` prices), and each request's wait from its ``st`` to its hand-off (mean,
 first, last). Wall times on this shared 2-core machine are stretched by other work: read the CPU
 times beside them.
 """
@@ -249,7 +250,9 @@ def main() -> None:
           f"server CPU {server_cpu:.2f} s ({server_cpu / len(starts) * 1e3:.2f} ms a request, the answers included)")  # fmt: skip
     print(f"wait from st to hand-off: mean {statistics.mean(waits) * 1e3:.0f} ms, first hand-off at "
           f"{(min(handed.values()) - first) * 1e3:.0f} ms, last at {(max(handed.values()) - first) * 1e3:.0f} ms after the first st")  # fmt: skip
-    print(f"server CPU from the first hand-off to the end: {stats['cpu_s'] - stats['cpu_first']:.2f} s")
+    intake = stats["cpu_first"] - server_cpu0
+    print(f"server CPU before the first hand-off (the intake): {intake:.2f} s, {intake / len(starts) * 1e3:.2f} ms a request; "
+          f"after it (the answers): {stats['cpu_s'] - stats['cpu_first']:.2f} s")  # fmt: skip
     print(f"load average now: {os.getloadavg()[0]:.2f} (2 cores)")
 
 
