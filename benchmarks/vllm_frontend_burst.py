@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import resource
 import socket
 import statistics
@@ -52,7 +51,7 @@ HERE = Path(__file__).resolve().parent
 
 def corpus_lines() -> list[str]:
     """Local English text: the Python docs' topics and this repository's docs, as lines."""
-    import pydoc_data.topics as topics
+    from pydoc_data import topics
 
     text = "\n".join(topics.topics.values())
     for md in sorted((HERE.parent / "docs").glob("*.md")):
@@ -65,10 +64,15 @@ def train_tokenizer(lines: list[str]):  # -> tokenizers.Tokenizer
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
     )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tok.train_from_iterator(lines, trainer)
     return tok
 
@@ -124,7 +128,6 @@ class CompletionRequest(BaseModel):  # the fields vLLM 0.6.0's protocol.py names
     add_special_tokens: bool = True
 
 
-
 def serve(port: int, n: int, tok_path: str) -> None:
     import uvicorn
     from fastapi import FastAPI
@@ -148,13 +151,21 @@ def serve(port: int, n: int, tok_path: str) -> None:
     @app.post("/v1/completions")
     async def create_completion(request: CompletionRequest):
         ids = tok.encode(request.prompt).ids  # the API server tokenises (0.6.0)
-        params = dict(temperature=request.temperature, max_tokens=request.max_tokens, ignore_eos=request.ignore_eos)
+        params = {
+            "temperature": request.temperature,
+            "max_tokens": request.max_tokens,
+            "ignore_eos": request.ignore_eos,
+        }
 
         async def stream():
             # merge_async_iterators: a task per prompt, started when the body is first iterated
             await asyncio.create_task(engine_add(request.user, ids))
             await all_in.wait()
-            chunk = {"id": request.user, "choices": [{"index": 0, "text": " x", "logprobs": None, "finish_reason": None}], **params}
+            chunk = {
+                "id": request.user,
+                "choices": [{"index": 0, "text": " x", "logprobs": None, "finish_reason": None}],
+                **params,
+            }
             yield f"data: {json.dumps(chunk)}\n\n"
             yield "data: [DONE]\n\n"
 
@@ -174,7 +185,15 @@ async def one(url: str, prompt: str, i: int, starts: dict[str, float]) -> None:
     import aiohttp
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=6 * 60 * 60)) as session:
-        payload = {"model": "m", "prompt": prompt, "temperature": 0.0, "best_of": 1, "max_tokens": 16, "stream": True, "user": str(i)}
+        payload = {
+            "model": "m",
+            "prompt": prompt,
+            "temperature": 0.0,
+            "best_of": 1,
+            "max_tokens": 16,
+            "stream": True,
+            "user": str(i),
+        }
         headers = {"Authorization": "Bearer none"}
         starts[str(i)] = time.monotonic()
         async with session.post(url=url, json=payload, headers=headers) as response:

@@ -144,12 +144,12 @@ def markdown(files: Sequence[SourceFile], rows: Sequence[Compared]) -> str:
     out.append("")
     bursts = burst_table(rows)
     if bursts:
-        out += ["Every request at once, fixed lengths: what the published TTFT and throughput say on their own "
+        out += [("Every request at once, fixed lengths: what the published TTFT and throughput say on their own "
                 "(`paged_bench/validate/bursts.py`: vLLM 0.x runs prompt steps first, so with every request at the "
                 "engine by time L the mean TTFT is about L + P / 2 and the run lasts at least L + P, P the prefill "
                 "phase: L >= 2 x TTFT - D and the prefill rate >= prompt tokens / (2 (D - TTFT)), D the run's "
                 "duration; the simulated columns are the same arithmetic on the simulated figures; the cells whose "
-                "published figures bound the delay):", "", *bursts, ""]
+                "published figures bound the delay):"), "", *bursts, ""]  # fmt: skip
     for f in files:
         if f.notes:
             out += [f"- **{f.name}**: {' '.join(f.notes.split())}"]
