@@ -15,8 +15,10 @@ by then), so the hand-offs are timed as the burst's start sees them.
 
 The tokenizer: byte-level BPE trained here on local English text (no model hub downloads) with
 Llama-3's pre-tokenising split pattern and vocabulary size asked for (128,256; the local corpus
-may give fewer merges: the size reached is printed). Prompts of 462 tokens (the post's sonnet
-sets) or 202 (its ShareGPT mean).
+may give fewer merges: the size reached is printed), called as vLLM 0.6.0 calls its tokenizer:
+through transformers' ``PreTrainedTokenizerFast`` (``tokenizer(prompt, add_special_tokens=True)
+.input_ids``, ``_normalize_prompt_text_to_input`` in vllm/entrypoints/openai/serving_engine.py).
+Prompts of 462 tokens (the post's sonnet sets) or 202 (its ShareGPT mean).
 
     .venv/bin/python benchmarks/vllm_frontend_burst.py [--requests 500] [--prompt-tokens 462]
 
@@ -133,8 +135,9 @@ def serve(port: int, n: int, tok_path: str) -> None:
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, StreamingResponse
     from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer.from_file(tok_path)
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(tok_path))
 
     app = FastAPI()
     handed: dict[str, float] = {}
@@ -150,7 +153,7 @@ def serve(port: int, n: int, tok_path: str) -> None:
 
     @app.post("/v1/completions")
     async def create_completion(request: CompletionRequest):
-        ids = tok.encode(request.prompt).ids  # the API server tokenises (0.6.0)
+        ids = tok(request.prompt, add_special_tokens=True).input_ids  # the API server tokenises (0.6.0)
         params = {
             "temperature": request.temperature,
             "max_tokens": request.max_tokens,
@@ -231,9 +234,12 @@ def main() -> None:
     lines = corpus_lines()
     tok = train_tokenizer(lines)
     texts = prompts(tok, lines, a.requests, a.prompt_tokens)
+    from transformers import PreTrainedTokenizerFast
+
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tok)
     t0 = time.thread_time()
     for t in texts:
-        tok.encode(t)
+        wrapped(t, add_special_tokens=True)
     per_prompt_ms = (time.thread_time() - t0) / len(texts) * 1e3
     mean_tokens = statistics.mean(len(tok.encode(t).ids) for t in texts)
     with tempfile.TemporaryDirectory() as tmp:
