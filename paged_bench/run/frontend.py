@@ -17,15 +17,17 @@ set adds them to the times it records, as a ``target=served`` run would see them
   server parses, validates and tokenises each, then hands it to the engine from a task that the
   loop queues behind the requests already waiting: ``merge_async_iterators`` in the 0.6.0-era
   vllm/utils.py starts one per prompt with ``ensure_future``), so requests that come while it is
-  busy reach the engine together, when it has taken in the last of them: a burst of N requests sent at once reaches the engine N x ``intake_ms`` after
-  it was sent, a lone request ``intake_ms`` after (``benchmarks/vllm_frontend_burst.py`` measures
-  this shape on an equivalent client and server: the burst's hand-offs all come at its end).
+  busy reach the engine together, when it has taken in the last of them: a burst of N requests
+  sent at once reaches the engine N x ``intake_ms`` after it was sent, a lone request
+  ``intake_ms`` after (``benchmarks/vllm_frontend_burst.py`` measures this shape on an equivalent
+  client and server: the burst's hand-offs all come at its end).
 
 So at light load a request's TTFT grows by exactly ``intake_ms + request_ms + token_ms`` (one
 token in the step) and its ITL not at all (each token is late by the same amount); once a step's
 tokens take the front end longer than the step (``B x token_ms`` for B rows), it sets the pace and
-the ITL becomes ``B x token_ms``. The engine itself is not slowed: its step records are unchanged, and a
-closed loop (``workload.max_concurrency``) sends its next request when the engine finishes one.
+the ITL becomes ``B x token_ms``. The engine itself is not slowed: its step records are unchanged,
+and a closed loop (``workload.max_concurrency``) sends its next request when the engine finishes
+one.
 """
 
 from __future__ import annotations
