@@ -18,7 +18,7 @@ from paged_bench.core.scheduler.preemptive import PreemptiveScheduler
 from paged_bench.errors import ConfigError
 from paged_bench.run.compose import compose_config
 from paged_bench.run.config import BenchConfig
-from paged_bench.run.frontend import FrontendSettings, receive_through, send_through
+from paged_bench.run.frontend import FrontendSettings, intake, receive_through, send_through
 from paged_bench.serve.server import build_app
 from tests.test_core_behaviours import rows, step
 
@@ -137,6 +137,22 @@ def test_a_front_end_slower_than_the_steps_sets_the_itl():
     assert all(r.token_times == pytest.approx([0.011, 0.019, 0.027]) for r in reqs)
 
 
+@pytest.mark.parametrize(("sent", "through"), [
+    ([0.0, 0.0, 0.0], [0.006, 0.006, 0.006]),  # a burst: taken in 2 ms each, handed on together at 6 ms
+    ([0.0, 0.010], [0.002, 0.012]),  # the second finds the intake idle: each alone, 2 ms late
+    ([0.010, 0.0, 0.001], [0.012, 0.004, 0.004]),  # the third comes while the first is taken in (0-2 ms)
+])  # fmt: skip
+def test_the_intake_hands_a_busy_spells_requests_on_together(sent, through):
+    assert intake(sent, 2.0) == pytest.approx(through)
+
+
+def test_a_burst_through_the_intake_waits_for_its_last_request():
+    """Two requests sent at 0 are through the intake at 2 x 5 = 10 ms; in-process both prompts
+    run in one 3 ms step, so each TTFT is 13 ms, counted from the send."""
+    reqs = served([Request(i, 0.0, [i, 1, 2, 3], 2) for i in range(2)], FrontendSettings(intake_ms=5.0))
+    assert all(r.arrival_time == 0.0 and r.token_times[0] == pytest.approx(0.013) for r in reqs)
+
+
 def _refusal(*overrides: str) -> str:
     with pytest.raises(ConfigError) as e:
         BenchConfig.from_config(compose_config(*overrides))
@@ -151,6 +167,7 @@ def test_the_options_are_checked_where_the_config_is_read():
     assert "frontend.token_ms=-1 is not allowed" in _refusal("frontend.token_ms=-1")
     assert "scheduler.long_prefill_token_threshold=-1 is not allowed: an integer from 0 to" in _refusal(
         "scheduler.long_prefill_token_threshold=-1")  # 0 is no cap
+    assert "frontend.intake_ms=-2 is not allowed" in _refusal("frontend.intake_ms=-2")
     with pytest.raises(ConfigError, match="frontend=none for the server"):  # its own front end is real
         build_app(compose_config("frontend=paged_bench_http", config_name="serve"))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from paged_bench.validate.bursts import burst_bounds, is_burst
 from paged_bench.validate.cases import load_registry
 from paged_bench.validate.simulate import run_case
 from tests.tracking_support import call_cli
@@ -88,3 +89,14 @@ def test_the_doc_is_what_the_command_writes(direct):
     assert float(mine[7].replace(",", "")) == pytest.approx(direct.simulated, rel=2e-3), "make validate"
     for f in load_registry():
         assert f.source.citation in doc
+
+
+def test_a_bursts_bounds_are_the_published_figures_arithmetic():
+    """500 prompts of 462 tokens, 59 req/s, mean TTFT 4,950 ms (the 0.6.0 post's H100 8B
+    prefill-heavy cell): D = 500 / 59 = 8.475 s, so the requests reached the engine at least
+    2 x 4.95 - 8.475 = 1.425 s late, and it prefilled at least 231,000 / (2 x 3.525) = 32,769 tokens/s."""
+    b = burst_bounds(500, 462, 59.0, 4950.0)
+    assert b.start_floor_s == pytest.approx(1.4254, abs=1e-4) and b.prefill_floor == pytest.approx(32_769, abs=1)
+    assert burst_bounds(500, 462, 31.0, 4800.0).start_floor_s < 0  # decode-heavy: no bound on the delay
+    cases = _cases()
+    assert is_burst(cases["h100-8b-prefill-heavy-inf"]) and not is_burst(cases["h100-8b-sharegpt-inf"])

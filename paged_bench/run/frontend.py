@@ -12,13 +12,22 @@ set adds them to the times it records, as a ``target=served`` run would see them
 - the front end is one serial stage, as vLLM's API server process is (vLLM 0.6.0 moved it out of
   the engine's process, PR #6883; its blog post of 2024-09-05 names it a bottleneck under load):
   the tokens a step produced are handed to it when the step ends, it takes ``token_ms`` for each,
-  starting once it has finished the previous step's, and the client sees them all when it is done.
+  starting once it has finished the previous step's, and the client sees them all when it is done;
+- ``intake_ms``: the front end also takes requests in one at a time (one asyncio loop: vLLM's API
+  server parses, validates and tokenises each, then hands it to the engine from a task that the
+  loop queues behind the requests already waiting: ``merge_async_iterators`` in the 0.6.0-era
+  vllm/utils.py starts one per prompt with ``ensure_future``), so requests that come while it is
+  busy reach the engine together, when it has taken in the last of them: a burst of N requests
+  sent at once reaches the engine N x ``intake_ms`` after it was sent, a lone request
+  ``intake_ms`` after (``benchmarks/vllm_frontend_burst.py`` measures this shape on an equivalent
+  client and server: the burst's hand-offs all come at its end).
 
-So at light load a request's TTFT grows by exactly ``request_ms + token_ms`` (one token in the
-step) and its ITL not at all (each token is late by the same amount); once a step's tokens take
-the front end longer than the step (``B x token_ms`` for B rows), it sets the pace and the ITL
-becomes ``B x token_ms``. The engine itself is not slowed: its step records are unchanged, and a
-closed loop (``workload.max_concurrency``) sends its next request when the engine finishes one.
+So at light load a request's TTFT grows by exactly ``intake_ms + request_ms + token_ms`` (one
+token in the step) and its ITL not at all (each token is late by the same amount); once a step's
+tokens take the front end longer than the step (``B x token_ms`` for B rows), it sets the pace and
+the ITL becomes ``B x token_ms``. The engine itself is not slowed: its step records are unchanged,
+and a closed loop (``workload.max_concurrency``) sends its next request when the engine finishes
+one.
 """
 
 from __future__ import annotations
@@ -35,14 +44,17 @@ from paged_bench.errors import check, check_number
 
 @dataclass(frozen=True)
 class FrontendSettings:
-    """``frontend``: milliseconds per request on its way in, per output token on its way out."""
+    """``frontend``: milliseconds per request on its way in, per output token on its way out, and
+    per request taken in by the serial intake."""
 
     request_ms: float = 0.0
     token_ms: float = 0.0
+    intake_ms: float = 0.0
 
     def __post_init__(self) -> None:
         check_number("frontend.request_ms", self.request_ms)
         check_number("frontend.token_ms", self.token_ms)
+        check_number("frontend.intake_ms", self.intake_ms)
 
     @classmethod
     def from_config(cls, section: Any) -> FrontendSettings:
@@ -51,23 +63,46 @@ class FrontendSettings:
             return cls()
         check(isinstance(section, Mapping), "frontend", section, "a frontend config group option, e.g. frontend=none")
         for key, value in section.items():
-            check(key in ("request_ms", "token_ms"), f"frontend.{key}", value, "not a frontend key; its keys are "
-                  "request_ms, token_ms")  # fmt: skip
-        return cls(section.get("request_ms", 0.0), section.get("token_ms", 0.0))
+            check(key in ("request_ms", "token_ms", "intake_ms"), f"frontend.{key}", value, "not a frontend key; its "
+                  "keys are request_ms, token_ms, intake_ms")  # fmt: skip
+        return cls(section.get("request_ms", 0.0), section.get("token_ms", 0.0), section.get("intake_ms", 0.0))
 
     @property
     def priced(self) -> bool:
-        return bool(self.request_ms or self.token_ms)
+        return bool(self.request_ms or self.token_ms or self.intake_ms)
 
     def refuse_priced(self, allowed: str) -> None:
         """Refuse a priced front end where none applies (``allowed`` says what is, and why)."""
-        check(not self.priced, "frontend", {"request_ms": self.request_ms, "token_ms": self.token_ms}, allowed)
+        priced = {"request_ms": self.request_ms, "token_ms": self.token_ms, "intake_ms": self.intake_ms}
+        check(not self.priced, "frontend", priced, allowed)
+
+
+def intake(sent: list[float], intake_ms: float) -> list[float]:
+    """When each request, sent at ``sent``, is through the serial intake: taken in one after
+    another, ``intake_ms`` each, in the order sent; every request of one busy spell (from a
+    request that found the intake idle until it is idle again) is handed on when the spell ends."""
+    through = list(sent)
+    spell: list[int] = []
+    free = float("-inf")
+    for i in sorted(range(len(sent)), key=sent.__getitem__):
+        if sent[i] > free:  # found it idle: the previous spell's requests go on together
+            for j in spell:
+                through[j] = free
+            spell = []
+        free = max(free, sent[i]) + intake_ms / 1e3
+        spell.append(i)
+    for j in spell:
+        through[j] = free
+    return through
 
 
 def send_through(requests: list[Request], frontend: FrontendSettings) -> list[float]:
-    """Delay each request's arrival at the engine by the front end's price per request; returns
-    the send times, for ``receive_through`` to put back."""
+    """Delay each request's arrival at the engine by the front end's intake and price per
+    request; returns the send times, for ``receive_through`` to put back."""
     sent = [req.arrival_time for req in requests]
+    if frontend.intake_ms:
+        for req, at in zip(requests, intake(sent, frontend.intake_ms)):
+            req.arrival_time = at
     if frontend.request_ms:
         for req in requests:
             req.arrival_time += frontend.request_ms / 1e3

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from paged_bench.errors import counted
+from paged_bench.validate.bursts import burst_table
 from paged_bench.validate.cases import SourceFile
 from paged_bench.validate.simulate import SEED, Compared
 from paged_bench.validate.workloads import request_lengths
@@ -157,6 +158,14 @@ def markdown(files: Sequence[SourceFile], rows: Sequence[Compared]) -> str:
     out.append("Figures outside ±15%: " + (", ".join(f"{r.case.name} {r.figure.metric} ({_ratio(r)})" for r in off)
                                           if off else "none") + ".")  # fmt: skip
     out.append("")
+    bursts = burst_table(rows)
+    if bursts:
+        out += [("Every request at once, fixed lengths: what the published TTFT and throughput say on their own "
+                "(`paged_bench/validate/bursts.py`: vLLM 0.x runs prompt steps first, so with every request at the "
+                "engine by time L the mean TTFT is about L + P / 2 and the run lasts at least L + P, P the prefill "
+                "phase: L >= 2 x TTFT - D and the prefill rate >= prompt tokens / (2 (D - TTFT)), D the run's "
+                "duration; the simulated columns are the same arithmetic on the simulated figures; the cells whose "
+                "published figures bound the delay):"), "", *bursts, ""]  # fmt: skip
     for f in files:
         if f.notes:
             out += [f"- **{f.name}**: {' '.join(f.notes.split())}"]
