@@ -2,16 +2,18 @@
 extras): ``submitit_local`` (submitit's local executor: each job its own process, as on a
 SLURM node), ``ray_local`` (a small Ray instance started for the sweep), and ``ray`` attached
 to an existing Ray cluster (the documented recipe). Each sweep must end as one MLflow parent
-run with a child per job, whichever process ran the job."""
+run with a child per job, whichever process ran the job. The capacity planner's simulations go
+through the same launchers (``python -m paged_bench.plan hydra/launcher=submitit_local``)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
-from tests.tracking_support import cli_env, free_port, fresh_store, run_cli, runs_of
+from tests.tracking_support import call_cli, cli_env, free_port, fresh_store, run_cli, runs_of
 
 
 def _assert_one_parent_two_children(uri: str) -> None:
@@ -60,3 +62,22 @@ def test_a_sweep_attaches_to_an_existing_ray_cluster(tmp_path):
         _assert_one_parent_two_children(uri)
     finally:
         subprocess.run([*ray, "stop", "--force"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_a_plans_simulations_run_as_submitit_jobs(tmp_path):
+    """Each wave of a plan's simulations is one launch of the configured launcher: with
+    submitit_local every simulation is a job in its own process (its folder under the trials'
+    .submitit), and the plan still finds its answer (one H100 serves 6x; one A100 does not)."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    trials = tmp_path / "trials"
+    ran = call_cli(tmp_path, "workload=poisson", "workload.num_requests=60", "backend.model=llama-3-8b",
+                   "plan.space.hardware=[a100,h100]", "plan.space.tensor_parallel_size=[1]", "plan.space.replicas=[1]",
+                   "plan.target_scale=6", "plan.search.precision=0.2", "tracking.enabled=false",
+                   f"plan.trials_dir={trials}", "hydra/launcher=submitit_local", "hydra.run.dir=out",
+                   module="paged_bench.plan")  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    record = json.loads((tmp_path / "out" / "plan.json").read_text())
+    jobs = [d for d in (trials / ".submitit").iterdir() if d.name.isdigit()]  # a local job's id is its pid
+    assert len(jobs) == record["num_trials"] > 0 and record["num_reused"] == 0  # every simulation a job
+    assert record["winner"]["label"].startswith("h100 TP1 1x") and record["next_cheaper"]["label"].startswith("a100")
