@@ -42,7 +42,7 @@ def series(gpu: str, lo: int = 128, hi: int = 4096) -> Iterator[tuple[float, flo
         yield n, k, m, np.array([np.median(r.ms[sel & (r.m == x)]) for x in m])
 
 
-def waves_of(m: int, n: int, tile: tuple[int, int], sms: int) -> int:
+def waves_of(m: float, n: float, tile: tuple[int, int], sms: int) -> int:
     return int(np.ceil(np.ceil(m / tile[0]) * np.ceil(n / tile[1]) / sms))
 
 
@@ -52,11 +52,16 @@ def the_miss() -> None:
     print(f"   {'M':>4} {'ms':>6}  " + "  ".join(f"{a}x{b}" for a, b in TILES))
     for row, t in zip(m, ms):
         if row % 64 in (0, 8):
-            print(f"   {row:4.0f} {t:6.3f}  " + "  ".join(f"{waves_of(row, n, s, SMS['h100']):>{len(f'{s[0]}x{s[1]}')}}" for s in TILES))
+            print(
+                f"   {row:4.0f} {t:6.3f}  "
+                + "  ".join(f"{waves_of(row, n, s, SMS['h100']):>{len(f'{s[0]}x{s[1]}')}}" for s in TILES)
+            )
     t = dict(zip(m, ms))
     fewer = all(waves_of(256, n, s, SMS["h100"]) <= waves_of(264, n, s, SMS["h100"]) for s in TILES)
-    print(f"   t(256) / t(264) = {t[256] / t[264]:.2f}; every tile shape has at most as many waves at 256 rows "
-          f"as at 264: {fewer}")
+    print(
+        f"   t(256) / t(264) = {t[256] / t[264]:.2f}; every tile shape has at most as many waves at 256 rows "
+        f"as at 264: {fewer}"
+    )
 
 
 def structure(gpu: str) -> None:
@@ -67,7 +72,9 @@ def structure(gpu: str) -> None:
         res = []
         for n, _, m, ms in series(gpu):
             work = paid_rows(m, n, w)
-            coef, *_ = np.linalg.lstsq(np.column_stack([np.ones_like(work), work]) / ms[:, None], np.ones_like(ms), rcond=None)
+            coef, *_ = np.linalg.lstsq(
+                np.column_stack([np.ones_like(work), work]) / ms[:, None], np.ones_like(ms), rcond=None
+            )
             res += list(np.abs((coef[0] + coef[1] * work) / ms - 1))
         print(f"   {label:26} {np.median(res):5.1%}  {np.mean(np.array(res) <= 0.05):4.0%}")
     steps: dict[bool, list[float]] = {True: [], False: []}
@@ -96,7 +103,9 @@ def loo(gpus: list[str]) -> None:
             for tps in ({1}, {c.tp for c in cases}):
                 errs = np.array([abs(p.error) for c in cases if c.tp in tps for p in c.points])
                 cells.append(f"{np.median(errs):4.1%} {np.mean(errs <= 0.10):4.0%} {errs.max():5.1%}")
-            l7 = [p.error for c in cases if (c.model, c.tp) == ("Llama-2-7b-hf", 1) for p in c.points if p.tokens == 256]
+            l7 = [
+                p.error for c in cases if (c.model, c.tp) == ("Llama-2-7b-hf", 1) for p in c.points if p.tokens == 256
+            ]
             print(f"   {label:26} {gpu:5} {' | '.join(cells)}  {f'{l7[0]:+.1%}' if gpu == 'h100' and l7 else ''}")
 
 
