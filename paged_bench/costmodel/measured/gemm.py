@@ -10,6 +10,12 @@ efficiency ``eff`` read from a table over log2(M) (half-octave knots) and log2(N
 size: a TP slice's small matmul fills fewer SMs), each knot the median of what the rows near it
 reached. Interpolated between knots, held at the edges, and never above 1: a step stays slower
 than its FLOPs at peak and its bytes at the datasheet bandwidth.
+
+``Waves`` (off by default) makes the compute side pay for wave quantization as well: the output
+tiles, ceil(M / 128) x ceil(N / tile_n), run in waves of one tile per SM, so a GEMM whose tile count
+just passes a multiple of the SM count pays (a ``share`` of) a whole extra wave (NVIDIA's "Matrix
+Multiplication Background User's Guide", tile and wave quantization). Fitted on the profiles it
+does not pay: ``benchmarks/measured_waves.py`` and docs/costmodel.md give the numbers.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ M_KNOTS = np.arange(0.0, 15.01, 0.5)  # log2(M): 1 .. 32768 rows
 SIZE_STEP = 2.0  # log2(N x K) between the size knots
 BYTES = 2  # bf16/fp16 operands, what the profiles ran
 MEMORY_BOUND = 0.95  # a row whose bytes at the fitted bandwidth take this share of its time
+# streaming multiprocessors, from the datasheets (H100 SXM5, A100, A40): one tile per SM a wave
+SMS = {"h100": 132, "a100": 108, "a40": 84}
 
 
 def gemm_flops(m: np.ndarray | float, n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
@@ -45,17 +53,41 @@ def _padded(m: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class Waves:
+    """Wave quantization: a GEMM pays ``(1 - share) x tiles + share x whole waves x sms`` tiles of
+    128 x ``tile_n`` (share 1: every partial wave costs a full one; 0: the tiles alone)."""
+
+    share: float
+    tile_n: int = TILE
+    sms: int = 0  # the GPU's (``SMS``), set by whoever fits the surface for a GPU
+
+    def tiles(self, m: np.ndarray, n: np.ndarray) -> np.ndarray:
+        tiles = np.ceil(m / TILE) * np.ceil(n / self.tile_n)
+        return (1 - self.share) * tiles + self.share * np.ceil(tiles / self.sms) * self.sms
+
+
+def paid_rows(m: np.ndarray, n: np.ndarray | float, waves: Waves | None = None) -> np.ndarray:
+    """Rows whose FLOPs (2 x rows x N x K) the compute side pays for: ``_padded``, or the tiles
+    ``waves`` pays for, in rows (few-row matmuls pay for what they have either way)."""
+    if waves is None:
+        return _padded(m)
+    n = np.asarray(n, float)
+    return np.where(m > TILE // 2, waves.tiles(m, n) * TILE * waves.tile_n / n, m)
+
+
+@dataclass(frozen=True)
 class GemmSurface:
     peak_flops: float
     bandwidth: float  # fitted, bytes/s (<= the datasheet's)
     launch: float  # seconds
     size_knots: np.ndarray  # log2(N x K)
     log_eff: np.ndarray  # [M knot, size knot]: log of the reachable fraction of peak
+    waves: Waves | None = None  # None: the compute side pays for whole 128-row tiles only
 
     def seconds(self, m: np.ndarray | float, n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
         rows = np.maximum(np.asarray(m, float), 1.0)
         eff = np.exp(self._log_eff(np.log2(_padded(rows)), np.log2(np.asarray(n, float) * k)))
-        compute = gemm_flops(_padded(rows), n, k) / (self.peak_flops * eff)
+        compute = gemm_flops(paid_rows(rows, n, self.waves), n, k) / (self.peak_flops * eff)
         return self.launch + np.maximum(gemm_bytes(rows, n, k) / self.bandwidth, compute)
 
     def _log_eff(self, lm: np.ndarray, ls: np.ndarray) -> np.ndarray:
@@ -71,8 +103,9 @@ class GemmSurface:
                 + tab[i, j + 1] * (1 - fi) * fj + tab[i + 1, j + 1] * fi * fj)  # fmt: skip
 
 
-def fit_surface(rows: GemmShapes, peak_flops: float, bandwidth: float) -> GemmSurface:
-    """The surface of one GPU (``peak_flops``, ``bandwidth``: its datasheet's) from its rows."""
+def fit_surface(rows: GemmShapes, peak_flops: float, bandwidth: float, waves: Waves | None = None) -> GemmSurface:
+    """The surface of one GPU (``peak_flops``, ``bandwidth``: its datasheet's) from its rows;
+    ``waves`` (its ``sms`` set): the compute side pays for wave quantization too."""
     t = rows.ms * 1e-3
     small = rows.m <= SMALL_M
     # relative least squares: t_i = launch + bytes_i / bw, each row weighted by 1 / t_i
@@ -83,7 +116,7 @@ def fit_surface(rows: GemmShapes, peak_flops: float, bandwidth: float) -> GemmSu
     # its bytes explain (memory-bound) says only that compute was faster: it sets no knot, so
     # the memory side (what a faster memory speeds up: h200) prices it
     left = np.maximum(t - launch, 1e-9)
-    eff = gemm_flops(_padded(rows.m), rows.n, rows.k) / (peak_flops * left)
+    eff = gemm_flops(paid_rows(rows.m, rows.n, waves), rows.n, rows.k) / (peak_flops * left)
     eff[gemm_bytes(rows.m, rows.n, rows.k) * per_byte >= MEMORY_BOUND * left] = np.nan
     # nor does a row of a few tokens (a matrix-vector kernel: its bytes and launch price it)
     eff[rows.m <= TILE // 2] = np.nan
@@ -98,7 +131,7 @@ def fit_surface(rows: GemmShapes, peak_flops: float, bandwidth: float) -> GemmSu
             if sel.any():
                 tab[i, j] = np.log(np.median(eff[sel]))
     _fill(tab, sk)
-    return GemmSurface(peak_flops, 1.0 / per_byte, launch, sk, np.minimum(tab, 0.0))
+    return GemmSurface(peak_flops, 1.0 / per_byte, launch, sk, np.minimum(tab, 0.0), waves)
 
 
 def _fill(tab: np.ndarray, sk: np.ndarray) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from paged_bench.costmodel.measured.elementwise import row_shape
+from paged_bench.costmodel.measured.gemm import Waves
 from paged_bench.costmodel.measured.profiles import gemm_dims, kernel_rows
 from paged_bench.costmodel.measured.step import LAYER_ELEMENTWISE, fit_kernels, layer_seconds
 
@@ -34,12 +35,14 @@ class HeldOut:
     points: tuple[Point, ...]
 
 
-def leave_one_out(gpu: str, tps: Sequence[int] | None = None, models: Sequence[str] | None = None) -> Iterator[HeldOut]:
-    """Per held-out model of ``gpu`` (all, or ``models``) and TP degree (all, or ``tps``)."""
+def leave_one_out(gpu: str, tps: Sequence[int] | None = None, models: Sequence[str] | None = None,
+                  waves: Waves | None = None) -> Iterator[HeldOut]:  # fmt: skip
+    """Per held-out model of ``gpu`` (all, or ``models``) and TP degree (all, or ``tps``); ``waves``:
+    with a surface that pays for wave quantization (``benchmarks/measured_waves.py``)."""
     rows = kernel_rows(gpu)
     names = models or sorted({r.model.name for r in rows})
     for name in names:
-        fit = fit_kernels(gpu, leave_out=name)
+        fit = fit_kernels(gpu, leave_out=name, waves=waves)
         mine = [r for r in rows if r.model.name == name and r.num_tokens in TOKENS]
         for tp in sorted({r.tp for r in mine}):
             if tps is not None and tp not in tps:

@@ -29,7 +29,7 @@ from paged_bench.costmodel.measured.attention import ATTENTION_EFF, AttentionWor
 from paged_bench.costmodel.measured.collectives import all_reduce_curves
 from paged_bench.costmodel.measured.elementwise import OpCost, Shape, fit_elementwise, op_elements
 from paged_bench.costmodel.measured.engine_cpu import EngineCPU, engine_cpu
-from paged_bench.costmodel.measured.gemm import GemmSurface, fit_surface
+from paged_bench.costmodel.measured.gemm import SMS, GemmSurface, Waves, fit_surface
 from paged_bench.costmodel.measured.profiles import GEMM_OPS, gemm_rows
 from paged_bench.costmodel.roofline import HARDWARE, RooflineCost
 from paged_bench.errors import check
@@ -66,16 +66,18 @@ def datasheet(gpu: str) -> tuple[float, float]:
     return HARDWARE[gpu].peak_flops, HARDWARE[gpu].mem_bandwidth
 
 
-def fit_kernels(gpu: str, leave_out: str | None = None) -> Kernels:
-    """``gpu``'s kernels fitted to its profiles (without ``leave_out``'s, to check the fit)."""
+def fit_kernels(gpu: str, leave_out: str | None = None, waves: Waves | None = None) -> Kernels:
+    """``gpu``'s kernels fitted to its profiles (without ``leave_out``'s, to check the fit; with
+    ``waves``, a surface that pays for wave quantization on ``gpu``'s SMs: the check of it)."""
     if gpu in DERIVED:
         src, scale = DERIVED[gpu]
-        base = fit_kernels(src, leave_out)
+        base = fit_kernels(src, leave_out, waves)
         surface = replace(base.surface, bandwidth=base.surface.bandwidth * scale)
         ops = {op: replace(c, element_scale=c.element_scale / scale) for op, c in base.elementwise.items()}
         return Kernels(gpu, surface, ops)
     peak, bandwidth = datasheet(gpu)
-    return Kernels(gpu, fit_surface(gemm_rows(gpu, leave_out), peak, bandwidth),
+    waves = None if waves is None else replace(waves, sms=SMS[gpu])
+    return Kernels(gpu, fit_surface(gemm_rows(gpu, leave_out), peak, bandwidth, waves),
                    fit_elementwise(gpu, leave_out))  # fmt: skip
 
 
