@@ -1,7 +1,7 @@
 """The calibrated roofline's CPU terms, each on a step built to need it: K/V past the
 last-level cache, the heap a run's first large steps grow (priced once, in run order), the
 calibration run's workload; the NNLS the fit solves with; a preset that prices a removed term;
-and the numpy backend holding its freed temporaries while bound."""
+the numpy backend holding its freed temporaries while bound; its prompt scores, counted slice by slice."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from paged_bench.calibration.fit import _nnls
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.plan import NewRequestData, SamplingParams, StepPlan
 from paged_bench.costmodel.roofline import Hardware, HeapMark, RooflineCost, load_preset, save_preset
-from paged_bench.errors import ConfigError
 from paged_bench.costmodel.step_work import RunTables, scattered_blocks, sliced_scores, step_work
+from paged_bench.errors import ConfigError
 from paged_bench.model import heap, ops_numpy
 from paged_bench.model.config import PRESETS
 from paged_bench.run import registry

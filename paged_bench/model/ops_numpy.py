@@ -21,7 +21,6 @@ from paged_bench.model.batch import AttnGroup, StepBatch
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.forward import rope_table
 
-
 # the most attention scores (floats) one slice of a prefill holds: 16 MiB
 SCORE_ELEMENTS = 1 << 22
 
