@@ -105,7 +105,8 @@ def main() -> None:
         changes = {case: [b / a - 1 if a else 0.0 for b, a in zip(busy(run, run.priced(variant)), base[case])]
                    for case, run in runs.items()}  # fmt: skip
         kept = "yes" if max(abs(c) for pair in changes.values() for c in pair) > KEEP else "no"
-        error = fit_errors(variant, rectangles(cost, info, samples) if term == SLICED else samples)["median_abs_rel_err"]
+        counted = rectangles(cost, info, samples) if term == SLICED else samples
+        error = fit_errors(variant, counted)["median_abs_rel_err"]
         for case, (prompt, decode) in changes.items():
             print(f"| {term} | {error:.1%} | {case[0]}/{case[1]} | {prompt:+.1%} | {decode:+.1%} | {kept} |")
 
