@@ -1,7 +1,7 @@
 """The calibrated roofline's CPU terms, each on a step built to need it: K/V past the
 last-level cache, the heap a run's first large steps grow (priced once, in run order), the
 calibration run's workload; the NNLS the fit solves with; a preset that prices a removed term;
-and the numpy backend holding its freed temporaries while bound."""
+the numpy backend holding its freed temporaries while bound; its prompt scores, counted slice by slice."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from paged_bench.calibration.fit import _nnls
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.plan import NewRequestData, SamplingParams, StepPlan
 from paged_bench.costmodel.roofline import Hardware, HeapMark, RooflineCost, load_preset, save_preset
+from paged_bench.costmodel.step_work import RunTables, scattered_blocks, sliced_scores, step_work
 from paged_bench.errors import ConfigError
-from paged_bench.costmodel.step_work import RunTables, scattered_blocks, step_work
-from paged_bench.model import heap
+from paged_bench.model import heap, ops_numpy
 from paged_bench.model.config import PRESETS
 from paged_bench.run import registry
 from tests.conftest import compose_config
@@ -202,3 +202,35 @@ def test_the_numpy_kv_pool_is_resident_from_the_start():
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     pool[...] = 1.0  # every slot written, as a run's steps do in time
     assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults <= 2  # np.zeros: hundreds
+
+
+def test_sliced_scores_count_what_the_numpy_backends_prefill_attention_computes(monkeypatch):
+    # the backend's own slicing, small enough here that the chunks after context slice
+    monkeypatch.setattr(ops_numpy, "SCORE_ELEMENTS", 4096)
+    backend = registry.create("backend", "numpy", model="tiny", threads=1)
+    tiny = backend.model_config
+    alloc = PagedAllocator(num_blocks=64, block_size=16, prefix_caching=False)
+    backend.bind(alloc)
+    computed = []
+    attend = backend.ops._attend
+
+    def counting(qg, kv, mask, scale):
+        if mask.ndim == 2:  # a prompt slice: [rows, keys]
+            computed.append(mask.size)
+        return attend(qg, kv, mask, scale)
+
+    monkeypatch.setattr(backend.ops, "_attend", counting)
+    plan, _ = cal_shapes._plan(cal_shapes.Shape(2, 2, 40, 70), alloc, np.random.default_rng(0), tiny.vocab_size)
+    backend.execute(plan)
+    backend.close()
+    assert backend.ops.score_slice == 4096 and len(computed) > 2  # sliced
+    work = step_work(plan, tiny, "float32", 16, score_slice=4096)
+    assert work.score_bytes == 4.0 * tiny.num_layers * tiny.num_heads * sum(computed) / tiny.num_layers
+    # unsliced, the padded group's rectangle, as torch computes it
+    assert step_work(plan, tiny, "float32", 16).score_bytes == 4.0 * tiny.num_layers * tiny.num_heads * 2 * 40 * 110
+
+
+def test_sliced_scores_run_from_the_whole_rectangle_to_the_causal_triangle():
+    assert sliced_scores(100, 50, 4, 1 << 30) == 50 * 150  # one slice: every key to the chunk's end, masked ones too
+    assert sliced_scores(100, 50, 4, 4 * 150) == sum(100 + i for i in range(1, 51))  # a row a slice: the triangle
+    assert 50 * 125 < sliced_scores(100, 50, 4, 4 * 150 * 10) < 50 * 150

@@ -29,7 +29,7 @@ from paged_bench.calibration.engine_cost import measure_engine_cost
 from paged_bench.calibration.fit import fit, fit_errors
 from paged_bench.calibration.heap_growth import time_heap_growth
 from paged_bench.calibration.matmuls import matmul_rounds
-from paged_bench.calibration.shapes import BLOCK_SIZE, Shape, default_shapes, shape_rounds
+from paged_bench.calibration.shapes import BLOCK_SIZE, Shape, default_shapes, score_slice, shape_rounds
 from paged_bench.cli.hydra_errors import hydra_error
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.costmodel.roofline import HARDWARE, Hardware, RooflineCost, hardware, measure_cpu, save_preset
@@ -71,7 +71,7 @@ def calibrate(
             curve = next(matmul_timer)
             if between_rounds is not None:
                 between_rounds(round_no)
-        hw = replace(hw, matmul_curve=curve, eager_attention=True)
+        hw = replace(hw, matmul_curve=curve, eager_attention=True, score_slice_elements=score_slice(backend))
     finally:
         backend.close()
     cost = fit(RooflineCost(model, hw, dtype), samples)

@@ -151,14 +151,21 @@ def shape_rounds(
                 blocks.free(req)
             backend.execute(StepPlan(finished_req_ids=tuple(r.request_id for r in reqs)))  # the backend lets them go
             if round_no == 0:
-                works.append(shape_work(plan, model, dtype))
+                works.append(shape_work(plan, model, dtype, score_slice(backend)))
         yield [(work, typical_seconds(t)) for work, t in zip(works, times)]
 
 
-def shape_work(plan: StepPlan, model: ModelConfig, dtype: str) -> StepWork:
-    """The work of a shape's first ``_plan`` (every row new, its whole table in the plan)."""
+def shape_work(plan: StepPlan, model: ModelConfig, dtype: str, slice_elements: int | None = None) -> StepWork:
+    """The work of a shape's first ``_plan`` (every row new, its whole table in the plan), its
+    prompt chunks' scores counted in slices of ``slice_elements`` (``score_slice``)."""
     scattered = scattered_blocks(plan, [new.block_ids for new in plan.new_reqs], BLOCK_SIZE)
-    return step_work(plan, model, dtype, BLOCK_SIZE, scattered=scattered)
+    return step_work(plan, model, dtype, BLOCK_SIZE, scattered=scattered, score_slice=slice_elements)
+
+
+def score_slice(backend: Backend) -> int | None:
+    """The most scores a slice of the backend's prompt attention holds (the numpy backend's
+    ``SCORE_ELEMENTS``); None where it runs its prompt chunks as one padded group (torch)."""
+    return getattr(getattr(backend, "ops", None), "score_slice", None)
 
 
 def _shuffled(num_blocks: int, rng: np.random.Generator) -> PagedAllocator:

@@ -86,6 +86,10 @@ class Hardware:
     # (``StepWork.scattered_blocks``): a run's frees scatter its tables, and scattered K/V
     # costs more to gather at the same bytes; calibrated CPU presets only
     per_scattered_block: float = 0.0
+    # an eager attention that runs each prompt chunk alone in slices of at most this many
+    # scores (the numpy backend's ``SCORE_ELEMENTS``): its score matrices are counted slice by
+    # slice (``step_work.sliced_scores``); None: the prompt chunks' padded group (torch)
+    score_slice_elements: int | None = None
     # measured matmul seconds by the step's token count, (tokens, every layer's matmuls, the LM
     # head on that many rows), ascending: replaces the matmul roofline where a calibration
     # found one. A CPU BLAS at one thread is no roofline for the few rows of a decode step:
@@ -253,7 +257,7 @@ class RooflineCost:
         with the run's ``tables`` (brought up to each plan here), its scattered blocks."""
         hw = self.hardware
         scattered = tables.scattered_blocks(plan, block_size) if tables is not None and hw.per_scattered_block else 0
-        work = step_work(plan, self.model, self.dtype, block_size, self.shard, scattered)
+        work = step_work(plan, self.model, self.dtype, block_size, self.shard, scattered, hw.score_slice_elements)
         seconds = self.seconds(work)
         if heap is not None and hw.per_heap_growth_byte:
             need = hw.heap_bytes_per_score_byte * work.score_bytes / self.model.num_layers

@@ -21,7 +21,6 @@ from paged_bench.model.batch import AttnGroup, StepBatch
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.forward import rope_table
 
-
 # the most attention scores (floats) one slice of a prefill holds: 16 MiB
 SCORE_ELEMENTS = 1 << 22
 
@@ -70,6 +69,12 @@ class NumpyOps:
         pool = np.empty((c.num_layers, num_slots, 2, c.num_kv_heads, c.head_dim), np.float32)
         pool.fill(0)
         return pool
+
+    @property
+    def score_slice(self) -> int:
+        """The most scores one slice of a prefill holds (the cost model counts its scores so:
+        ``costmodel.step_work.sliced_scores``)."""
+        return SCORE_ELEMENTS
 
     def copy_slots(self, src: np.ndarray, dst: np.ndarray, src_slots: np.ndarray, dst_slots: np.ndarray) -> None:
         dst[:, dst_slots] = src[:, src_slots]
