@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 from paged_bench.calibration import shapes as cal_shapes
 from paged_bench.calibration.check_run import CALIBRATION_WORKLOAD, calibration_run_config
@@ -22,6 +23,7 @@ from paged_bench.costmodel.step_work import RunTables, scattered_blocks, sliced_
 from paged_bench.errors import ConfigError
 from paged_bench.model import heap, ops_numpy
 from paged_bench.model.config import PRESETS
+from paged_bench.model.ops_torch import TorchOps
 from paged_bench.run import registry
 from tests.conftest import compose_config
 
@@ -234,3 +236,5 @@ def test_sliced_scores_run_from_the_whole_rectangle_to_the_causal_triangle():
     assert sliced_scores(100, 50, 4, 1 << 30) == 50 * 150  # one slice: every key to the chunk's end, masked ones too
     assert sliced_scores(100, 50, 4, 4 * 150) == sum(100 + i for i in range(1, 51))  # a row a slice: the triangle
     assert 50 * 125 < sliced_scores(100, 50, 4, 4 * 150 * 10) < 50 * 150
+    torch_ops = TorchOps(PRESETS["tiny"], torch.device("cpu"), torch.float32)  # each chunk whole, in one piece
+    assert sliced_scores(100, 50, 4, torch_ops.score_slice) == 50 * 150

@@ -164,7 +164,8 @@ def shape_work(plan: StepPlan, model: ModelConfig, dtype: str, slice_elements: i
 
 def score_slice(backend: Backend) -> int | None:
     """The most scores a slice of the backend's prompt attention holds (the numpy backend's
-    ``SCORE_ELEMENTS``); None where it runs its prompt chunks as one padded group (torch)."""
+    ``SCORE_ELEMENTS``; torch's: unbounded, each chunk whole); None for a backend that does not
+    say (its prompt chunks are counted as one group padded to the longest)."""
     return getattr(getattr(backend, "ops", None), "score_slice", None)
 
 

@@ -87,8 +87,9 @@ class Hardware:
     # costs more to gather at the same bytes; calibrated CPU presets only
     per_scattered_block: float = 0.0
     # an eager attention that runs each prompt chunk alone in slices of at most this many
-    # scores (the numpy backend's ``SCORE_ELEMENTS``): its score matrices are counted slice by
-    # slice (``step_work.sliced_scores``); None: the prompt chunks' padded group (torch)
+    # scores (the numpy backend's ``SCORE_ELEMENTS``; torch's is unbounded: a chunk whole): its
+    # score matrices are counted slice by slice (``step_work.sliced_scores``); None (a preset
+    # from before): the prompt chunks as one group padded to the longest
     score_slice_elements: int | None = None
     # measured matmul seconds by the step's token count, (tokens, every layer's matmuls, the LM
     # head on that many rows), ascending: replaces the matmul roofline where a calibration

@@ -67,8 +67,9 @@ def step_work(
     # an eager attention (our numpy/torch backends) runs decodes as one group padded to the
     # longest context, masked keys included: it gathers K/V beyond what the requests hold (a
     # decode's one score per key is 1/head_dim of the K/V it gathers: the gather prices it).
-    # It materialises a prompt chunk's queries x keys scores: torch's prompt chunks as one
-    # group padded to the longest chunk and context, numpy's each alone in slices (``score_slice``)
+    # It computes a prompt chunk's queries x keys scores, each chunk alone (``AttnGroup.each``):
+    # numpy in slices of query rows (``score_slice``), torch whole; without a ``score_slice``
+    # (a preset from before) counted as one group padded to the longest chunk and context
     padding = decodes * decode_len + prefills * prefill_len - kv_read
     if score_slice is None:
         scores = prefills * chunk_len * prefill_len
