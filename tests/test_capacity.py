@@ -67,19 +67,27 @@ def test_the_rate_search_brackets_to_its_precision():
     assert len(search.tried) <= 10  # doubling to a bracket, then bisection: not a grid
 
 
-def test_a_run_stops_only_once_its_percentile_cannot_be_met():
+def test_a_run_stops_once_its_percentile_cannot_be_met_a_ttft_as_its_deadline_passes():
     class Req:
-        def __init__(self, ttft):
-            self.arrival_time, self.token_times = 0.0, [ttft, ttft + 0.01]
+        def __init__(self, arrival, ttft):
+            self.arrival_time, self.num_prompt_tokens, self.is_finished = arrival, 10, False
+            self.token_times = [] if ttft is None else [arrival + ttft, arrival + ttft + 0.01]
 
-    watch = Watch(Slo.from_config({"ttft_p90_ms": 100}), 100)
-    watch.on_step(1.0, [Req(0.2)] * 11)  # 11 of 100 over: p90 could still be met (interpolation)
-    assert watch.broken is None
+    # one request every 10 ms: the first 11 get their first token 200 ms late, then all in 50 ms,
+    # but for the 12th, still waiting; one too long to be served, and one rejected
+    reqs = [Req(i / 100, 0.2 if i < 11 else None if i == 11 else 0.05) for i in range(100)]
+    reqs[20].num_prompt_tokens = 500  # refused at the door (max_model_len 100): no TTFT
+    reqs[30].token_times, reqs[30].is_finished = [], True  # ended with no token: no TTFT
+    clock = [0.205]  # the run's own time, behind what a replica's step reports
+    watch = Watch(Slo.from_config({"ttft_p90_ms": 100}), reqs, max_model_len=100, now=lambda: clock[0])
+    watch.on_step(9.0, [])  # 11 of 100 over: p90 could still be met (interpolation)
+    assert watch.broken is None and watch.over == [11]  # the 12th's deadline is not past by the run's clock
+    clock[0] = 5.0
     try:  # (pytest.raises lets a KeyboardInterrupt through: it stops the session)
-        watch.on_step(2.0, [Req(0.2)])
+        watch.on_step(5.0, [])  # every deadline past: the 12th is over; the 20th and 30th have no TTFT
     except Broken:
         pass
-    assert watch.broken is not None and watch.broken.startswith("ttft_p90_ms")
+    assert watch.broken is not None and watch.broken.startswith("ttft_p90_ms: 12 requests")
 
 
 SMALL = ("workload=poisson", "workload.num_requests=120", "backend.model=llama-3-8b",
