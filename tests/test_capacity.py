@@ -65,6 +65,12 @@ def test_the_rate_search_brackets_to_its_precision():
         search.record(scale, scale <= 7.3)
     assert search.lo <= 7.3 < search.hi <= search.lo * 1.02
     assert len(search.tried) <= 10  # doubling to a bracket, then bisection: not a grid
+    # a guess that holds (a neighbour's bracket, scaled) ends it in three; a wrong one still brackets
+    for guess, most in (((7.0, 7.5), 3), ((20.0, 21.0), 12)):
+        search = RateSearch(SearchSettings(target=4.0, precision=0.1, min_scale=0.1, max_scale=100), guess=guess)
+        while (scale := search.next_scale()) is not None:
+            search.record(scale, scale <= 7.3)
+        assert search.lo <= 7.3 < search.hi <= search.lo * 1.1 and len(search.tried) <= most, search.tried
 
 
 def test_a_run_stops_once_its_percentile_cannot_be_met_a_ttft_as_its_deadline_passes():
