@@ -9,7 +9,9 @@ import math
 from pathlib import Path
 
 import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from paged_bench.capacity.launch import subdir_override
 from paged_bench.capacity.planner import run_plan
 from paged_bench.capacity.search import RateSearch, SearchSettings
 from paged_bench.capacity.slo import Broken, Slo, Watch
@@ -94,6 +96,11 @@ def test_a_run_stops_once_its_percentile_cannot_be_met_a_ttft_as_its_deadline_pa
     except Broken:
         pass
     assert watch.broken is not None and watch.broken.startswith("ttft_p90_ms: 12 requests")
+
+
+def test_a_trials_folder_is_its_key_whatever_hydra_would_read_it_as():
+    for key in ("3e51234567890123", "0123456789012345", "00c0ffee00c0ffee"):  # a float (inf), an int, a string
+        assert OverridesParser.create().parse_override(subdir_override(key)).value() == key
 
 
 SMALL = ("workload=poisson", "workload.num_requests=120", "backend.model=llama-3-8b",
