@@ -75,11 +75,10 @@ class Slo:
 
 
 def _latency_s(req: Request, latency: str) -> float | None:
+    """A finished request's TPOT or E2EL (a TTFT is checked by its deadline, ``Watch``)."""
     times = req.token_times
     if not times:
         return None
-    if latency == "ttft":
-        return times[0] - req.arrival_time
     if latency == "tpot":
         return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
     return times[-1] - req.arrival_time  # e2el (itl has no per-request figure: never stops a run early)
@@ -107,15 +106,15 @@ class Watch:
         self.allowed = [(100 - lim.percentile) * num_requests / 100 + 1 for lim in self.limits]
         self.over = [0] * len(self.limits)
         self.broken: str | None = None
-        self.now = now
+        self.clock = now
         # TTFT: the servable requests by deadline, and how far the clock has passed them
         self.by_arrival = sorted((r for r in requests if 0 < r.num_prompt_tokens < max_model_len),
                                  key=lambda r: r.arrival_time)  # fmt: skip
         self.passed = [0] * len(self.limits)
 
     def on_step(self, now: float, finished: list[Request]) -> None:
-        if self.now is not None:
-            now = self.now()
+        if self.clock is not None:
+            now = self.clock()
         for i, lim in enumerate(self.limits):
             if lim.latency == "ttft":
                 self.over[i] += self._past_deadline(i, now, lim.ms / 1000)
