@@ -9,7 +9,9 @@ import math
 from pathlib import Path
 
 import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from paged_bench.capacity.launch import subdir_override
 from paged_bench.capacity.planner import run_plan
 from paged_bench.capacity.search import RateSearch, SearchSettings
 from paged_bench.capacity.slo import Broken, Slo, Watch
@@ -65,21 +67,40 @@ def test_the_rate_search_brackets_to_its_precision():
         search.record(scale, scale <= 7.3)
     assert search.lo <= 7.3 < search.hi <= search.lo * 1.02
     assert len(search.tried) <= 10  # doubling to a bracket, then bisection: not a grid
+    # a guess that holds (a neighbour's bracket, scaled) ends it in three; a wrong one still brackets
+    for guess, most in (((7.0, 7.5), 3), ((20.0, 21.0), 12)):
+        search = RateSearch(SearchSettings(target=4.0, precision=0.1, min_scale=0.1, max_scale=100), guess=guess)
+        while (scale := search.next_scale()) is not None:
+            search.record(scale, scale <= 7.3)
+        assert search.lo <= 7.3 < search.hi <= search.lo * 1.1 and len(search.tried) <= most, search.tried
 
 
-def test_a_run_stops_only_once_its_percentile_cannot_be_met():
+def test_a_run_stops_once_its_percentile_cannot_be_met_a_ttft_as_its_deadline_passes():
     class Req:
-        def __init__(self, ttft):
-            self.arrival_time, self.token_times = 0.0, [ttft, ttft + 0.01]
+        def __init__(self, arrival, ttft):
+            self.arrival_time, self.num_prompt_tokens, self.is_finished = arrival, 10, False
+            self.token_times = [] if ttft is None else [arrival + ttft, arrival + ttft + 0.01]
 
-    watch = Watch(Slo.from_config({"ttft_p90_ms": 100}), 100)
-    watch.on_step(1.0, [Req(0.2)] * 11)  # 11 of 100 over: p90 could still be met (interpolation)
-    assert watch.broken is None
+    # one request every 10 ms: the first 11 get their first token 200 ms late, then all in 50 ms,
+    # but for the 12th, still waiting; one too long to be served, and one rejected
+    reqs = [Req(i / 100, 0.2 if i < 11 else None if i == 11 else 0.05) for i in range(100)]
+    reqs[20].num_prompt_tokens = 500  # refused at the door (max_model_len 100): no TTFT
+    reqs[30].token_times, reqs[30].is_finished = [], True  # ended with no token: no TTFT
+    clock = [0.205]  # the run's own time, behind what a replica's step reports
+    watch = Watch(Slo.from_config({"ttft_p90_ms": 100}), reqs, max_model_len=100, now=lambda: clock[0])
+    watch.on_step(9.0, [])  # 11 of 100 over: p90 could still be met (interpolation)
+    assert watch.broken is None and watch.over == [11]  # the 12th's deadline is not past by the run's clock
+    clock[0] = 5.0
     try:  # (pytest.raises lets a KeyboardInterrupt through: it stops the session)
-        watch.on_step(2.0, [Req(0.2)])
+        watch.on_step(5.0, [])  # every deadline past: the 12th is over; the 20th and 30th have no TTFT
     except Broken:
         pass
-    assert watch.broken is not None and watch.broken.startswith("ttft_p90_ms")
+    assert watch.broken is not None and watch.broken.startswith("ttft_p90_ms: 12 requests")
+
+
+def test_a_trials_folder_is_its_key_whatever_hydra_would_read_it_as():
+    for key in ("3e51234567890123", "0123456789012345", "00c0ffee00c0ffee"):  # a float (inf), an int, a string
+        assert OverridesParser.create().parse_override(subdir_override(key)).value() == key
 
 
 SMALL = ("workload=poisson", "workload.num_requests=120", "backend.model=llama-3-8b",

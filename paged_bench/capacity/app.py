@@ -75,7 +75,18 @@ class Plan:
         return scale_override(self.run["workload"], scale)
 
     def refuses(self, candidate: Candidate) -> str | None:
-        """Why the engine will not build this candidate's replica (None: it builds)."""
+        """Why the engine will not build this candidate's replica (None: it builds); kept in the
+        trials' folder, as a simulation is, so that a rerun composes and builds nothing."""
+        folder = self.trials_dir / trial_key(self.run, ["sizing", *self.extra, *candidate.engine_overrides()], self.slo)
+        record = trial.read(folder)
+        if record is None:
+            record = self._sizing(candidate)
+            trial.write(folder, record)
+        if record["refused"] is None and not self.base_rate:
+            self.base_rate = record["base_rate"]
+        return record["refused"]
+
+    def _sizing(self, candidate: Candidate) -> dict[str, Any]:
         cfg = run_config(self.launcher.compose([*self.extra, *candidate.engine_overrides()]))
         try:
             build_engine(cfg)
@@ -83,14 +94,14 @@ class Plan:
             if e.key not in SIZING_KEYS:
                 raise
             kind = "weights do not fit" if "weights" in str(e) else "KV pool cannot hold one longest request"
-            return f"{kind}: {e}"
+            return {"refused": f"{kind}: {e}", "base_rate": None}
         if not self.base_rate:  # the workload's own request rate, for QPS per dollar
             bench = build(cfg)
             bench.backend.close()
             times = sorted(r.arrival_time for r in bench.requests)
             span = times[-1] - times[0] if len(times) > 1 else 0.0
             self.base_rate = (len(times) - 1) / span if span > 0 else 0.0
-        return None
+        return {"refused": None, "base_rate": self.base_rate}
 
     def command(self, entry: Entry) -> str:
         """``entry`` at the target load as a plain ``python -m paged_bench`` command line."""

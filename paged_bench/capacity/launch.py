@@ -71,6 +71,12 @@ def trial_key(base: Mapping[str, Any], overrides: Sequence[str], slo: Slo) -> st
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def subdir_override(key: str) -> str:
+    """The override that puts a job in the folder ``key``, quoted: Hydra reads a bare hex key such
+    as ``3e51234567890123`` as a number (that one as inf, and ``0123`` as 123)."""
+    return f"hydra.sweep.subdir='{key}'"
+
+
 @dataclass(frozen=True)
 class TrialJob:
     key: str
@@ -108,7 +114,7 @@ class TrialLauncher:
             self._launcher = Plugins.instance().instantiate_launcher(hydra_context=context, task_function=trial_task,
                                                                      config=self.config)  # fmt: skip
         task = [o for o in self.hydra.overrides.task if not o.startswith("hydra")]
-        job_overrides = [[*task, *job.overrides, f"+plan.trial.scale={job.scale}", f"hydra.sweep.subdir={job.key}",
+        job_overrides = [[*task, *job.overrides, f"+plan.trial.scale={job.scale}", subdir_override(job.key),
                           f"hydra.sweep.dir={self.trials_dir}", "hydra.output_subdir=null"] for job in jobs]  # fmt: skip
         try:
             returns = self._launcher.launch(job_overrides, initial_job_idx=self.launched)

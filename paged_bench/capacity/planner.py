@@ -96,6 +96,20 @@ def _prune_dominated(entries: list[Entry], target: float) -> None:
                 break
 
 
+def guess(entry: Entry, entries: list[Entry]) -> tuple[float, float] | None:
+    """A bracket for ``entry``'s capacity, its search's first guess: the bracket of the measured
+    candidate of its family (``Candidate.family``) nearest in size, scaled by the sizes' ratio
+    (capacity grows about in proportion to the replicas that bind it); None where none is known."""
+    c = entry.candidate
+    known = [e for e in entries if e.candidate.family == c.family and e.search.lo and e.search.hi is not None
+             and e.search.next_scale() is None]  # fmt: skip
+    if not known:
+        return None
+    near = min(known, key=lambda e: abs(math.log(e.candidate.size / c.size)))
+    ratio = c.size / near.candidate.size
+    return near.search.capacity * ratio, near.search.upper * ratio
+
+
 def run_plan(candidates: list[Candidate], settings: SearchSettings, runner: Runner, refuses: Sizer,
              wave: int = DEFAULT_WAVE, on_wave: Callable[[list[Entry]], None] | None = None) -> PlanResult:  # fmt: skip
     """Search every candidate that survives pruning; the cheapest that meets the target wins."""
@@ -112,6 +126,9 @@ def run_plan(candidates: list[Candidate], settings: SearchSettings, runner: Runn
         batch = [e for e in entries if e.active][:wave]  # cheapest first (candidates come sorted)
         if not batch:
             break
+        for e in batch:  # a guess steers a search after its first scale (the target)
+            if e.search.guess is None and len(e.search.tried) <= 1:
+                e.search.guess = guess(e, entries)
         steps = [(e, e.search.next_scale()) for e in batch]
         records = runner([(e, rounded(s)) for e, s in steps if s is not None])
         for (entry, _), record in zip(steps, records):

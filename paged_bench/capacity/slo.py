@@ -3,7 +3,8 @@
 500 ms), checked on a run's summary (``p90_ttft_ms``, as ``python -m paged_bench`` writes it).
 
 A simulation that has already broken its SLO stops there (``Watch``): once more requests have
-exceeded a limit than the percentile lets through, no later request can bring it back. The
+exceeded a limit than the percentile lets through, no later request can bring it back (a
+request's TTFT is over once its deadline passes with no first token). The
 count is taken against every request of the workload, an upper bound on those the summary's
 percentile is over, so a run stopped early is one that would have failed whole.
 """
@@ -11,7 +12,7 @@ percentile is over, so a run stopped early is one that would have failed whole.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,37 +75,65 @@ class Slo:
 
 
 def _latency_s(req: Request, latency: str) -> float | None:
+    """A finished request's TPOT or E2EL (a TTFT is checked by its deadline, ``Watch``)."""
     times = req.token_times
     if not times:
         return None
-    if latency == "ttft":
-        return times[0] - req.arrival_time
     if latency == "tpot":
         return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
     return times[-1] - req.arrival_time  # e2el (itl has no per-request figure: never stops a run early)
 
 
 class Watch:
-    """A run's step callback that stops it (``Broken``) once a limit can no longer be met."""
+    """A run's step callback that stops it (``Broken``) once a limit can no longer be met.
 
-    def __init__(self, slo: Slo, num_requests: int) -> None:
+    A TTFT limit is checked as each request's deadline passes (``arrival + limit`` before the
+    run's clock), not as it finishes: one still waiting for its first token then is over
+    already, and an overloaded run is stopped as soon as its queue has made enough of them,
+    not when they have waited and then decoded to their end. The other latencies are known
+    when a request finishes."""
+
+    def __init__(self, slo: Slo, requests: Sequence[Request], max_model_len: int,
+                 now: Callable[[], float] | None = None) -> None:  # fmt: skip
+        """``requests``: the workload's; ``max_model_len``: the engine's (a longer prompt is
+        refused at the door and has no TTFT); ``now``: the time before which the run can stamp
+        no more tokens, when that is not the time the callback is given (a cluster: a replica's
+        step ends later than the next may begin)."""
         self.limits = [lim for lim in slo.limits if lim.latency != "itl"]
+        num_requests = len(requests)
         # p_q of N values is above L once more than (1 - q) N + 1 of them are (numpy's linear interpolation
         # then reads two values above L): the +1 keeps the stop sound at any N
         self.allowed = [(100 - lim.percentile) * num_requests / 100 + 1 for lim in self.limits]
         self.over = [0] * len(self.limits)
         self.broken: str | None = None
+        self.clock = now
+        # TTFT: the servable requests by deadline, and how far the clock has passed them
+        self.by_arrival = sorted((r for r in requests if 0 < r.num_prompt_tokens < max_model_len),
+                                 key=lambda r: r.arrival_time)  # fmt: skip
+        self.passed = [0] * len(self.limits)
 
     def on_step(self, now: float, finished: list[Request]) -> None:
-        if not finished:
-            return
+        if self.clock is not None:
+            now = self.clock()
         for i, lim in enumerate(self.limits):
-            seconds = lim.ms / 1000
-            for req in finished:
-                value = _latency_s(req, lim.latency)
-                if value is not None and value > seconds:
-                    self.over[i] += 1
+            if lim.latency == "ttft":
+                self.over[i] += self._past_deadline(i, now, lim.ms / 1000)
+            elif finished:
+                seconds = lim.ms / 1000
+                self.over[i] += sum(1 for req in finished if (_latency_s(req, lim.latency) or 0.0) > seconds)
             if self.over[i] > self.allowed[i]:
                 self.broken = (f"{lim.name}: {self.over[i]} requests over {lim.ms:g} ms by t={now:.1f} s "
                                f"(more than the {100 - lim.percentile}% the percentile lets through)")  # fmt: skip
                 raise Broken
+
+    def _past_deadline(self, i: int, now: float, seconds: float) -> int:
+        """How many requests' deadlines ``now`` has newly passed with no first token by then."""
+        reqs, k, over = self.by_arrival, self.passed[i], 0
+        while k < len(reqs) and reqs[k].arrival_time + seconds < now:
+            req = reqs[k]
+            first = req.token_times[0] if req.token_times else None
+            if (first is None and not req.is_finished) or (first is not None and first - req.arrival_time > seconds):
+                over += 1
+            k += 1
+        self.passed[i] = k
+        return over

@@ -56,6 +56,19 @@ class Candidate:
         return self.num_gpus * self.usd_per_gpu_hour
 
     @property
+    def family(self) -> tuple[Any, ...]:
+        """What it shares with the candidates whose capacity scales with its ``size``: all but
+        the number of colocated replicas, or of a split's prefill replicas."""
+        return (self.hardware, self.tensor_parallel_size, self.max_batch, self.max_num_batched_tokens, self.router,
+                self.decode if self.prefill else None)  # fmt: skip
+
+    @property
+    def size(self) -> int:
+        """The replicas its capacity grows with, about in proportion: the colocated ones (a router
+        spreads the load), or a split's prefill ones (prefill binds a split's TTFT)."""
+        return self.prefill or self.decode
+
+    @property
     def split(self) -> str:
         return f"{self.prefill}P+{self.decode}D" if self.prefill else f"{self.decode}x"
 
