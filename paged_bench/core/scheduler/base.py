@@ -71,9 +71,8 @@ class Scheduler:
         self.chunked_prefill = chunked_prefill
         self.prefill_first = prefill_first
         self.num_scheduler_steps = num_scheduler_steps
-        # vLLM's long_prefill_token_threshold (v1 Scheduler.schedule caps a request's num_new_tokens
-        # at it, running and waiting alike): most prompt tokens one request gets in a step, so a
-        # long prompt leaves the step's budget to others; 0 = no cap (the server's config sets 256)
+        # most prompt tokens a request gets a step, running or waiting (vLLM v1 Scheduler.schedule's
+        # cap), so a long prompt leaves the budget to others; 0 = no cap (conf/serve.yaml: 256)
         self.long_prefill_token_threshold = long_prefill_token_threshold
         # every id that ends a sequence (a checkpoint may name several): a set, so one test a row
         self.end_token_ids = frozenset(t for t in (eos_token_id, *stop_token_ids) if t is not None)
