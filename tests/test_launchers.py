@@ -73,7 +73,8 @@ def test_a_plans_simulations_run_as_submitit_jobs(tmp_path):
     trials = tmp_path / "trials"
     ran = call_cli(tmp_path, "workload=poisson", "workload.num_requests=60", "backend.model=llama-3-8b",
                    "plan.space.hardware=[a100,h100]", "plan.space.tensor_parallel_size=[1]", "plan.space.replicas=[1]",
-                   "plan.target_scale=6", "plan.search.precision=0.2", "tracking.enabled=false",
+                   "plan.target_scale=6", "plan.search.max_scale=8", "plan.search.precision=0.5", "plan.wave=8",
+                   "tracking.enabled=false",
                    f"plan.trials_dir={trials}", "hydra/launcher=submitit_local", "hydra.run.dir=out",
                    module="paged_bench.plan")  # fmt: skip
     assert ran.returncode == 0, ran.stderr
