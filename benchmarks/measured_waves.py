@@ -112,11 +112,13 @@ def loo(gpus: list[str]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", nargs="+", choices=sorted(SMS), default=["h100", "a100"])
+    ap.add_argument("--no-loo", action="store_true", help="leave out the leave-one-out table (its slow part)")
     args = ap.parse_args()
     the_miss()
     for gpu in args.gpu:
         structure(gpu)
-    loo(args.gpu)
+    if not args.no_loo:
+        loo(args.gpu)
 
 
 if __name__ == "__main__":
