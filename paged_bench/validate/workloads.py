@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from paged_bench.validate.cases import Workload
+from paged_bench.workloads.schedule import first_at_zero
 from paged_bench.workloads.sharegpt import sharegpt_sample
 
 
@@ -34,7 +35,7 @@ def arrival_times(n: int, rate: float, seed: int) -> np.ndarray:
     if math.isinf(rate):
         return np.zeros(n)
     gaps = np.random.default_rng(seed + 1).exponential(1.0 / rate, n)
-    return np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+    return first_at_zero(gaps[:-1])
 
 
 def write_trace(workload: Workload, path: Path, seed: int = 0) -> Path:
