@@ -1,11 +1,12 @@
 """How much a ShareGPT validation figure rests on which requests were drawn (issue 35).
 
-``python -m paged_bench.validate`` replays vLLM's ShareGPT sampler over the shipped table with one
-seed (``paged_bench.validate.simulate.SEED``); vLLM's own run drew 500 other conversations of the
-same dataset. This runs the registry's ShareGPT cases with every request at once (or the cases
-named) on draws of other seeds and prints, a draw a line, its longest output and mean lengths and
-each figure's ratio (simulated / published), so the spread a draw alone makes is on record:
-with every request at once the run lasts until its longest request ends.
+``python -m paged_bench.validate`` draws a ShareGPT case's requests from the shipped table with the
+published mean lengths (``paged_bench.workloads.sharegpt.sharegpt_with_means``); vLLM's own run
+drew 500 other conversations of the same dataset. With every request at once the run lasts until
+its longest request ends, so validate takes the mean over ``DRAWS_AT_ONCE`` draws. This runs the
+registry's ShareGPT cases with every request at once (or the cases named) on each draw alone and
+prints, a draw a line, its longest output and mean lengths and each figure's ratio (simulated /
+published), so the spread a draw alone makes is on record.
 
     python benchmarks/sharegpt_draws.py [--seeds 12] [--case NAME ...]
 """
@@ -35,7 +36,7 @@ def main() -> None:
         lengths = request_lengths(cases[0].workload, seed)
         cells = []
         for case in cases:
-            rows = run_case(case, time_limit_s=300, seed=seed)
+            rows = run_case(case, time_limit_s=300, seeds=[seed])
             cells.append("/".join("failed" if r.ratio is None else f"{r.ratio:.2f}" for r in rows))
         print(f"{seed:4d}  {lengths[:, 1].max():11d}  {lengths[:, 0].mean():5.0f}/{lengths[:, 1].mean():<5.0f}  "
               + "  ".join(cells), flush=True)  # fmt: skip

@@ -19,7 +19,14 @@ from paged_bench.validate.cases import Workload
 from paged_bench.validate.workloads import write_trace
 from paged_bench.workloads.base import WorkloadContext
 from paged_bench.workloads.poisson import PoissonWorkload
-from paged_bench.workloads.sharegpt import TABLE, sharegpt_sample, sharegpt_table, vllm_keeps
+from paged_bench.workloads.sharegpt import (
+    MEANS_WITHIN,
+    TABLE,
+    sharegpt_sample,
+    sharegpt_table,
+    sharegpt_with_means,
+    vllm_keeps,
+)
 
 # the vLLM 0.6.0 post's 500 ShareGPT prompts: "Average input tokens: 202, average output tokens: 179"
 PUBLISHED_MEANS = (202, 179)
@@ -106,12 +113,21 @@ def test_the_sharegpt_option_holds_a_whole_pair():
     assert cfg["max_model_len"] == 2048 >= int(sharegpt_table().sum(axis=1)[vllm_keeps(sharegpt_table())].max())
 
 
-def test_a_validation_cases_sharegpt_trace_is_vllms_draw(tmp_path):
-    workload = Workload("sharegpt", num_requests=40, rate=float("inf"), prompt_len=202, output_len=179)
+def test_a_validation_cases_sharegpt_trace_has_the_published_means(tmp_path):
+    """A published ShareGPT run is drawn with its own mean lengths: independent draws of the rows
+    vLLM's filter keeps, the same for a seed, and means nobody can match are one clear error."""
+    workload = Workload("sharegpt", num_requests=500, rate=float("inf"), prompt_len=202, output_len=179)
     path = write_trace(workload, tmp_path / "requests.csv", seed=7)
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [(int(r["prompt_len"]), int(r["output_len"])) for r in rows] == list(
-        map(tuple, sharegpt_sample(40, 7).tolist())
-    )
+    drawn = np.array([(int(r["prompt_len"]), int(r["output_len"])) for r in rows])
+    assert np.array_equal(drawn, sharegpt_with_means(500, (202, 179), 7))
+    assert np.all(np.abs(drawn.mean(axis=0) - (202, 179)) <= MEANS_WITHIN * np.array([202, 179]))
+    kept = {tuple(r) for r in sharegpt_table()[vllm_keeps(sharegpt_table())].tolist()}
+    assert {tuple(r) for r in drawn.tolist()} <= kept
+    assert len({tuple(r) for r in drawn.tolist()}) < 500  # drawn with replacement: the table is a sample
+    assert abs(sharegpt_table()[vllm_keeps(sharegpt_table())][:, 1].mean() - 179) > 20  # so the match is the draw's
+    assert not np.array_equal(drawn, sharegpt_with_means(500, (202, 179), 8))
     assert {float(r["arrival_time"]) for r in rows} == {0.0}  # QPS inf: every request at once
+    with pytest.raises(ConfigError, match=r"ShareGPT means='202 in / 900 out' is not allowed: no draw of 50 "):
+        sharegpt_with_means(50, (202, 900), 0)

@@ -6,14 +6,16 @@ case's simulated figure the one a run makes now."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import statistics
 from pathlib import Path
 
 import pytest
 
 from paged_bench.validate.bursts import burst_bounds, is_burst
 from paged_bench.validate.cases import load_registry
-from paged_bench.validate.simulate import run_case
+from paged_bench.validate.simulate import DRAWS_AT_ONCE, draw_seeds, run_case
 from tests.tracking_support import call_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,9 +80,12 @@ def test_the_doc_is_what_the_command_writes(direct):
     expected = [(c.name, f"{f.metric} ({f.unit})") for c in cases.values() for f in c.figures]
     assert [(r[0], r[5]) for r in rows] == expected  # every figure of the registry, in its order
     for r in rows:
-        published, simulated, ratio = (float(v.replace(",", "")) for v in r[6:9])
+        published, simulated = (float(v.replace(",", "")) for v in r[6:8])
+        ratio, spread = _ratio_cell(r[8])
         assert ratio == pytest.approx(simulated / published, abs=0.011 + 0.01 * ratio), r
-    errors = sorted(abs(float(r[8]) - 1) for r in rows)
+        assert (spread is not None) == (f"{DRAWS_AT_ONCE} draws" in r[4]), r  # a range where there are draws
+        assert spread is None or spread[0] - 0.005 <= ratio <= spread[1] + 0.005, r
+    errors = sorted(abs(_ratio_cell(r[8])[0] - 1) for r in rows)
     doc = DOC.read_text()
     line = re.search(r"\*\*(\d+ figures?: .*)\.\*\*", doc).group(1)
     n_within = int(line.split(": ")[1].split(" ")[0])
@@ -89,6 +94,29 @@ def test_the_doc_is_what_the_command_writes(direct):
     assert float(mine[7].replace(",", "")) == pytest.approx(direct.simulated, rel=2e-3), "make validate"
     for f in load_registry():
         assert f.source.citation in doc
+
+
+def _ratio_cell(cell: str) -> tuple[float, tuple[float, float] | None]:
+    """ "1.01 (0.87-1.12)": the ratio and its range over the draws; "0.95": a ratio alone."""
+    m = re.fullmatch(r"([\d.]+)(?: \(([\d.]+)-([\d.]+)\))?", cell)
+    assert m, cell
+    return float(m[1]), ((float(m[2]), float(m[3])) if m[2] else None)
+
+
+def test_a_sharegpt_burst_is_the_mean_over_its_draws():
+    """With every request at once a ShareGPT run lasts until its longest request ends, so such a
+    case runs on several draws: each figure their mean, with their least and greatest."""
+    cases = _cases()
+    case = cases["h100-70b-tp4-sharegpt-inf"]
+    assert draw_seeds(case) == range(DRAWS_AT_ONCE) and len(draw_seeds(cases["h100-70b-tp4-sharegpt-qps2"])) == 1
+    assert len(draw_seeds(cases["h100-8b-prefill-heavy-inf"])) == 1  # fixed lengths: every draw the same
+    small = dataclasses.replace(case, workload=dataclasses.replace(case.workload, num_requests=40))
+    singles = [run_case(small, 60, seeds=[seed]) for seed in (0, 1, 2)]
+    for i, row in enumerate(run_case(small, 60, seeds=[0, 1, 2])):
+        values = [rows[i].simulated for rows in singles]
+        assert len(set(values)) > 1 and row.draws == 3
+        assert row.simulated == pytest.approx(statistics.fmean(values)) and (row.low, row.high) == (min(values), max(values))
+        assert row.ratio_range == (min(values) / row.figure.published, max(values) / row.figure.published)
 
 
 def test_a_bursts_bounds_are_the_published_figures_arithmetic():

@@ -69,8 +69,8 @@ class Figure:
 
 @dataclass(frozen=True)
 class Workload:
-    """What the published run sent: ``dataset`` sharegpt (vLLM's sampler replayed over the shipped
-    ShareGPT lengths: ``workloads``) or fixed (``prompt_len`` / ``output_len`` each request),
+    """What the published run sent: ``dataset`` sharegpt (drawn from the shipped ShareGPT lengths
+    with the published means: ``workloads``) or fixed (``prompt_len`` / ``output_len`` each request),
     ``num_requests`` of them at ``rate`` requests/s (Poisson, as vLLM's benchmark_serving.py sends
     them) or all at once (inf)."""
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from paged_bench.errors import counted
 from paged_bench.validate.bursts import burst_table
 from paged_bench.validate.cases import SourceFile
-from paged_bench.validate.simulate import SEED, Compared
+from paged_bench.validate.simulate import DRAWS_AT_ONCE, Compared, draw_seeds
 from paged_bench.validate.workloads import request_lengths
-from paged_bench.workloads.sharegpt import MAX_PROMPT, MAX_TOTAL, MIN_TOKENS, sharegpt_table, vllm_keeps
+from paged_bench.workloads.sharegpt import MAX_PROMPT, MAX_TOTAL, MEANS_WITHIN, MIN_TOKENS, sharegpt_table, vllm_keeps
 
 TOLERANCE = 0.15  # a figure this close (|ratio - 1|) counts as met
 COMMAND = "python -m paged_bench.validate --write docs/validation.md"
@@ -51,7 +51,11 @@ def _num(value: float | None) -> str:
 
 
 def _ratio(row: Compared) -> str:
-    return "failed" if row.ratio is None else f"{row.ratio:.2f}"
+    """The ratio, and its range over the case's draws where it has several: "0.95 (0.77-1.12)"."""
+    if row.ratio is None:
+        return "failed"
+    spread = row.ratio_range
+    return f"{row.ratio:.2f}" + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread else "")
 
 
 def summary_line(t: Totals) -> str:
@@ -80,9 +84,12 @@ def terminal_table(rows: Sequence[Compared]) -> str:
 def _workload_text(row: Compared) -> str:
     w = row.case.workload
     rate = "all at once" if math.isinf(w.rate) else f"{w.rate:g} req/s"
-    if w.dataset == "sharegpt":  # the replayed draw's means beside the published ones
-        drawn = request_lengths(w, SEED).mean(axis=0)
-        lengths = f"ShareGPT, mean {drawn[0]:.0f} in / {drawn[1]:.0f} out (published {w.prompt_len} / {w.output_len})"
+    if w.dataset == "sharegpt":  # the draws' means beside the published ones
+        seeds = draw_seeds(row.case)
+        drawn = sum(request_lengths(w, seed).mean(axis=0) for seed in seeds) / len(seeds)
+        draws = f", {len(seeds)} draws" if len(seeds) > 1 else ""
+        lengths = (f"ShareGPT, mean {drawn[0]:.0f} in / {drawn[1]:.0f} out (published {w.prompt_len} / "
+                   f"{w.output_len}){draws}")  # fmt: skip
     else:
         lengths = f"{w.prompt_len} in / {w.output_len} out"
     return f"{w.num_requests} x {lengths}, {rate}"
@@ -109,16 +116,22 @@ def _workloads_text() -> str:
     table = sharegpt_table()
     kept = table[vllm_keeps(table)]
     return (
-        "Workloads: where a source used ShareGPT, vLLM's own sampler is replayed over ShareGPT lengths "
-        f"shipped with paged_bench (paged_bench/data/lengths/: {len(table)} conversations of "
-        "ShareGPT_V3_unfiltered_cleaned_split, a published random sample, counted in Llama 3 tokens as vLLM "
-        "counts them; its README gives the source and licence): shuffled with the seed, filtered as "
-        f"`sample_sharegpt_requests` filters (vllm-project/vllm `benchmarks/benchmark_serving.py`, tag v0.6.0: "
-        f"a prompt or output under {MIN_TOKENS} tokens, a prompt over {MAX_PROMPT:,} or a prompt + output over "
-        f"{MAX_TOTAL:,} is dropped; {len(kept)} kept, mean {kept[:, 0].mean():.0f} in / {kept[:, 1].mean():.0f} "
-        "out), the first N sent, each output exactly its completion's length (max_tokens, and vLLM's nightly "
-        "benchmark passes --ignore-eos). They are not the conversations vLLM's seed picked, but from the same "
-        "population; the workload column gives the replayed draw's means beside the published ones. The sonnet "
+        "Workloads: where a source used ShareGPT, the requests are drawn from ShareGPT lengths shipped with "
+        f"paged_bench (paged_bench/data/lengths/: {len(table)} conversations of ShareGPT_V3_unfiltered_cleaned_split, "
+        "a published random sample, counted in Llama 3 tokens as vLLM counts them; its README gives the source and "
+        "licence), the rows vLLM's sampler keeps (`sample_sharegpt_requests`, vllm-project/vllm "
+        f"`benchmarks/benchmark_serving.py`, tag v0.6.0: a prompt or output under {MIN_TOKENS} tokens, a prompt "
+        f"over {MAX_PROMPT:,} or a prompt + output over {MAX_TOTAL:,} is dropped; {len(kept)} kept, mean "
+        f"{kept[:, 0].mean():.0f} in / {kept[:, 1].mean():.0f} out), each output exactly its completion's length "
+        "(max_tokens, and vLLM's nightly benchmark passes --ignore-eos). vLLM's sampler takes the first N of ~90,000 "
+        "shuffled conversations that pass, in effect N independent draws of the population, and the source gives "
+        "its requests' mean lengths but not which conversations its seed took: so N rows are drawn independently "
+        f"(with replacement) from the kept rows until the draw's mean prompt and output are each within "
+        f"{MEANS_WITHIN:.1%} of the published means (`paged_bench.workloads.sharegpt.sharegpt_with_means`). With "
+        "every request at once a run lasts until its longest request ends, so which conversations were drawn "
+        f"sets its figures: those cases run on {DRAWS_AT_ONCE} draws, the simulated figure is their mean and the "
+        "ratio column gives the range over the draws in brackets. The workload column gives the draws' means beside "
+        "the published ones. The sonnet "
         "sets of vLLM's posts are modelled as fixed lengths at their published averages. Arrivals are vLLM's "
         "benchmark client's: all at once (QPS inf) or Poisson at the QPS."
     )

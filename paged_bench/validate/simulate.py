@@ -5,9 +5,11 @@ folder of its own that is removed afterwards, within a time limit."""
 
 from __future__ import annotations
 
+import math
 import signal
+import statistics
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,12 @@ from paged_bench.validate.cases import Case, Figure
 from paged_bench.validate.workloads import write_trace
 
 SEED = 0  # the modelled lengths' and arrivals' draw: the table is the same every time
+# A ShareGPT case with every request at once runs until its longest request ends, so which
+# conversations were drawn sets its figures (H100 8B throughput 0.76x-1.13x of vLLM's over 30
+# draws with the published means, benchmarks/sharegpt_draws.py): it is simulated on this many
+# draws and each figure is their mean (the median of a figure that jumps with the longest
+# request drawn is one draw's value or another's), with their range beside it.
+DRAWS_AT_ONCE = 9
 
 
 class CaseTimeout(PagedBenchError):
@@ -32,12 +40,29 @@ class Compared:
 
     case: Case
     figure: Figure
-    simulated: float | None  # None: the case failed (``error`` says why)
+    simulated: float | None  # None: the case failed (``error`` says why); the mean over draws
     error: str | None = None
+    low: float | None = None  # the least and greatest over the case's draws (``draw_seeds``)
+    high: float | None = None
+    draws: int = 1
 
     @property
     def ratio(self) -> float | None:
         return None if self.simulated is None else self.simulated / self.figure.published
+
+    @property
+    def ratio_range(self) -> tuple[float, float] | None:
+        """The least and greatest ratio over the case's draws (None for one draw)."""
+        if self.draws == 1 or self.low is None or self.high is None:
+            return None
+        return self.low / self.figure.published, self.high / self.figure.published
+
+
+def draw_seeds(case: Case) -> range:
+    """The seeds of the request draws ``case`` is simulated on: DRAWS_AT_ONCE for ShareGPT with
+    every request at once, else one."""
+    many = case.workload.dataset == "sharegpt" and math.isinf(case.workload.rate)
+    return range(SEED, SEED + (DRAWS_AT_ONCE if many else 1))
 
 
 def case_overrides(case: Case, trace: Path, seed: int = SEED) -> list[str]:
@@ -47,22 +72,34 @@ def case_overrides(case: Case, trace: Path, seed: int = SEED) -> list[str]:
             f"backend.tensor_parallel_size={case.tp}", *case.overrides]  # fmt: skip
 
 
-def run_case(case: Case, time_limit_s: float, seed: int = SEED) -> list[Compared]:
-    """``case`` simulated and each of its figures compared; a case that fails or runs past
-    ``time_limit_s`` gives its figures an error instead of a value (the other cases still run).
-    ``seed``: the draw of its requests (the registry's table uses SEED; other draws show how much
-    a figure rests on which requests were drawn: benchmarks/sharegpt_draws.py)."""
+def run_case(case: Case, time_limit_s: float, seeds: Sequence[int] | None = None) -> list[Compared]:
+    """``case`` simulated on each of its draws (``seeds``, default ``draw_seeds(case)``) and each
+    figure compared, as the mean over the draws; a case that fails or runs past
+    ``time_limit_s`` (a draw) gives its figures an error instead of a value (the other cases
+    still run). benchmarks/sharegpt_draws.py passes one seed at a time to show each draw."""
+    seeds = draw_seeds(case) if seeds is None else seeds
+    per_draw = []
+    for seed in seeds:
+        summary = _simulate(case, time_limit_s, seed)
+        if isinstance(summary, str):
+            return [Compared(case, f, None, summary) for f in case.figures]
+        per_draw.append([_figure_value(summary, f.metric) for f in case.figures])
+    return [Compared(case, f, statistics.fmean(values), low=min(values), high=max(values), draws=len(values))
+            for f, values in zip(case.figures, zip(*per_draw, strict=True), strict=True)]  # fmt: skip
+
+
+def _simulate(case: Case, time_limit_s: float, seed: int) -> dict[str, Any] | str:
+    """The run's summary on draw ``seed``, or why it failed."""
     with tempfile.TemporaryDirectory(prefix="paged_bench_validate_") as tmp:
-        trace = write_trace(case.workload, Path(tmp) / "requests.csv", seed)
         try:
+            trace = write_trace(case.workload, Path(tmp) / "requests.csv", seed)
             cfg = compose_config(*case_overrides(case, trace, seed))
             with _time_limit(time_limit_s):
-                summary = run_job(cfg, Path(tmp) / "run").summary
+                return run_job(cfg, Path(tmp) / "run").summary
         except CaseTimeout as e:
-            return [Compared(case, f, None, str(e)) for f in case.figures]
+            return str(e)
         except (PagedBenchError, ValueError, TypeError) as e:  # Hydra refuses an override with these
-            return [Compared(case, f, None, f"{type(e).__name__}: {str(e).splitlines()[0]}") for f in case.figures]
-    return [Compared(case, f, _figure_value(summary, f.metric)) for f in case.figures]
+            return f"{type(e).__name__}: {str(e).splitlines()[0]}"
 
 
 def _figure_value(summary: dict[str, Any], metric: str) -> float:

@@ -1,10 +1,11 @@
 """A published run's requests, as a trace file ``workload=trace`` replays.
 
-ShareGPT runs replay vLLM's own sampler over the ShareGPT lengths shipped with paged_bench
+ShareGPT runs draw from the ShareGPT lengths shipped with paged_bench
 (``paged_bench.workloads.sharegpt``: 992 of ShareGPT_V3_unfiltered_cleaned_split's
-conversations in Llama 3 tokens, shuffled with the seed, vLLM v0.6.0's length filter, the first
-N kept), each output exactly its completion's length (vLLM's nightly benchmark sends
-``--ignore-eos``). Fixed-length sets (vLLM's sonnet sets) send the case's lengths every time.
+conversations in Llama 3 tokens, the rows vLLM v0.6.0's length filter keeps), N independent
+draws whose mean prompt and output lengths come within 2.5% of the source's published means
+(``sharegpt_with_means``: the source gives its totals, not which conversations its seed took),
+each output exactly its completion's length (vLLM's nightly benchmark sends ``--ignore-eos``). Fixed-length sets (vLLM's sonnet sets) send the case's lengths every time.
 Arrivals are vLLM's ``benchmark_serving.py``'s: every request at once for ``rate=inf``, else
 exponential gaps of mean 1/rate (a Poisson process), the first request at 0.
 """
@@ -19,13 +20,14 @@ import numpy as np
 
 from paged_bench.validate.cases import Workload
 from paged_bench.workloads.schedule import first_at_zero
-from paged_bench.workloads.sharegpt import sharegpt_sample
+from paged_bench.workloads.sharegpt import sharegpt_with_means
 
 
 def request_lengths(workload: Workload, seed: int) -> np.ndarray:
-    """``workload``'s (prompt_len, output_len) per request."""
+    """``workload``'s (prompt_len, output_len) per request (a ShareGPT workload's ``prompt_len``
+    and ``output_len`` are the published means its draw matches)."""
     if workload.dataset == "sharegpt":
-        return sharegpt_sample(workload.num_requests, seed)
+        return sharegpt_with_means(workload.num_requests, (workload.prompt_len, workload.output_len), seed)
     return np.tile([workload.prompt_len, workload.output_len], (workload.num_requests, 1))
 
 

@@ -20,10 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
+from paged_bench.errors import ConfigError
+
 TABLE = Path(__file__).resolve().parent.parent / "data" / "lengths" / "sharegpt_v3_llama3.csv"
 MIN_TOKENS = 4  # vLLM's sampler drops a prompt or a completion shorter than this
 MAX_PROMPT = 1024  # ... a prompt longer than this
 MAX_TOTAL = 2048  # ... and a prompt + completion longer than this
+MEANS_WITHIN = 0.025  # how close a draw's mean lengths come to the published ones (sharegpt_with_means)
+_CANDIDATES = 64  # draws tried at once (one numpy call)
+_TRIES = 64_000  # draws tried in all before the means are refused: ~1 s
 
 
 @functools.lru_cache(maxsize=1)
@@ -64,3 +69,35 @@ def sharegpt_means() -> tuple[float, float]:
     table = sharegpt_table()
     kept = table[vllm_keeps(table)]
     return float(kept[:, 0].mean()), float(kept[:, 1].mean())
+
+
+def sharegpt_with_means(n: int, means: tuple[float, float], seed: int, within: float = MEANS_WITHIN) -> np.ndarray:
+    """``n`` (prompt_len, output_len) rows drawn independently from the rows vLLM's filter keeps,
+    redrawn until the draw's mean prompt and mean output are each within ``within`` (relative) of
+    ``means``: a published run's requests when the source gives its totals but not which
+    conversations it sent.
+
+    Why independent draws: vLLM's sampler walks ~90,000 shuffled conversations and keeps the first
+    N that pass, in effect N independent draws of the population; this table is a 992-conversation
+    sample of it, so drawing its rows with replacement (the bootstrap) stands for that. Drawing 500
+    of its 899 kept rows without replacement (``sharegpt_sample``) would put most of the table in
+    every draw, its longest completions in over half of them. Candidates are drawn
+    ``_CANDIDATES`` at a time from ``seed`` and the first that matches is returned, so the same
+    seed gives the same rows."""
+    if n <= 0:
+        return sharegpt_table()[:0]
+    table = sharegpt_table()
+    kept = table[vllm_keeps(table)]
+    target = np.asarray(means, dtype=float)
+    rng = np.random.default_rng(seed)
+    for _ in range(_TRIES // _CANDIDATES):
+        picks = kept[rng.integers(0, len(kept), (_CANDIDATES, n))]  # (candidate, request, field)
+        close = np.all(np.abs(picks.mean(axis=1) - target) <= within * target, axis=1)
+        if close.any():
+            return picks[int(np.argmax(close))]
+    have = kept.mean(axis=0)
+    raise ConfigError(
+        "ShareGPT means", f"{means[0]:g} in / {means[1]:g} out",
+        f"no draw of {n} requests came within {within:.1%} of them in {_TRIES:,} tries; the table's kept rows "
+        f"average {have[0]:.0f} / {have[1]:.0f} (fewer requests, or means nearer those, can match)",
+    )  # fmt: skip
