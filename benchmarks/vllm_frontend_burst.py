@@ -18,9 +18,11 @@ Llama-3's pre-tokenising split pattern and vocabulary size asked for (128,256; t
 may give fewer merges: the size reached is printed), called as vLLM 0.6.0 calls its tokenizer:
 through transformers' ``PreTrainedTokenizerFast`` (``tokenizer(prompt, add_special_tokens=True)
 .input_ids``, ``_normalize_prompt_text_to_input`` in vllm/entrypoints/openai/serving_engine.py).
-Prompts of 462 tokens (the post's sonnet sets) or 202 (its ShareGPT mean).
+Prompts of 462 tokens (the post's sonnet sets) or 202 (its ShareGPT mean). ``--tokenizer`` takes
+Llama 3's own ``tokenizer.model`` instead (tiktoken ranks, as benchmarks/derive_sharegpt_lengths.py
+takes it; needs ``pip install tiktoken``), converted by transformers' ``TikTokenConverter``.
 
-    .venv/bin/python benchmarks/vllm_frontend_burst.py [--requests 500] [--prompt-tokens 462]
+    .venv/bin/python benchmarks/vllm_frontend_burst.py [--requests 500] [--prompt-tokens 462] [--tokenizer FILE]
 
 Prints, for the burst: the client's CPU seconds, the server's CPU seconds (and per request), the
 tokeniser's time per prompt, the server's CPU before the first hand-off (per request: what
@@ -77,6 +79,14 @@ def train_tokenizer(lines: list[str]):  # -> tokenizers.Tokenizer
     )
     tok.train_from_iterator(lines, trainer)
     return tok
+
+
+def llama3_tokenizer(path: str):  # -> tokenizers.Tokenizer
+    """Llama 3's BPE from its tokenizer.model, as a Hugging Face fast tokenizer."""
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    return TikTokenConverter(vocab_file=path, pattern=LLAMA3_SPLIT,
+                             additional_special_tokens=["<|begin_of_text|>"]).converted()  # fmt: skip
 
 
 def prompts(tok, lines: list[str], n: int, tokens: int) -> list[str]:
@@ -223,6 +233,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=500)
     p.add_argument("--prompt-tokens", type=int, default=462)
+    p.add_argument("--tokenizer", help="Llama 3's tokenizer.model (default: a BPE trained here)")
     p.add_argument("--serve", nargs=3, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.serve:
@@ -232,7 +243,7 @@ def main() -> None:
     import urllib.request
 
     lines = corpus_lines()
-    tok = train_tokenizer(lines)
+    tok = llama3_tokenizer(a.tokenizer) if a.tokenizer else train_tokenizer(lines)
     texts = prompts(tok, lines, a.requests, a.prompt_tokens)
     from transformers import PreTrainedTokenizerFast
 
@@ -269,7 +280,8 @@ def main() -> None:
     first = min(starts.values())
     client_cpu = (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)
     server_cpu = stats["cpu_s"] - server_cpu0
-    print(f"tokenizer: vocabulary {tok.get_vocab_size():,} (asked {VOCAB:,}); prompts of {mean_tokens:.0f} tokens: "
+    asked = "Llama 3's tokenizer.model" if a.tokenizer else f"asked {VOCAB:,}"
+    print(f"tokenizer: vocabulary {tok.get_vocab_size():,} ({asked}); prompts of {mean_tokens:.0f} tokens: "
           f"{per_prompt_ms:.3f} ms CPU a prompt")  # fmt: skip
     print(f"burst of {len(starts)} requests: client CPU {client_cpu:.2f} s ({client_cpu / len(starts) * 1e3:.2f} ms a request), "
           f"server CPU {server_cpu:.2f} s ({server_cpu / len(starts) * 1e3:.2f} ms a request, the answers included)")  # fmt: skip
