@@ -40,6 +40,9 @@ from typing import Any
 from paged_bench.core.engine import EngineResult
 from paged_bench.core.request import Request
 from paged_bench.errors import check, check_number
+from paged_bench.run.output_timing import OUTPUT_TIMINGS
+
+_KEYS = ("request_ms", "token_ms", "intake_ms", "output_timing")
 
 
 @dataclass(frozen=True)
@@ -50,11 +53,14 @@ class FrontendSettings:
     request_ms: float = 0.0
     token_ms: float = 0.0
     intake_ms: float = 0.0
+    output_timing: str = "step"  # when a step's outputs reach the client: run/output_timing.py
 
     def __post_init__(self) -> None:
         check_number("frontend.request_ms", self.request_ms)
         check_number("frontend.token_ms", self.token_ms)
         check_number("frontend.intake_ms", self.intake_ms)
+        check(self.output_timing in OUTPUT_TIMINGS, "frontend.output_timing", self.output_timing,
+              " or ".join(OUTPUT_TIMINGS) + " (vllm060: as vLLM 0.6.0's server with async output processing)")  # fmt: skip
 
     @classmethod
     def from_config(cls, section: Any) -> FrontendSettings:
@@ -63,17 +69,18 @@ class FrontendSettings:
             return cls()
         check(isinstance(section, Mapping), "frontend", section, "a frontend config group option, e.g. frontend=none")
         for key, value in section.items():
-            check(key in ("request_ms", "token_ms", "intake_ms"), f"frontend.{key}", value, "not a frontend key; its "
-                  "keys are request_ms, token_ms, intake_ms")  # fmt: skip
-        return cls(section.get("request_ms", 0.0), section.get("token_ms", 0.0), section.get("intake_ms", 0.0))
+            check(key in _KEYS, f"frontend.{key}", value, f"not a frontend key; its keys are {', '.join(_KEYS)}")
+        return cls(section.get("request_ms", 0.0), section.get("token_ms", 0.0), section.get("intake_ms", 0.0),
+                   section.get("output_timing", "step"))  # fmt: skip
 
     @property
     def priced(self) -> bool:
-        return bool(self.request_ms or self.token_ms or self.intake_ms)
+        return bool(self.request_ms or self.token_ms or self.intake_ms) or self.output_timing != "step"
 
     def refuse_priced(self, allowed: str) -> None:
         """Refuse a priced front end where none applies (``allowed`` says what is, and why)."""
-        priced = {"request_ms": self.request_ms, "token_ms": self.token_ms, "intake_ms": self.intake_ms}
+        priced = {"request_ms": self.request_ms, "token_ms": self.token_ms, "intake_ms": self.intake_ms,
+                  "output_timing": self.output_timing}  # fmt: skip
         check(not self.priced, "frontend", priced, allowed)
 
 

@@ -21,6 +21,7 @@ from paged_bench.results.run_files import write_run, write_steps
 from paged_bench.run.bench import Bench, build
 from paged_bench.run.frontend import receive_through, send_through
 from paged_bench.run.outcome import JobOutcome, ProgressCallback, capacity_figures, run_info, step_callback
+from paged_bench.run.output_timing import deliver_as_vllm060
 
 
 def run_job(cfg: Mapping[str, Any], run_dir: Path, on_progress: ProgressCallback | None = None,
@@ -84,7 +85,10 @@ def run_in_process(bench: Bench, on_step: Callable[[EngineResult], object] | Non
     (``paged_bench.run.frontend``): what ``target=engine`` runs, and each capacity plan's trial."""
     frontend = bench.config.run.frontend
     sent = send_through(bench.requests, frontend)
+    window_log = bench.engine.scheduler.window_log = [] if frontend.output_timing == "vllm060" else None
     result = bench.engine.run(bench.requests, on_step, bench.max_concurrency)
+    if window_log is not None:  # outputs reach the client as vLLM 0.6.0's server hands them over
+        deliver_as_vllm060(result, window_log)
     if frontend.priced:
         receive_through(result, sent, frontend)
     return result

@@ -89,6 +89,7 @@ class Scheduler:
         self._window: list[Request] = []  # multi-step: the batch of the window under way
         self._window_left = 0  # its steps still to run after the last plan
         self._window_done: list[Request] = []  # ended inside it: their blocks go at its end
+        self.window_log: list[int] | None = None  # a list: each step's window_step, -1 if none (run/output_timing)
 
     # -- policy hooks ---------------------------------------------------------------------
 
@@ -176,6 +177,8 @@ class Scheduler:
 
     def update(self, plan: StepPlan, output: StepOutput, now: float) -> list[Request]:
         """Advance the scheduled requests by the step's output; returns those that finished."""
+        if self.window_log is not None:  # before the window's bookkeeping below can end it
+            self.window_log.append(plan.window_step if plan.window_step or self._window_left else -1)
         finished = []
         end_ids = self.end_token_ids
         sampled: Sequence[SupportsIndex] = output.token_ids  # ints of any kind, numpy's too, taken as they are
