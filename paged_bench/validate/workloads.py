@@ -13,6 +13,7 @@ exponential gaps of mean 1/rate (a Poisson process), the first request at 0.
 from __future__ import annotations
 
 import csv
+import functools
 import math
 from pathlib import Path
 
@@ -23,12 +24,17 @@ from paged_bench.workloads.schedule import first_at_zero
 from paged_bench.workloads.sharegpt import sharegpt_with_means
 
 
+@functools.lru_cache(maxsize=256)
 def request_lengths(workload: Workload, seed: int) -> np.ndarray:
     """``workload``'s (prompt_len, output_len) per request (a ShareGPT workload's ``prompt_len``
-    and ``output_len`` are the published means its draw matches)."""
+    and ``output_len`` are the published means its draw matches). Kept, read-only: the simulation
+    and the document's workload column ask for the same draws."""
     if workload.dataset == "sharegpt":
-        return sharegpt_with_means(workload.num_requests, (workload.prompt_len, workload.output_len), seed)
-    return np.tile([workload.prompt_len, workload.output_len], (workload.num_requests, 1))
+        lengths = sharegpt_with_means(workload.num_requests, (workload.prompt_len, workload.output_len), seed)
+    else:
+        lengths = np.tile([workload.prompt_len, workload.output_len], (workload.num_requests, 1))
+    lengths.flags.writeable = False
+    return lengths
 
 
 def arrival_times(n: int, rate: float, seed: int) -> np.ndarray:
