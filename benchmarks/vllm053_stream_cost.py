@@ -52,7 +52,7 @@ from importlib.metadata import version
 from typing import Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
-from vllm_frontend_burst import CompletionRequest, free_port
+from vllm_frontend_burst import CompletionRequest, free_port, wait_for
 
 WORD = " the"  # one detokenised output token's delta text (about four characters)
 
@@ -271,13 +271,7 @@ def measure(requests: int, outputs: int) -> dict[str, float]:
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(port), str(requests)])
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"{base}/stats", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
-
+        wait_for(f"{base}/stats", 300)
         async def burst() -> list[int]:
             return await asyncio.gather(*(one(f"{base}/v1/completions", outputs) for _ in range(requests)))
 
