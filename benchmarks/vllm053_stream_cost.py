@@ -38,7 +38,6 @@ fit over the lengths: CPU per output (the slope) and per request (the rest: the 
 start and end). CPU time, not wall: this shared 2-core machine stretches wall times.
 """
 
-
 import argparse
 import asyncio
 import json
@@ -49,7 +48,6 @@ import sys
 import time
 import urllib.request
 from importlib.metadata import version
-from typing import Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 from vllm_frontend_burst import CompletionRequest, free_port, wait_for
@@ -63,23 +61,23 @@ class OpenAIBaseModel(BaseModel):  # vLLM 0.5.3 protocol.py: extra fields forbid
 
 class CompletionLogProbs(OpenAIBaseModel):
     text_offset: list[int] = Field(default_factory=list)
-    token_logprobs: list[Optional[float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
     tokens: list[str] = Field(default_factory=list)
-    top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     total_tokens: int = 0
-    completion_tokens: Optional[int] = 0
+    completion_tokens: int | None = 0
 
 
 class CompletionResponseStreamChoice(OpenAIBaseModel):
     index: int
     text: str
-    logprobs: Optional[CompletionLogProbs] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Optional[Union[int, str]] = Field(default=None)
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = Field(default=None)
 
 
 class CompletionStreamResponse(OpenAIBaseModel):
@@ -88,19 +86,19 @@ class CompletionStreamResponse(OpenAIBaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
     choices: list[CompletionResponseStreamChoice]
-    usage: Optional[UsageInfo] = Field(default=None)
+    usage: UsageInfo | None = Field(default=None)
 
 
 class CompletionOutput:  # vllm/outputs.py (plain class): the engine's cumulative text and ids
-    __slots__ = ("index", "text", "token_ids", "finish_reason", "stop_reason", "logprobs")
+    __slots__ = ("finish_reason", "index", "logprobs", "stop_reason", "text", "token_ids")
 
-    def __init__(self, text: str, token_ids: list[int], finish_reason: Optional[str]) -> None:
+    def __init__(self, text: str, token_ids: list[int], finish_reason: str | None) -> None:
         self.index, self.text, self.token_ids = 0, text, token_ids
         self.finish_reason, self.stop_reason, self.logprobs = finish_reason, None, None
 
 
 class RequestOutput:
-    __slots__ = ("request_id", "prompt", "prompt_token_ids", "outputs", "finished")
+    __slots__ = ("finished", "outputs", "prompt", "prompt_token_ids", "request_id")
 
     def __init__(self, request_id: str, outputs: list[CompletionOutput], finished: bool) -> None:
         self.request_id, self.prompt, self.prompt_token_ids = request_id, None, [1]
@@ -139,7 +137,7 @@ def merge_async_iterators(*iterators):  # vllm/utils.py at 0.5.3.post1
         try:
             async for item in iterator:
                 await queue.put((i, item))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - as vLLM's: the consumer re-raises it
             await queue.put(e)
         finished[i] = True
 
@@ -155,7 +153,7 @@ def merge_async_iterators(*iterators):  # vllm/utils.py at 0.5.3.post1
         except (Exception, asyncio.CancelledError) as e:
             for task in tasks:
                 task.cancel(e)
-            raise e
+            raise
         await asyncio.gather(*tasks)
 
     return consumer()
@@ -220,7 +218,7 @@ def serve(port: int, expected: int) -> None:
                     raise StopAsyncIteration()
                 for output in res.outputs:
                     i = output.index + prompt_idx
-                    delta_text = output.text[len(previous_texts[i]):]
+                    delta_text = output.text[len(previous_texts[i]) :]
                     previous_texts[i] = output.text
                     previous_num_tokens[i] = len(output.token_ids)
                     chunk = CompletionStreamResponse(
@@ -272,6 +270,7 @@ def measure(requests: int, outputs: int) -> dict[str, float]:
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(f"{base}/stats", 300)
+
         async def burst() -> list[int]:
             return await asyncio.gather(*(one(f"{base}/v1/completions", outputs) for _ in range(requests)))
 
@@ -301,7 +300,9 @@ def main() -> None:
     parts = ("pydantic", "fastapi", "starlette", "uvicorn", "uvloop", "httptools", "aiohttp")
     print("parts: " + ", ".join(f"{m} {version(m)}" for m in parts) + f"; Python {sys.version.split()[0]}")
     print(f"{a.requests} concurrent streamed completions, every output its own chunk\n")
-    print("| run | outputs a request | server CPU s (engine's taken off) | engine's own s | ms CPU per output | load avg |")
+    print(
+        "| run | outputs a request | server CPU s (engine's taken off) | engine's own s | ms CPU per output | load avg |"
+    )
     print("|---|---|---|---|---|---|")
     per_len: dict[int, list[float]] = {n: [] for n in a.outputs}
     for run in range(1, a.runs + 1):

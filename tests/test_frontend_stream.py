@@ -22,7 +22,9 @@ def test_each_steps_outputs_are_streamed_before_the_next_step():
     reqs = [Request(i, 0.0, [i, 1, 2, 3], 3) for i in range(2)]
     result = engine.run(reqs)
     assert all(r.token_times == pytest.approx([0.004, 0.010, 0.016]) for r in reqs)
-    assert result.duration == pytest.approx(0.016) and result.steps.column("duration") == pytest.approx([0.004, 0.006, 0.006])
+    assert result.duration == pytest.approx(0.016) and result.steps.column("duration") == pytest.approx(
+        [0.004, 0.006, 0.006]
+    )
 
 
 def test_the_option_is_checked_and_slows_an_in_process_run_by_outputs_times_its_price(tmp_path: Path):

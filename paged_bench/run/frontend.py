@@ -89,7 +89,9 @@ class FrontendSettings:
 
     @property
     def priced(self) -> bool:
-        return bool(self.request_ms or self.token_ms or self.intake_ms or self.stream_ms) or self.output_timing != "step"
+        return (
+            bool(self.request_ms or self.token_ms or self.intake_ms or self.stream_ms) or self.output_timing != "step"
+        )
 
     def refuse_priced(self, allowed: str) -> None:
         """Refuse a priced front end where none applies (``allowed`` says what is, and why)."""
