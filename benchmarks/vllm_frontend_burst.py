@@ -229,6 +229,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for(url: str, tries: int = 200) -> None:
+    """Until the server just started answers ``url`` (0.1 s between tries)."""
+    import urllib.request
+
+    for _ in range(tries):
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=500)
@@ -259,12 +271,7 @@ def main() -> None:
         port = free_port()
         server = subprocess.Popen([sys.executable, __file__, "--serve", str(port), str(a.requests), tok_path])
         try:
-            for _ in range(200):
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/handed", timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            wait_for(f"http://127.0.0.1:{port}/handed")
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/handed") as r:
                 server_cpu0 = json.load(r)["cpu_s"]
             c0 = resource.getrusage(resource.RUSAGE_SELF)

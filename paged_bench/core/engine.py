@@ -89,6 +89,9 @@ class Engine:
         # model's own duration is 0: the wall clock times it)
         self._timed = backend.clock == "wall" and clock.kind == "virtual"
         self._timer = STEP_TIMERS[step_timer]  # what times it (core.clock: wall or thread CPU time)
+        # seconds per streamed output that an API server in the engine's own process spends after
+        # each step, before the next one can start (vLLM 0.5.x; run/frontend.py ``stream_ms``)
+        self.stream_s = 0.0
 
     def add_request(self, req: Request) -> None:
         self.scheduler.add_request(req, self.clock.now())
@@ -112,7 +115,10 @@ class Engine:
         output = self._execute(plan)
         if self._timed and not output.duration:
             output.duration = self._timer() - began
-        end = self.clock.advance(start, output.duration)
+        duration = output.duration
+        if self.stream_s:  # the step's outputs, streamed one by one, serial with the engine
+            duration += self.stream_s * (plan.num_reqs - len(plan.partial_rows))
+        end = self.clock.advance(start, duration)
         finished = self._update(plan, output, end)
         self.steps.record(
             step=self.num_steps,

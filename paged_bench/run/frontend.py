@@ -22,6 +22,18 @@ set adds them to the times it records, as a ``target=served`` run would see them
   ``intake_ms`` after (``benchmarks/vllm_frontend_burst.py`` measures this shape on an equivalent
   client and server: the burst's hand-offs all come at its end).
 
+- ``stream_ms``: an API server in the engine's own process, as vLLM's was before 0.6.0 (0.5.3's
+  ``AsyncLLMEngine`` and its OpenAI server share one process, one event loop and the GIL; its
+  2024-09-05 post profiled 8B on H100 at 33% of the time in the HTTP server): after each step the
+  server streams that step's outputs (``AsyncStream`` queues, ``merge_async_iterators``,
+  ``completion_stream_generator``'s pydantic chunk and ``model_dump_json``, starlette/uvicorn's
+  send), ``stream_ms`` of CPU each, before the engine schedules the next step. The engine loop
+  adds it to the step (``core.engine.Engine.step``: outputs x ``stream_ms``, into the step's
+  duration, so the client sees the step's tokens when the last is sent and the next step starts
+  then); the engine is slowed, unlike by ``token_ms``, whose separate process runs beside it.
+  Measured on this machine by ``benchmarks/vllm053_stream_cost.py``. Virtual time only (a wall
+  clock's steps already took what they took).
+
 So at light load a request's TTFT grows by exactly ``intake_ms + request_ms + token_ms`` (one
 token in the step) and its ITL not at all (each token is late by the same amount); once a step's
 tokens take the front end longer than the step (``B x token_ms`` for B rows), it sets the pace and
@@ -42,23 +54,25 @@ from paged_bench.core.request import Request
 from paged_bench.errors import check, check_number
 from paged_bench.run.output_timing import OUTPUT_TIMINGS
 
-_KEYS = ("request_ms", "token_ms", "intake_ms", "output_timing")
+_KEYS = ("request_ms", "token_ms", "intake_ms", "output_timing", "stream_ms")
 
 
 @dataclass(frozen=True)
 class FrontendSettings:
-    """``frontend``: milliseconds per request on its way in, per output token on its way out, and
-    per request taken in by the serial intake."""
+    """``frontend``: milliseconds per request on its way in, per output token on its way out, per
+    request taken in by the serial intake, and per streamed output inside the engine's process."""
 
     request_ms: float = 0.0
     token_ms: float = 0.0
     intake_ms: float = 0.0
     output_timing: str = "step"  # when a step's outputs reach the client: run/output_timing.py
+    stream_ms: float = 0.0  # the server in the engine's process: its CPU per streamed output, serial with the steps
 
     def __post_init__(self) -> None:
         check_number("frontend.request_ms", self.request_ms)
         check_number("frontend.token_ms", self.token_ms)
         check_number("frontend.intake_ms", self.intake_ms)
+        check_number("frontend.stream_ms", self.stream_ms)
         check(self.output_timing in OUTPUT_TIMINGS, "frontend.output_timing", self.output_timing,
               " or ".join(OUTPUT_TIMINGS) + " (vllm060: as vLLM 0.6.0's server with async output processing)")  # fmt: skip
 
@@ -71,16 +85,18 @@ class FrontendSettings:
         for key, value in section.items():
             check(key in _KEYS, f"frontend.{key}", value, f"not a frontend key; its keys are {', '.join(_KEYS)}")
         return cls(section.get("request_ms", 0.0), section.get("token_ms", 0.0), section.get("intake_ms", 0.0),
-                   section.get("output_timing", "step"))  # fmt: skip
+                   section.get("output_timing", "step"), section.get("stream_ms", 0.0))  # fmt: skip
 
     @property
     def priced(self) -> bool:
-        return bool(self.request_ms or self.token_ms or self.intake_ms) or self.output_timing != "step"
+        return (
+            bool(self.request_ms or self.token_ms or self.intake_ms or self.stream_ms) or self.output_timing != "step"
+        )
 
     def refuse_priced(self, allowed: str) -> None:
         """Refuse a priced front end where none applies (``allowed`` says what is, and why)."""
         priced = {"request_ms": self.request_ms, "token_ms": self.token_ms, "intake_ms": self.intake_ms,
-                  "output_timing": self.output_timing}  # fmt: skip
+                  "output_timing": self.output_timing, "stream_ms": self.stream_ms}  # fmt: skip
         check(not self.priced, "frontend", priced, allowed)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from paged_bench.cluster.cluster_job import run_cluster_job
 from paged_bench.cluster.spec import cluster_spec, unused_router_note
 from paged_bench.core.engine import EngineResult
+from paged_bench.errors import check
 from paged_bench.results.metrics import summarize
 from paged_bench.results.records import RequestRecords
 from paged_bench.results.run_files import write_run, write_steps
@@ -86,6 +87,10 @@ def run_in_process(bench: Bench, on_step: Callable[[EngineResult], object] | Non
     frontend = bench.config.run.frontend
     sent = send_through(bench.requests, frontend)
     window_log = bench.engine.scheduler.window_log = [] if frontend.output_timing == "vllm060" else None
+    if frontend.stream_ms:  # the API server in the engine's process: serial with its steps
+        check(bench.engine.clock.kind == "virtual", "frontend.stream_ms", frontend.stream_ms,
+              "0 on a wall clock (it prices the server's work into each step's virtual time; clock=virtual)")  # fmt: skip
+        bench.engine.stream_s = frontend.stream_ms / 1e3
     result = bench.engine.run(bench.requests, on_step, bench.max_concurrency)
     if window_log is not None:  # outputs reach the client as vLLM 0.6.0's server hands them over
         deliver_as_vllm060(result, window_log)
