@@ -115,10 +115,7 @@ class Engine:
         output = self._execute(plan)
         if self._timed and not output.duration:
             output.duration = self._timer() - began
-        duration = output.duration
-        if self.stream_s:  # the step's outputs, streamed one by one, serial with the engine
-            duration += self.stream_s * (plan.num_reqs - len(plan.partial_rows))
-        end = self.clock.advance(start, duration)
+        end = self.clock.advance(start, output.duration + self._streaming(plan))
         finished = self._update(plan, output, end)
         self.steps.record(
             step=self.num_steps,
@@ -137,6 +134,11 @@ class Engine:
         )
         self.num_steps += 1
         return finished
+
+    def _streaming(self, plan: StepPlan) -> float:
+        """Seconds an API server in the engine's own process spends streaming the step's outputs,
+        one by one, before the next step can start (vLLM 0.5.x: run/frontend.py ``stream_ms``)."""
+        return self.stream_s * (plan.num_reqs - len(plan.partial_rows)) if self.stream_s else 0.0
 
     def _execute(self, plan: StepPlan) -> StepOutput:
         """The backend's answer to ``plan``, checked: a plugin's wrong answer stops the run naming it."""
