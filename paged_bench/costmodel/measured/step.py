@@ -20,7 +20,7 @@ kernels with the memory-bound sides (matmul bandwidth, elementwise ops) scaled t
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import cache
+from functools import cache, cached_property
 
 import numpy as np
 
@@ -108,6 +108,15 @@ def measured_cost(base: RooflineCost, engine: str = "vllm_v0") -> MeasuredCost:
 
 
 @dataclass(frozen=True)
+class TokenCountCost:
+    """A step's seconds that depend only on how many tokens it computes."""
+
+    layer: float  # one layer's matmuls and elementwise ops
+    all_reduces: float  # one layer's two tensor-parallel all-reduces (0 at TP 1)
+    ends: float  # the embedding and the first norm, once a step
+
+
+@dataclass(frozen=True)
 class MeasuredCost:
     """A step's cost from measured kernels; ``base`` holds the model, hardware preset, dtype and
     TP split (and sizes the KV pool as the roofline does)."""
@@ -166,14 +175,44 @@ class MeasuredCost:
         if not tokens:
             return swap / hw.host_link
         peak, bandwidth = datasheet(k.gpu)
-        layer = layer_seconds(k, self.gemm_dims, self.shape, tokens)
+        by_tokens = self._by_token_count(tokens)
+        layer = by_tokens.layer
         layer += attention_seconds(self.attention_work(plan), ATTENTION_EFF[k.gpu], peak, bandwidth, k.surface.launch)
         if self.base.tp > 1:
-            layer += 2 * self.all_reduce_seconds(tokens * m.hidden_size * DTYPE_BYTES[dtype])
+            layer += by_tokens.all_reduces
         sampled = seqs - len(plan.partial_rows)  # vLLM computes logits only for the rows that sample
-        head = float(k.surface.seconds(sampled, self.base.shard.vocab_size, m.hidden_size)) if sampled else 0.0
-        ends = sum(k.elementwise[op].seconds(op_elements(op, self.shape, tokens)) for op in ("emb", "input_layernorm"))
-        return m.num_layers * layer + head + ends + swap / hw.host_link
+        head = self._head_seconds(sampled) if sampled else 0.0
+        return m.num_layers * layer + head + by_tokens.ends + swap / hw.host_link
+
+    @cached_property
+    def _token_counts(self) -> dict[int, TokenCountCost]:
+        return {}
+
+    def _by_token_count(self, tokens: int) -> TokenCountCost:
+        """What a step costs for its token count alone, computed once a count: a run's steps
+        come in few distinct counts, and the fitted surface's evaluation was most of a
+        simulation's time (3x faster validate cases, the same figures to the bit)."""
+        cost = self._token_counts.get(tokens)
+        if cost is None:
+            m, k = self.base.model, self.kernels
+            all_reduces = 2 * self.all_reduce_seconds(tokens * m.hidden_size * DTYPE_BYTES[self.base.dtype])
+            ends = sum(k.elementwise[op].seconds(op_elements(op, self.shape, tokens)) for op in ("emb", "input_layernorm"))
+            cost = self._token_counts[tokens] = TokenCountCost(layer_seconds(k, self.gemm_dims, self.shape, tokens),
+                                                               all_reduces if self.base.tp > 1 else 0.0, ends)  # fmt: skip
+        return cost
+
+    @cached_property
+    def _heads(self) -> dict[int, float]:
+        return {}
+
+    def _head_seconds(self, sampled: int) -> float:
+        """The LM head's matmul for ``sampled`` rows, computed once a count."""
+        seconds = self._heads.get(sampled)
+        if seconds is None:
+            m = self.base.model
+            seconds = self._heads[sampled] = float(self.kernels.surface.seconds(sampled, self.base.shard.vocab_size,
+                                                                                 m.hidden_size))  # fmt: skip
+        return seconds
 
     def step_cost(self, plan: StepPlan, block_size: int) -> StepCost:
         seqs = len(plan.req_ids)
