@@ -107,6 +107,9 @@ def measured_cost(base: RooflineCost, engine: str = "vllm_v0") -> MeasuredCost:
     return MeasuredCost(base, engine_cpu(engine), kernels(gpu))
 
 
+STEP_ENDS = ("emb", "input_layernorm")  # elementwise ops once a step, not once a layer
+
+
 @dataclass(frozen=True)
 class TokenCountCost:
     """A step's seconds that depend only on how many tokens it computes."""
@@ -196,7 +199,7 @@ class MeasuredCost:
         if cost is None:
             m, k = self.base.model, self.kernels
             all_reduces = 2 * self.all_reduce_seconds(tokens * m.hidden_size * DTYPE_BYTES[self.base.dtype])
-            ends = sum(k.elementwise[op].seconds(op_elements(op, self.shape, tokens)) for op in ("emb", "input_layernorm"))
+            ends = sum(k.elementwise[op].seconds(op_elements(op, self.shape, tokens)) for op in STEP_ENDS)
             cost = self._token_counts[tokens] = TokenCountCost(layer_seconds(k, self.gemm_dims, self.shape, tokens),
                                                                all_reduces if self.base.tp > 1 else 0.0, ends)  # fmt: skip
         return cost
