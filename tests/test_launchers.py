@@ -51,7 +51,7 @@ def test_a_sweep_attaches_to_an_existing_ray_cluster(tmp_path):
     started = subprocess.run([*ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
                               "--object-store-memory=100000000", "--include-dashboard=false", "--disable-usage-stats",
                               "--include-log-monitor=false"],  # (a process the jobs' results do not go through)
-                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)  # fmt: skip
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
     try:
         assert started.returncode == 0, started.stderr
         uri = fresh_store(tmp_path)
@@ -65,7 +65,7 @@ def test_a_sweep_attaches_to_an_existing_ray_cluster(tmp_path):
         # SIGKILL, then no waiting out ray's 16 s grace period for processes killed already (the
         # orphaned ones stay zombies until the machine's init reaps them; ray counts them as alive)
         subprocess.run([*ray, "stop", "--force", "--grace-period=1"], cwd=tmp_path, env=env, capture_output=True,
-                       timeout=120)  # fmt: skip
+                       timeout=120, check=False)  # fmt: skip
 
 
 @pytest.mark.slow
