@@ -46,12 +46,10 @@ serve: install
 # the pytest plugins no test uses are not loaded. TEST_WORKERS=0 runs the suite in one process
 # (for -s, --pdb). Three workers on two cores: many tests wait on the servers, browsers and
 # processes they start, so a third keeps both cores busy (whole suite on this idle 2-core VM:
-# 5:29 with 2 workers, 4:54 with 3, same tree, 2026-12-07). The files go out longest first
-# (tests/conftest.py: FILE_SECONDS; --no-loadscope-reorder keeps that order), so that no long
-# file starts last and runs on alone
+# 5:29 with 2 workers, 4:54 with 3, same tree, 2026-12-07)
 TEST_WORKERS ?= 3
 test: install
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		-p no:schemathesis -p no:hydra_pytest -p no:anyio $(ARGS)
 
 # the micro-benchmarks, then the whole-run figure (issue 11: steps/s of a 20k-request sim run,
