@@ -166,8 +166,9 @@ def main(argv: list[str] | None = None) -> None:
     args.add_argument("--idle", type=float, default=float(os.environ.get(IDLE_ENV, DEFAULT_IDLE_S)))
     opts = args.parse_args(argv)
     server = Server(opts.socket, opts.idle)
-    server.bind()  # commands can connect now; their requests wait for the import below
+    # the handler first: a SIGTERM just after the socket appears must still take the socket away
     signal.signal(signal.SIGTERM, server._terminate)
+    server.bind()  # commands can connect now; their requests wait for the import below
     with server.lock:
         from mlflow import MlflowClient  # noqa: F401
     server.serve()
