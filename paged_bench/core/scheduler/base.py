@@ -12,10 +12,9 @@ backend (see ``paged_bench.core.plan``). A policy is a few hooks on top:
 - ``preemption_mode`` and ``admission_reserve_blocks``: how a victim is preempted, and how
   many blocks admission (and swap-in) leaves free.
 
-Two options every policy takes make steps as older vLLM made them (docs/engine.md, "The engine
-behaviours users compare against"): ``prefill_first``, vLLM 0.x's ``_schedule_default`` (a step
-that admits prompts runs no decodes; off: vLLM v1's mixed steps), and ``num_scheduler_steps``,
-vLLM 0.6's multi-step (a plan of decodes alone runs that many steps with its batch fixed).
+Two options make steps as older vLLM did (docs/engine.md): ``prefill_first``, vLLM 0.x's
+``_schedule_default`` (a step that admits prompts runs no decodes; off: v1's mixed steps), and
+``num_scheduler_steps``, vLLM 0.6's multi-step (a plan of decodes alone runs that many steps).
 
 The scheduler asks the allocator for room and never touches blocks itself.
 """
@@ -71,9 +70,8 @@ class Scheduler:
         self.chunked_prefill = chunked_prefill
         self.prefill_first = prefill_first
         self.num_scheduler_steps = num_scheduler_steps
-        # most prompt tokens a request gets a step, running or waiting (vLLM v1 Scheduler.schedule's
-        # cap), so a long prompt leaves the budget to others; 0 = no cap (conf/serve.yaml: 256)
-        self.long_prefill_token_threshold = long_prefill_token_threshold
+        # a request's most prompt tokens a step (vLLM v1's cap): a long prompt leaves budget to others
+        self.long_prefill_token_threshold = long_prefill_token_threshold  # 0 = none (conf/serve.yaml: 256)
         # every id that ends a sequence (a checkpoint may name several): a set, so one test a row
         self.end_token_ids = frozenset(t for t in (eos_token_id, *stop_token_ids) if t is not None)
         self.waiting: deque[Request] = deque()
@@ -89,7 +87,7 @@ class Scheduler:
         self._window: list[Request] = []  # multi-step: the batch of the window under way
         self._window_left = 0  # its steps still to run after the last plan
         self._window_done: list[Request] = []  # ended inside it: their blocks go at its end
-        self.window_log: list[int] | None = None  # a list: each step's window_step, -1 if none (run/output_timing)
+        self.window_log: list[int] | None = None  # set to a list: each step's window_step, -1 if none
 
     # -- policy hooks ---------------------------------------------------------------------
 
@@ -109,9 +107,8 @@ class Scheduler:
         )
 
     # -- their answers, checked: a policy's mistake stops the run, naming the hook ---------
-    # (each is called as Python calls it, through a Callable that returns object, so that a wrong
-    # answer reaches the check as the policy gave it: compiled, a direct call would convert it
-    # to the declared type first and fail with a bare TypeError)
+    # (each called through a Callable that returns object, so a wrong answer reaches the check as
+    # given: compiled, a direct call would convert it to the declared type, a bare TypeError)
 
     def _admits(self, draft: PlanDraft) -> bool:
         may_admit: Callable[[PlanDraft], object] = self.may_admit
