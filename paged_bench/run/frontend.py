@@ -46,15 +46,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from paged_bench.core.engine import EngineResult
 from paged_bench.core.request import Request
 from paged_bench.errors import check, check_number
 from paged_bench.run.output_timing import OUTPUT_TIMINGS
-
-_KEYS = ("request_ms", "token_ms", "intake_ms", "output_timing", "stream_ms")
 
 
 @dataclass(frozen=True)
@@ -82,22 +80,19 @@ class FrontendSettings:
         if section is None:
             return cls()
         check(isinstance(section, Mapping), "frontend", section, "a frontend config group option, e.g. frontend=none")
+        keys = [f.name for f in fields(cls)]
         for key, value in section.items():
-            check(key in _KEYS, f"frontend.{key}", value, f"not a frontend key; its keys are {', '.join(_KEYS)}")
-        return cls(section.get("request_ms", 0.0), section.get("token_ms", 0.0), section.get("intake_ms", 0.0),
-                   section.get("output_timing", "step"), section.get("stream_ms", 0.0))  # fmt: skip
+            check(key in keys, f"frontend.{key}", value, f"not a frontend key; its keys are {', '.join(keys)}")
+        return cls(**section)
 
     @property
     def priced(self) -> bool:
-        return (
-            bool(self.request_ms or self.token_ms or self.intake_ms or self.stream_ms) or self.output_timing != "step"
-        )
+        """Anything other than the defaults (no front end)."""
+        return self != FrontendSettings()
 
     def refuse_priced(self, allowed: str) -> None:
         """Refuse a priced front end where none applies (``allowed`` says what is, and why)."""
-        priced = {"request_ms": self.request_ms, "token_ms": self.token_ms, "intake_ms": self.intake_ms,
-                  "output_timing": self.output_timing, "stream_ms": self.stream_ms}  # fmt: skip
-        check(not self.priced, "frontend", priced, allowed)
+        check(not self.priced, "frontend", asdict(self), allowed)
 
 
 def intake(sent: list[float], intake_ms: float) -> list[float]:

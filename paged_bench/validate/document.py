@@ -19,7 +19,14 @@ from paged_bench.validate.bursts import burst_table
 from paged_bench.validate.cases import SourceFile
 from paged_bench.validate.simulate import DRAWS_AT_ONCE, Compared, draw_seeds
 from paged_bench.validate.workloads import request_lengths
-from paged_bench.workloads.sharegpt import MAX_PROMPT, MAX_TOTAL, MEANS_WITHIN, MIN_TOKENS, sharegpt_table, vllm_keeps
+from paged_bench.workloads.sharegpt import (
+    MAX_PROMPT,
+    MAX_TOTAL,
+    MEANS_WITHIN,
+    MIN_TOKENS,
+    sharegpt_kept,
+    sharegpt_table,
+)
 
 TOLERANCE = 0.15  # a figure this close (|ratio - 1|) counts as met
 COMMAND = "python -m paged_bench.validate --write docs/validation.md"
@@ -113,8 +120,7 @@ def _breakdown(files: Sequence[SourceFile], rows: Sequence[Compared]) -> list[st
 
 def _workloads_text() -> str:
     """How the cases' requests are made (paged_bench.validate.workloads)."""
-    table = sharegpt_table()
-    kept = table[vllm_keeps(table)]
+    table, kept = sharegpt_table(), sharegpt_kept()
     return (
         "Workloads: where a source used ShareGPT, the requests are drawn from ShareGPT lengths shipped with "
         f"paged_bench (paged_bench/data/lengths/: {len(table)} conversations of ShareGPT_V3_unfiltered_cleaned_split, "

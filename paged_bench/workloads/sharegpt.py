@@ -9,7 +9,8 @@ benchmark runs it, that is its output). ``sharegpt_sample`` does the same over
 ``paged_bench/data/lengths/sharegpt_v3_llama3.csv``: 992 of the dataset's conversations, counted
 in Llama 3 tokens as vLLM counts them (that folder's README says where they come from). The
 conversations are not vLLM's own draw (its shuffle runs over the whole dataset), but drawn from
-the same population.
+the same population. ``sharegpt_with_means`` draws a published run's requests instead: with the
+mean lengths its source gives (``python -m paged_bench.validate``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def vllm_keeps(lengths: np.ndarray) -> np.ndarray:
     )
 
 
+def sharegpt_kept() -> np.ndarray:
+    """The table's rows that vLLM's filter keeps, in the file's order (read-only)."""
+    table = sharegpt_table()
+    return table[vllm_keeps(table)]
+
+
 def sharegpt_sample(n: int, seed: int | np.random.Generator) -> np.ndarray:
     """``n`` (prompt_len, output_len) rows as vLLM's sampler picks them: the table shuffled with
     ``seed`` (or drawn from a generator), walked in order, the first ``n`` that its filter keeps.
@@ -66,8 +73,7 @@ def sharegpt_sample(n: int, seed: int | np.random.Generator) -> np.ndarray:
 
 def sharegpt_means() -> tuple[float, float]:
     """The mean prompt and output length of the rows vLLM's filter keeps."""
-    table = sharegpt_table()
-    kept = table[vllm_keeps(table)]
+    kept = sharegpt_kept()
     return float(kept[:, 0].mean()), float(kept[:, 1].mean())
 
 
@@ -86,8 +92,7 @@ def sharegpt_with_means(n: int, means: tuple[float, float], seed: int, within: f
     seed gives the same rows."""
     if n <= 0:
         return sharegpt_table()[:0]
-    table = sharegpt_table()
-    kept = table[vllm_keeps(table)]
+    kept = sharegpt_kept()
     target = np.asarray(means, dtype=float)
     rng = np.random.default_rng(seed)
     for _ in range(_TRIES // _CANDIDATES):

@@ -17,6 +17,7 @@ import pytest
 from paged_bench.backends.sim import SimBackend
 from paged_bench.core.clock import VirtualClock
 from paged_bench.core.engine import Engine
+from paged_bench.core.kv.block_pool import BlockPool
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.plan import StepOutput
 from paged_bench.core.request import Request
@@ -92,3 +93,10 @@ def test_whole_sim_run_of_the_seed_workload(benchmark):
     if benchmark.stats:
         benchmark.extra_info["steps_per_s"] = len(result.steps) / benchmark.stats["median"]
     assert result.error is None and len(result.steps) > 100
+
+
+def test_making_a_pool_sized_from_a_large_gpu(benchmark):
+    """A pool of 646,000 blocks (Llama-3-8B on 8 x B200 with ``num_blocks=auto``, tp_tradeoff's
+    largest): a block's free-queue node is made only when the block first leaves the queue."""
+    pool = benchmark(BlockPool, 646_000)
+    assert pool.num_free == 646_000 and pool.get_new_blocks(2) == [0, 1]

@@ -194,7 +194,7 @@ class MeasuredCost:
     def _by_token_count(self, tokens: int) -> TokenCountCost:
         """What a step costs for its token count alone, computed once a count: a run's steps
         come in few distinct counts, and the fitted surface's evaluation was most of a
-        simulation's time (3x faster validate cases, the same figures to the bit)."""
+        simulation's time; the figures are the same to the bit."""
         cost = self._token_counts.get(tokens)
         if cost is None:
             m, k = self.base.model, self.kernels
