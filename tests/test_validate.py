@@ -64,6 +64,9 @@ def test_a_bad_case_file_is_one_line_naming_the_file_and_key(tmp_path):
     assert ran.returncode == 2 and ran.stdout == ""
     assert ran.stderr.count("\n") == 1
     assert ran.stderr.startswith("error: bad.yaml: cases[0].figures[0].unit='s' is not allowed: 'ms'")
+    (tmp_path / "bad.yaml").write_text(good.replace("  Kernels and CPU: >-", "  Kernels: [1]\n  Kernels and CPU: >-", 1))
+    ran = call_cli(tmp_path, "--registry", str(tmp_path), module="paged_bench.validate")
+    assert ran.returncode == 2 and ran.stderr.startswith("error: bad.yaml: notes.Kernels=[1] is not allowed: a non-empty")
     ran = call_cli(tmp_path, "--case", "no-such-case", module="paged_bench.validate")
     assert ran.returncode == 2 and "--case='no-such-case' is not allowed: one of " in ran.stderr
 
@@ -94,6 +97,9 @@ def test_the_doc_is_what_the_command_writes(direct):
     assert float(mine[7].replace(",", "")) == pytest.approx(direct.simulated, rel=2e-3), "make validate"
     for f in load_registry():
         assert f.source.citation in doc
+        notes = doc[doc.index(f"### Notes on {f.name}") :] if f.notes else ""
+        for note in f.notes:  # each section under its heading, the file's own
+            assert (f"**{note.heading}.** " if note.heading else "") + note.text in notes.split("\n### ")[0], note
 
 
 def _ratio_cell(cell: str) -> tuple[float, tuple[float, float] | None]:

@@ -97,6 +97,14 @@ class Case:
 
 
 @dataclass(frozen=True)
+class Note:
+    """One section of a file's notes: what it is about, then what it says."""
+
+    heading: str  # empty for notes written as one paragraph
+    text: str
+
+
+@dataclass(frozen=True)
 class SourceFile:
     """One registry file: its source, engine and cases, and what it says is still off and why."""
 
@@ -104,7 +112,7 @@ class SourceFile:
     source: Source
     engine: str
     setup: tuple[str, ...]  # the overrides every case of the file runs with
-    notes: str
+    notes: tuple[Note, ...]  # where the simulator is still off for these cases, and why
     cases: tuple[Case, ...]
 
 
@@ -142,7 +150,7 @@ def load_file(path: Path) -> SourceFile:
     setup = _overrides(top.get("setup", []), f"{name}: setup")
     cases = top["cases"]
     check(isinstance(cases, list) and bool(cases), f"{name}: cases", cases, "a list of at least one case")
-    return SourceFile(name, source, engine, setup, _text(top.get("notes", ""), f"{name}: notes", empty=True),
+    return SourceFile(name, source, engine, setup, _notes(top.get("notes", ""), f"{name}: notes"),
                       tuple(_case(c, f"{name}: cases[{i}]", name, source, engine, setup)
                             for i, c in enumerate(cases)))  # fmt: skip
 
@@ -204,6 +212,14 @@ def _mapping(raw: Any, key: str, known: tuple[str, ...], required: tuple[str, ..
     missing = [k for k in required if k not in raw]
     check(not missing, key, "{...}", f"a mapping that sets {', '.join(missing)} too")
     return raw
+
+
+def _notes(raw: Any, key: str) -> tuple[Note, ...]:
+    """One paragraph (a string), or headed sections (a mapping: heading -> paragraph), in order."""
+    if isinstance(raw, dict):
+        return tuple(Note(_text(h, f"{key} (a heading)"), " ".join(_text(t, f"{key}.{h}").split())) for h, t in raw.items())
+    text = " ".join(_text(raw, key, empty=True).split())
+    return (Note("", text),) if text else ()
 
 
 def _text(raw: Any, key: str, empty: bool = False) -> str:
