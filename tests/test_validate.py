@@ -1,8 +1,9 @@
 """``python -m paged_bench.validate`` (issue 35): the registry of published cases loads and names
 its sources, one cheap case runs end to end and prints ratio = simulated / published, a bad
 case file is refused in one line, and docs/validation.md is what the command writes: every
-registry figure in its table, its summary line computed from its own rows, and the cheap
-case's simulated figure the one a run makes now."""
+registry figure in its table, its summary line computed from its own rows, the cheap case's
+simulated figure the one a run makes now, and each file's notes under their headings, quoting
+the table's figures."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from paged_bench.validate.bursts import burst_bounds, is_burst
-from paged_bench.validate.cases import load_registry
+from paged_bench.validate.cases import FIGURE_REF, load_registry
 from paged_bench.validate.simulate import DRAWS_AT_ONCE, draw_seeds, run_case
 from tests.tracking_support import call_cli
 
@@ -64,9 +65,15 @@ def test_a_bad_case_file_is_one_line_naming_the_file_and_key(tmp_path):
     assert ran.returncode == 2 and ran.stdout == ""
     assert ran.stderr.count("\n") == 1
     assert ran.stderr.startswith("error: bad.yaml: cases[0].figures[0].unit='s' is not allowed: 'ms'")
-    (tmp_path / "bad.yaml").write_text(good.replace("  Kernels and CPU: >-", "  Kernels: [1]\n  Kernels and CPU: >-", 1))
+    bad_note = good.replace("  Kernels and CPU: >-", "  Kernels: [1]\n  Kernels and CPU: >-", 1)
+    (tmp_path / "bad.yaml").write_text(bad_note)
     ran = call_cli(tmp_path, "--registry", str(tmp_path), module="paged_bench.validate")
-    assert ran.returncode == 2 and ran.stderr.startswith("error: bad.yaml: notes.Kernels=[1] is not allowed: a non-empty")
+    assert ran.returncode == 2 and ran.stderr.startswith("error: bad.yaml: notes.Kernels=[1] is not allowed: a non-")
+    bad_quote = good.replace("8B {ratio:h200-8b-latency-bs8:duration_ms}", "{ratio:h200-8b:duration_ms}")
+    (tmp_path / "bad.yaml").write_text(bad_quote)
+    ran = call_cli(tmp_path, "--registry", str(tmp_path), module="paged_bench.validate")
+    assert ran.returncode == 2 and ran.stderr.count("\n") == 1
+    assert ran.stderr.startswith("error: bad.yaml: notes.Kernels and CPU='{ratio:h200-8b:duration_ms}' is not allowed")
     ran = call_cli(tmp_path, "--case", "no-such-case", module="paged_bench.validate")
     assert ran.returncode == 2 and "--case='no-such-case' is not allowed: one of " in ran.stderr
 
@@ -98,8 +105,23 @@ def test_the_doc_is_what_the_command_writes(direct):
     for f in load_registry():
         assert f.source.citation in doc
         notes = doc[doc.index(f"### Notes on {f.name}") :] if f.notes else ""
-        for note in f.notes:  # each section under its heading, the file's own
-            assert (f"**{note.heading}.** " if note.heading else "") + note.text in notes.split("\n### ")[0], note
+        for note in f.notes:  # each section under its heading, the file's own, quoting the table's figures
+            text = (f"**{note.heading}.** " if note.heading else "") + _quoting(note.text, rows)
+            assert text in notes.split("\n### ")[0], note
+
+
+def _quoting(text: str, rows: list[list[str]]) -> str:
+    """A note with the figures it quotes ({ratio:...}, {simulated:...}, {ratios:...}) read off the doc's table."""
+    table = {(r[0], r[5].split(" (")[0]): r for r in rows}
+
+    def value(ref: re.Match[str]) -> str:
+        if ref[1] == "simulated":
+            return table[(ref[2], ref[3])][7]
+        cases = [(ref[2], ref[3])] if ref[1] else [(case, ref[4]) for case in ref[5].split(",")]
+        ratios = [_ratio_cell(table[key][8])[0] for key in cases]
+        return f"{min(ratios):.2f}x" + (f" to {max(ratios):.2f}x" if len(ratios) > 1 else "")
+
+    return FIGURE_REF.sub(value, text)
 
 
 def _ratio_cell(cell: str) -> tuple[float, tuple[float, float] | None]:

@@ -4,13 +4,16 @@ One file is one source (a blog post, a CI dashboard, a paper's table): where it 
 a repository path and commit), the engine it measured, the ``setup`` overrides that describe
 that engine to ``python -m paged_bench``, and its cases. A case is one published run: GPU,
 model, tensor-parallel degree, workload, and each figure the source gives for it (metric,
-unit, value, how it was read). A bad file is refused in one line naming the file, the key
-and what is allowed, before anything is simulated.
+unit, value, how it was read). A file's ``notes`` (headed sections) say where the simulator is
+still off for its cases and why; a figure they quote is written as a reference to the rows
+(``FIGURE_REF``), so docs/validation.md prints what this run gave. A bad file is refused in one
+line naming the file, the key and what is allowed, before anything is simulated.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -38,6 +41,17 @@ DATASETS = ("sharegpt", "fixed")
 _SOURCE_KEYS = ("title", "url", "repository", "path", "commit", "published")
 _FILE_KEYS = ("source", "engine", "setup", "notes", "cases")
 _CASE_KEYS = ("name", "gpu", "model", "tp", "where", "workload", "overrides", "figures")
+# what the notes quote of the rows: "{ratio:CASE:METRIC}", "{simulated:CASE:METRIC}", or the least to the
+# greatest ratio of several figures, "{ratios:METRIC:CASE,CASE,...}"; docs/validation.md prints the values
+# this run gave, so a note never quotes a figure the code no longer gives
+FIGURE_REF = re.compile(r"\{(ratio|simulated):([\w.-]+):(\w+)\}|\{ratios:(\w+):([\w.,-]+)\}")
+
+
+def quoted_figures(ref: re.Match[str]) -> list[tuple[str, str]]:
+    """The (case, metric) pairs one FIGURE_REF match quotes."""
+    if ref[1]:
+        return [(ref[2], ref[3])]
+    return [(case, ref[4]) for case in ref[5].split(",")]
 _FIGURE_KEYS = ("metric", "unit", "published", "read")
 
 
@@ -132,6 +146,14 @@ def load_registry(folder: Path | None = None) -> list[SourceFile]:
             check(case.name not in seen, f"{f.name}: cases[].name", case.name,
                   f"a name no other case has (it is {seen.get(case.name)}'s too)")  # fmt: skip
             seen[case.name] = f.name
+    metrics = {c.name: {fig.metric for fig in c.figures} for f in files for c in f.cases}
+    for f in files:
+        for note in f.notes:
+            for ref in FIGURE_REF.finditer(note.text):
+                for case, metric in quoted_figures(ref):
+                    check(metric in metrics.get(case, ()), f"{f.name}: notes.{note.heading or 'text'}", ref[0],
+                          "{ratio|simulated:CASE:METRIC} or {ratios:METRIC:CASE,...} naming cases of the "
+                          "registry and one of their figures")  # fmt: skip
     return files
 
 
@@ -217,7 +239,8 @@ def _mapping(raw: Any, key: str, known: tuple[str, ...], required: tuple[str, ..
 def _notes(raw: Any, key: str) -> tuple[Note, ...]:
     """One paragraph (a string), or headed sections (a mapping: heading -> paragraph), in order."""
     if isinstance(raw, dict):
-        return tuple(Note(_text(h, f"{key} (a heading)"), " ".join(_text(t, f"{key}.{h}").split())) for h, t in raw.items())
+        return tuple(Note(_text(heading, f"{key} (a heading)"), " ".join(_text(text, f"{key}.{heading}").split()))
+                     for heading, text in raw.items())  # fmt: skip
     text = " ".join(_text(raw, key, empty=True).split())
     return (Note("", text),) if text else ()
 

@@ -10,13 +10,14 @@ how each figure was read, the overrides each case ran with, and, from each case 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from paged_bench.errors import counted
 from paged_bench.validate.bursts import burst_table
-from paged_bench.validate.cases import SourceFile
+from paged_bench.validate.cases import FIGURE_REF, SourceFile, quoted_figures
 from paged_bench.validate.simulate import DRAWS_AT_ONCE, Compared, draw_seeds
 from paged_bench.validate.workloads import request_lengths
 from paged_bench.workloads.sharegpt import (
@@ -143,6 +144,23 @@ def _workloads_text() -> str:
     )
 
 
+def _quoted(text: str, rows: Sequence[Compared]) -> str:
+    """A note with each figure it quotes (cases.FIGURE_REF) as this run gave it: a ratio as "1.02x", several
+    as "0.94x to 1.10x", a simulated figure as in the table; "-" where one did not run (--case) or failed."""
+    by_figure = {(r.case.name, r.figure.metric): r for r in rows}
+
+    def value(ref: re.Match[str]) -> str:
+        quoted = [by_figure.get(key) for key in quoted_figures(ref)]
+        ratios = [row.ratio for row in quoted if row is not None and row.ratio is not None]
+        if len(ratios) < len(quoted):
+            return "-"
+        if ref[1] == "simulated":
+            return _num(quoted[0].simulated)
+        return f"{min(ratios):.2f}x" + (f" to {max(ratios):.2f}x" if len(ratios) > 1 else "")
+
+    return FIGURE_REF.sub(value, text)
+
+
 def markdown(files: Sequence[SourceFile], rows: Sequence[Compared]) -> str:
     """docs/validation.md, whole."""
     t = totals(rows)
@@ -188,7 +206,7 @@ def markdown(files: Sequence[SourceFile], rows: Sequence[Compared]) -> str:
     for f in files:
         if f.notes:
             out += [f"### Notes on {f.name}", ""]
-            out += [f"**{n.heading}.** {n.text}\n" if n.heading else f"{n.text}\n" for n in f.notes]
+            out += [(f"**{n.heading}.** " if n.heading else "") + _quoted(n.text, rows) + "\n" for n in f.notes]
     out += ["## Sources", ""]
     for f in files:
         setup = " ".join(f"`{o}`" for o in f.setup) or "(none)"
