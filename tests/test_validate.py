@@ -8,15 +8,18 @@ the table's figures."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from paged_bench.validate.bursts import burst_bounds, is_burst
 from paged_bench.validate.cases import FIGURE_REF, load_registry
 from paged_bench.validate.simulate import DRAWS_AT_ONCE, draw_seeds, run_case
+from paged_bench.validate.workloads import arrival_times
 from tests.tracking_support import call_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,3 +160,21 @@ def test_a_bursts_bounds_are_the_published_figures_arithmetic():
     assert burst_bounds(500, 462, 31.0, 4800.0).start_floor_s < 0  # decode-heavy: no bound on the delay
     cases = _cases()
     assert is_burst(cases["h100-8b-prefill-heavy-inf"]) and not is_burst(cases["h100-8b-sharegpt-inf"])
+
+
+def test_poisson_arrivals_are_the_ones_vllms_client_draws():
+    """benchmark_serving.py (v0.6.0): np.random.seed(args.seed) in main(), then get_request sends a
+    request and sleeps np.random.exponential(1 / rate) before the next; nothing else draws from
+    numpy's global generator first for the ShareGPT and sonnet datasets."""
+    state = np.random.get_state()
+    try:
+        np.random.seed(0)
+        sent, t = [], 0.0
+        for _ in range(50):
+            sent.append(t)
+            t += np.random.exponential(1.0 / 32)
+    finally:
+        np.random.set_state(state)
+    assert arrival_times(50, 32.0, 0) == pytest.approx(sent, abs=1e-12)
+    assert arrival_times(50, 32.0, 1) != pytest.approx(sent)  # --seed 1 is another draw
+    assert (arrival_times(7, math.inf, 0) == 0).all()

@@ -140,7 +140,8 @@ def _workloads_text() -> str:
         "ratio column gives the range over the draws in brackets. The workload column gives the draws' means beside "
         "the published ones. The sonnet "
         "sets of vLLM's posts are modelled as fixed lengths at their published averages. Arrivals are vLLM's "
-        "benchmark client's: all at once (QPS inf) or Poisson at the QPS."
+        "benchmark client's: all at once (QPS inf), or Poisson at the QPS with the very gaps its client draws "
+        "with its default --seed 0 (np.random.seed(0), then np.random.exponential(1 / QPS) after each request)."
     )
 
 

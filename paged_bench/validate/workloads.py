@@ -7,7 +7,9 @@ draws whose mean prompt and output lengths come within 2.5% of the source's publ
 (``sharegpt_with_means``: the source gives its totals, not which conversations its seed took),
 each output exactly its completion's length (vLLM's nightly benchmark sends ``--ignore-eos``). Fixed-length sets (vLLM's sonnet sets) send the case's lengths every time.
 Arrivals are vLLM's ``benchmark_serving.py``'s: every request at once for ``rate=inf``, else
-exponential gaps of mean 1/rate (a Poisson process), the first request at 0.
+the very gaps its client draws (a Poisson process: ``np.random.seed(seed)``, then
+``np.random.exponential(1 / rate)`` after each request is sent, v0.4-0.6's ``get_request``), the
+first request at 0.
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ def request_lengths(workload: Workload, seed: int) -> np.ndarray:
 
 
 def arrival_times(n: int, rate: float, seed: int) -> np.ndarray:
-    """vLLM's benchmark_serving.py's arrivals: all at 0 for an infinite rate, else a Poisson
-    process of ``rate`` per second starting at 0."""
+    """vLLM's benchmark_serving.py's send times with ``--seed seed`` (its default, 0, for the
+    published runs): all at 0 for an infinite rate, else the gaps its client draws, from numpy's
+    global (legacy) generator seeded so and drawn by nothing else before them for the ShareGPT
+    and sonnet datasets (v0.6.0: benchmarks/benchmark_serving.py main() and get_request)."""
     if math.isinf(rate):
         return np.zeros(n)
-    gaps = np.random.default_rng(seed + 1).exponential(1.0 / rate, n)
-    return first_at_zero(gaps[:-1])
+    return first_at_zero(np.random.RandomState(seed).exponential(1.0 / rate, n - 1))
 
 
 def write_trace(workload: Workload, path: Path, seed: int = 0) -> Path:
