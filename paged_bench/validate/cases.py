@@ -41,6 +41,7 @@ DATASETS = ("sharegpt", "fixed")
 _SOURCE_KEYS = ("title", "url", "repository", "path", "commit", "published")
 _FILE_KEYS = ("source", "engine", "setup", "notes", "cases")
 _CASE_KEYS = ("name", "gpu", "model", "tp", "where", "workload", "overrides", "figures")
+_FIGURE_KEYS = ("metric", "unit", "published", "read")
 # what the notes quote of the rows: "{ratio:CASE:METRIC}", "{simulated:CASE:METRIC}", or the least to the
 # greatest ratio of several figures, "{ratios:METRIC:CASE,CASE,...}"; docs/validation.md prints the values
 # this run gave, so a note never quotes a figure the code no longer gives
@@ -52,7 +53,6 @@ def quoted_figures(ref: re.Match[str]) -> list[tuple[str, str]]:
     if ref[1]:
         return [(ref[2], ref[3])]
     return [(case, ref[4]) for case in ref[5].split(",")]
-_FIGURE_KEYS = ("metric", "unit", "published", "read")
 
 
 @dataclass(frozen=True)
