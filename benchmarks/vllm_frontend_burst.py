@@ -1,7 +1,8 @@
 """How long a burst of requests takes to get through an HTTP front end built like vLLM 0.6.0's,
 measured here (issue 35: the H100 cases' TTFT with every request at once).
 
-vLLM 0.6.0's serving path, rebuilt from the same parts (not vLLM's code): the benchmark client is
+benchmarks/vllm060_server_intake.py measures the same on vLLM 0.6.0's own code (this file's client).
+Here, vLLM 0.6.0's serving path rebuilt from the same parts (not vLLM's code): the benchmark client is
 vllm-project/vllm ``benchmarks/backend_request_func.py`` ``async_request_openai_completions``
 (tag v0.6.0): one ``aiohttp.ClientSession`` per request, a streamed POST to /v1/completions,
 ``st`` taken just before the POST. The server is a uvicorn + FastAPI app in its own process, as
@@ -194,12 +195,12 @@ def serve(port: int, n: int, tok_path: str) -> None:
 # ---- the client (vLLM 0.6.0's benchmark client, one session a request) ----
 
 
-async def one(url: str, prompt: str, i: int, starts: dict[str, float]) -> None:
+async def one(url: str, prompt: str, i: int, starts: dict[str, float], model: str = "m") -> None:
     import aiohttp
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=6 * 60 * 60)) as session:
         payload = {
-            "model": "m",
+            "model": model,
             "prompt": prompt,
             "temperature": 0.0,
             "best_of": 1,
@@ -216,9 +217,9 @@ async def one(url: str, prompt: str, i: int, starts: dict[str, float]) -> None:
                 pass
 
 
-async def burst(url: str, texts: list[str]) -> dict[str, float]:
+async def burst(url: str, texts: list[str], model: str = "m") -> dict[str, float]:
     starts: dict[str, float] = {}
-    tasks = [asyncio.create_task(one(url, p, i, starts)) for i, p in enumerate(texts)]
+    tasks = [asyncio.create_task(one(url, p, i, starts, model)) for i, p in enumerate(texts)]
     await asyncio.gather(*tasks)
     return starts
 

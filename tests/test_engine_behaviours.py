@@ -143,7 +143,7 @@ def test_a_front_end_slower_than_the_steps_sets_the_itl():
     ([0.010, 0.0, 0.001], [0.012, 0.004, 0.004]),  # the third comes while the first is taken in (0-2 ms)
 ])  # fmt: skip
 def test_the_intake_hands_a_busy_spells_requests_on_together(sent, through):
-    assert intake(sent, 2.0) == pytest.approx(through)
+    assert intake(sent, [0.002] * len(sent)) == pytest.approx(through)
 
 
 def test_a_burst_through_the_intake_waits_for_its_last_request():
@@ -151,6 +151,15 @@ def test_a_burst_through_the_intake_waits_for_its_last_request():
     run in one 3 ms step, so each TTFT is 13 ms, counted from the send."""
     reqs = served([Request(i, 0.0, [i, 1, 2, 3], 2) for i in range(2)], FrontendSettings(intake_ms=5.0))
     assert all(r.arrival_time == 0.0 and r.token_times[0] == pytest.approx(0.013) for r in reqs)
+
+
+def test_the_intake_prices_each_prompt_token_too():
+    """Prompts of 4 and 40 tokens at 1 ms + 50 us a token: taken in in 1.2 and 3 ms, both through
+    at 4.2 ms; both prompts in one 3 ms step after: first tokens at 7.2 ms."""
+    prompts = [[0, 1, 2, 3], list(range(40))]
+    reqs = served([Request(i, 0.0, p, 2) for i, p in enumerate(prompts)],
+                  FrontendSettings(intake_ms=1.0, intake_token_us=50.0))  # fmt: skip
+    assert [r.token_times[0] for r in reqs] == pytest.approx([0.0072, 0.0072])
 
 
 def _refusal(*overrides: str) -> str:
@@ -168,6 +177,7 @@ def test_the_options_are_checked_where_the_config_is_read():
     assert "scheduler.long_prefill_token_threshold=-1 is not allowed: an integer from 0 to" in _refusal(
         "scheduler.long_prefill_token_threshold=-1")  # 0 is no cap
     assert "frontend.intake_ms=-2 is not allowed" in _refusal("frontend.intake_ms=-2")
+    assert "frontend.intake_token_us=-1 is not allowed" in _refusal("frontend.intake_token_us=-1")
     with pytest.raises(ConfigError, match="frontend=none for the server"):  # its own front end is real
         build_app(compose_config("frontend=paged_bench_http", config_name="serve"))
 

@@ -19,8 +19,9 @@ set adds them to the times it records, as a ``target=served`` run would see them
   vllm/utils.py starts one per prompt with ``ensure_future``), so requests that come while it is
   busy reach the engine together, when it has taken in the last of them: a burst of N requests
   sent at once reaches the engine N x ``intake_ms`` after it was sent, a lone request
-  ``intake_ms`` after (``benchmarks/vllm_frontend_burst.py`` measures this shape on an equivalent
-  client and server: the burst's hand-offs all come at its end).
+  ``intake_ms`` after. ``intake_token_us`` adds to each request's intake that many microseconds
+  per prompt token (tokenising it): ``benchmarks/vllm060_server_intake.py`` measures both on vLLM
+  0.6.0's own server (its hand-offs of a burst come together, at the burst's end).
 
 - ``stream_ms``: an API server in the engine's own process, as vLLM's was before 0.6.0 (0.5.3's
   ``AsyncLLMEngine`` and its OpenAI server share one process, one event loop and the GIL; its
@@ -63,6 +64,7 @@ class FrontendSettings:
     request_ms: float = 0.0
     token_ms: float = 0.0
     intake_ms: float = 0.0
+    intake_token_us: float = 0.0  # the intake's price per prompt token, beside intake_ms per request
     output_timing: str = "step"  # when a step's outputs reach the client: run/output_timing.py
     stream_ms: float = 0.0  # the server in the engine's process: its CPU per streamed output, serial with the steps
 
@@ -70,6 +72,7 @@ class FrontendSettings:
         check_number("frontend.request_ms", self.request_ms)
         check_number("frontend.token_ms", self.token_ms)
         check_number("frontend.intake_ms", self.intake_ms)
+        check_number("frontend.intake_token_us", self.intake_token_us)
         check_number("frontend.stream_ms", self.stream_ms)
         check(self.output_timing in OUTPUT_TIMINGS, "frontend.output_timing", self.output_timing,
               " or ".join(OUTPUT_TIMINGS) + " (vllm060: as vLLM 0.6.0's server with async output processing)")  # fmt: skip
@@ -95,9 +98,9 @@ class FrontendSettings:
         check(not self.priced, "frontend", asdict(self), allowed)
 
 
-def intake(sent: list[float], intake_ms: float) -> list[float]:
+def intake(sent: list[float], seconds: list[float]) -> list[float]:
     """When each request, sent at ``sent``, is through the serial intake: taken in one after
-    another, ``intake_ms`` each, in the order sent; every request of one busy spell (from a
+    another, ``seconds`` each, in the order sent; every request of one busy spell (from a
     request that found the intake idle until it is idle again) is handed on when the spell ends."""
     through = list(sent)
     spell: list[int] = []
@@ -107,7 +110,7 @@ def intake(sent: list[float], intake_ms: float) -> list[float]:
             for j in spell:
                 through[j] = free
             spell = []
-        free = max(free, sent[i]) + intake_ms / 1e3
+        free = max(free, sent[i]) + seconds[i]
         spell.append(i)
     for j in spell:
         through[j] = free
@@ -118,8 +121,10 @@ def send_through(requests: list[Request], frontend: FrontendSettings) -> list[fl
     """Delay each request's arrival at the engine by the front end's intake and price per
     request; returns the send times, for ``receive_through`` to put back."""
     sent = [req.arrival_time for req in requests]
-    if frontend.intake_ms:
-        for req, at in zip(requests, intake(sent, frontend.intake_ms)):
+    if frontend.intake_ms or frontend.intake_token_us:
+        per_token = frontend.intake_token_us / 1e6
+        seconds = [frontend.intake_ms / 1e3 + per_token * req.num_prompt_tokens for req in requests]
+        for req, at in zip(requests, intake(sent, seconds)):
             req.arrival_time = at
     if frontend.request_ms:
         for req in requests:

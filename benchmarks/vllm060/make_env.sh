@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# benchmarks/vllm060/make_env.sh DIR: a virtualenv holding vLLM 0.6.0's OpenAI server code, for
+# benchmarks/vllm060_server_intake.py (no GPU needed: the engine is a stand-in). vllm==0.6.0 from PyPI
+# (170 MB) without its dependencies (they pin the CUDA build of torch 2.4), the packages its server
+# imports pinned in requirements.txt beside this file, and for the rest (torch, numpy's neighbours ...)
+# the project's .venv, read after these (a .pth file). Its compiled CUDA kernels are removed: they
+# cannot load without a CUDA torch, and the server never calls them (vllm/_core_ext.py then defines
+# its ScalarType in Python). PyPI's pyairports 0.0.1 is empty: a stand-in module gives outlines the
+# list it imports.
+set -euo pipefail
+dir=${1:?usage: benchmarks/vllm060/make_env.sh DIR}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+python3 -m venv "$dir"
+site=$("$dir/bin/python" -c "import site; print(site.getsitepackages()[0])")
+"$root/.venv/bin/python" -c "import site; print(site.getsitepackages()[0])" > "$site/zz_paged_bench_venv.pth"
+"$dir/bin/pip" install -q --disable-pip-version-check --no-deps vllm==0.6.0 -r "$root/benchmarks/vllm060/requirements.txt"
+rm -f "$site"/vllm/*.so
+mkdir -p "$site/pyairports"
+: > "$site/pyairports/__init__.py"
+echo "AIRPORT_LIST = []  # PyPI's pyairports 0.0.1 has no module; outlines only builds an enum of it" > "$site/pyairports/airports.py"
+"$dir/bin/python" -c "import vllm.entrypoints.openai.api_server, vllm; print('vLLM', vllm.__version__, 'server code importable')" 2>&1 | tail -1

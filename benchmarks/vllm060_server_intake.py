@@ -1,0 +1,110 @@
+"""How long a burst of requests takes to reach the engine through vLLM 0.6.0's own OpenAI server
+(issue 35: ``frontend.intake_ms`` / ``frontend.intake_token_us`` of the vLLM 0.6.0 cases).
+
+benchmarks/vllm_frontend_burst.py rebuilt that path from the same parts; this one runs vLLM's code:
+vllm/entrypoints/openai/api_server.py of vllm==0.6.0, its front end process and RPC client as they
+are, in a virtualenv made by ``benchmarks/vllm060/make_env.sh ENV`` (no GPU: the engine process is
+vLLM's own RPC server around a stand-in engine, ``benchmarks/vllm060/stand_in.py``, that stamps when
+each request reaches it and answers none until the burst is all in). The client is
+vllm_frontend_burst.py's rebuild of the 0.6.0 benchmark client (one aiohttp session a request, a
+streamed POST), after one warm-up request as vLLM's benchmark_serving.py sends one first.
+
+    benchmarks/vllm060/make_env.sh /tmp/vllm060
+    .venv/bin/python benchmarks/vllm060_server_intake.py --vllm-env /tmp/vllm060 [--requests 500]
+        [--prompt-tokens 462 202] [--repeats 3] [--tokenizer Llama-3's tokenizer.model]
+
+For each burst: when its first and last request reached the engine (seconds after the burst
+started), and the API server's CPU until the last one did, per request (what the serial intake
+costs: the client shares this machine's two cores, so the wall time is longer). Then the median of
+that CPU at each prompt length, and the line through the medians, ``ms + us x prompt tokens``:
+``frontend.intake_ms`` and ``frontend.intake_token_us``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_frontend_burst import burst, corpus_lines, free_port, llama3_tokenizer, prompts, train_tokenizer, wait_for
+
+STAND_IN = Path(__file__).resolve().parent / "vllm060" / "stand_in.py"
+
+
+def process_cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_burst(python: str, model: str, texts: list[str], tmp: str) -> dict[str, float]:
+    """vLLM 0.6.0's server started afresh, one warm-up request, then ``texts`` at once."""
+    port, log = free_port(), os.path.join(tmp, "stamps.json")
+    env = {**os.environ, "STAND_IN_N": str(len(texts)), "STAND_IN_LOG": log}
+    server = subprocess.Popen([python, str(STAND_IN), "serve", "--model", model, "--port", str(port),
+                               "--disable-log-requests", "--max-num-seqs", "512"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_for(f"http://127.0.0.1:{port}/v1/models", tries=1200)
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        asyncio.run(burst(url, texts[:1], model))  # benchmark_serving.py's initial single prompt
+        cpu0, t0 = process_cpu_seconds(server.pid), time.perf_counter()
+        asyncio.run(burst(url, texts, model))
+        stamps = json.loads(Path(log).read_text())
+    finally:
+        server.terminate()
+        server.wait()
+    return {"first_s": min(stamps["stamps"]) - t0, "last_s": max(stamps["stamps"]) - t0,
+            "cpu_ms": (stamps["server_cpu_s"] - cpu0) / len(texts) * 1e3}  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--vllm-env", required=True, help="the virtualenv benchmarks/vllm060/make_env.sh made")
+    p.add_argument("--requests", type=int, default=500)
+    p.add_argument("--prompt-tokens", type=int, nargs="+", default=[462, 202])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tokenizer", help="Llama 3's tokenizer.model (default: a BPE trained here)")
+    a = p.parse_args()
+    python = os.path.join(a.vllm_env, "bin", "python")
+    lines = corpus_lines()
+    tok = llama3_tokenizer(a.tokenizer) if a.tokenizer else train_tokenizer(lines)
+    sets = {n: prompts(tok, lines, a.requests, n) for n in a.prompt_tokens}
+    sizes = {n: statistics.mean(len(tok.encode(t).ids) + 1 for t in texts) for n, texts in sets.items()}  # + BOS
+    runs: list[tuple[float, dict[str, float]]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "model")
+        made = ["--llama3", a.tokenizer] if a.tokenizer else ["--tokenizer-json", os.path.join(tmp, "tok.json")]
+        if not a.tokenizer:
+            tok.save(made[1])
+        subprocess.run([python, str(STAND_IN), "model", model, *made], check=True, capture_output=True)
+        for repeat in range(a.repeats):
+            for n, texts in sets.items():  # the lengths alternate: the machine's drift meets each alike
+                run = one_burst(python, model, texts, tmp)
+                runs.append((sizes[n], run))
+                print(f"{a.requests} requests of {sizes[n]:.0f} prompt tokens: "
+                      f"first at the engine {run['first_s']:.3f} s, "
+                      f"last {run['last_s']:.3f} s; the API server's CPU until then {run['cpu_ms']:.2f} ms a request "
+                      f"(load average {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
+    medians = {size: statistics.median(r["cpu_ms"] for t, r in runs if t == size) for size in sizes.values()}
+    for size, ms in medians.items():
+        print(f"median at {size:.0f} tokens: {ms:.2f} ms a request")
+    if len(medians) > 1:  # the line through the medians (least squares for more than two lengths)
+        x, y = np.array(list(medians)), np.array(list(medians.values()))
+        (base, per_token), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(x), x]), y, rcond=None)
+        print(f"fit: {base:.2f} ms + {per_token * 1e3:.2f} us x prompt tokens "
+              f"(frontend.intake_ms={base:.2f} frontend.intake_token_us={per_token * 1e3:.2f})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
