@@ -47,6 +47,14 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def save_for_tokenizers_019(tok, path: str) -> None:
+    """``tok`` as a tokenizer.json that vLLM 0.6.0's tokenizers (0.19) reads: its BPE merges as
+    "a b" strings, as tokenizers wrote them before 0.20 (byte-level tokens hold no spaces)."""
+    data = json.loads(tok.to_str())
+    data["model"]["merges"] = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
+    Path(path).write_text(json.dumps(data))
+
+
 def one_burst(python: str, model: str, texts: list[str], tmp: str) -> dict[str, float]:
     """vLLM 0.6.0's server started afresh, one warm-up request, then ``texts`` at once."""
     port, log = free_port(), os.path.join(tmp, "stamps.json")
@@ -86,7 +94,7 @@ def main() -> None:
         model = os.path.join(tmp, "model")
         made = ["--llama3", a.tokenizer] if a.tokenizer else ["--tokenizer-json", os.path.join(tmp, "tok.json")]
         if not a.tokenizer:
-            tok.save(made[1])
+            save_for_tokenizers_019(tok, made[1])
         subprocess.run([python, str(STAND_IN), "model", model, *made], check=True, capture_output=True)
         for repeat in range(a.repeats):
             for n, texts in sets.items():  # the lengths alternate: the machine's drift meets each alike
