@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,10 +55,13 @@ def test_a_sweep_attaches_to_an_existing_ray_cluster(tmp_path):
     port = free_port()
     env = cli_env(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")  # a loopback cluster of this test only
     # --block: the head's processes stay in the session of this one (ray stop --force would kill
-    # every Ray process on the machine, a concurrent suite's too); they go with it
-    log = tmp_path / "ray_start.log"
+    # every Ray process on the machine, a concurrent suite's too); they go with it. Its own temp
+    # dir (short: Ray's socket paths): its address file is not /tmp/ray's, where ray.init()
+    # (ray_local's) looks for a cluster to join
+    log, temp_dir = tmp_path / "ray_start.log", tempfile.mkdtemp(prefix="ray-")
     head = subprocess.Popen([sys.executable, "-c", "from ray.scripts.scripts import main; main()", "start", "--head",
-                             "--block", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
+                             "--block", f"--temp-dir={temp_dir}", "--node-ip-address=127.0.0.1", f"--port={port}",
+                             "--num-cpus=2",
                              "--object-store-memory=100000000", "--include-dashboard=false", "--disable-usage-stats",
                              "--include-log-monitor=false"],  # (a process the jobs' results do not go through)
                             cwd=tmp_path, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
@@ -76,6 +81,7 @@ def test_a_sweep_attaches_to_an_existing_ray_cluster(tmp_path):
     finally:
         _kill_session(head.pid)  # the head, its GCS, raylet, agents and workers (each worker a group of its own)
         head.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _kill_session(sid: int) -> None:
