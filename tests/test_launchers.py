@@ -59,13 +59,14 @@ def test_a_sweep_attaches_to_an_existing_ray_cluster(tmp_path):
     # dir (short: Ray's socket paths): its address file is not /tmp/ray's, where ray.init()
     # (ray_local's) looks for a cluster to join
     log, temp_dir = tmp_path / "ray_start.log", tempfile.mkdtemp(prefix="ray-")
-    head = subprocess.Popen([sys.executable, "-c", "from ray.scripts.scripts import main; main()", "start", "--head",
-                             "--block", f"--temp-dir={temp_dir}", "--node-ip-address=127.0.0.1", f"--port={port}",
-                             "--num-cpus=2",
-                             "--object-store-memory=100000000", "--include-dashboard=false", "--disable-usage-stats",
-                             "--include-log-monitor=false"],  # (a process the jobs' results do not go through)
-                            cwd=tmp_path, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    with log.open("w") as out:  # the head writes to its own copy
+        head = subprocess.Popen([sys.executable, "-c", "from ray.scripts.scripts import main; main()", "start",
+                                 "--head", "--block", f"--temp-dir={temp_dir}", "--node-ip-address=127.0.0.1",
+                                 f"--port={port}", "--num-cpus=2", "--object-store-memory=100000000",
+                                 "--include-dashboard=false", "--disable-usage-stats",
+                                 "--include-log-monitor=false"],  # (a process the jobs' results do not go through)
+                                cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 180
         while "will now block" not in log.read_text() and head.poll() is None and time.monotonic() < deadline:
