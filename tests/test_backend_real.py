@@ -5,8 +5,6 @@ seeded sampling, and the generate-loop baseline serving the same weights."""
 from __future__ import annotations
 
 import itertools
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,6 +15,7 @@ from paged_bench.model.config import PRESETS
 from paged_bench.run.bench import build
 from paged_bench.run.job import run_job
 from tests.conftest import compose_config
+from tests.tracking_support import call_cli
 
 torch = pytest.importorskip("torch")
 
@@ -68,11 +67,8 @@ def test_device_auto_is_cpu_without_cuda_and_cuda_is_refused(tmp_path):
 
     be = TorchBackend(model="tiny")
     assert be.device.type == "cpu" and be.compute_dtype == "float32"
-    proc = subprocess.run(
-        [sys.executable, "-m", "paged_bench", "backend=torch", "backend.device=cuda", "backend.model=tiny",
-         f"hydra.run.dir={tmp_path}", "tracking.enabled=false"],
-        check=False, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    proc = call_cli(tmp_path, "backend=torch", "backend.device=cuda", "backend.model=tiny", f"hydra.run.dir={tmp_path}",
+                    "tracking.enabled=false")  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: backend.device='cuda' is not allowed: auto or cpu: no CUDA device here"

@@ -7,9 +7,16 @@ through the same launchers (``python -m paged_bench.plan hydra/launcher=submitit
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
@@ -46,14 +53,25 @@ def test_a_sweep_attaches_to_an_existing_ray_cluster(tmp_path):
     has one, and Ray refuses one from a client that connects)."""
     pytest.importorskip("hydra_plugins.hydra_ray_launcher")
     port = free_port()
-    ray = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
     env = cli_env(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")  # a loopback cluster of this test only
-    started = subprocess.run([*ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
-                              "--object-store-memory=100000000", "--include-dashboard=false", "--disable-usage-stats",
-                              "--include-log-monitor=false"],  # (a process the jobs' results do not go through)
-                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+    # --block: the head's processes stay in the session of this one (ray stop --force would kill
+    # every Ray process on the machine, a concurrent suite's too); they go with it. Its own temp
+    # dir (short: Ray's socket paths): its address file is not /tmp/ray's, where ray.init()
+    # (ray_local's) looks for a cluster to join
+    log, temp_dir = tmp_path / "ray_start.log", tempfile.mkdtemp(prefix="ray-")
+    with log.open("w") as out:  # the head writes to its own copy
+        head = subprocess.Popen([sys.executable, "-c", "from ray.scripts.scripts import main; main()", "start",
+                                 "--head", "--block", f"--temp-dir={temp_dir}", "--node-ip-address=127.0.0.1",
+                                 f"--port={port}", "--num-cpus=2", "--object-store-memory=100000000",
+                                 "--include-dashboard=false", "--disable-usage-stats",
+                                 "--include-log-monitor=false"],  # (a process the jobs' results do not go through)
+                                cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
     try:
-        assert started.returncode == 0, started.stderr
+        deadline = time.monotonic() + 180
+        while "will now block" not in log.read_text() and head.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert head.poll() is None and "will now block" in log.read_text(), log.read_text()[-3000:]
         uri = fresh_store(tmp_path)
         proc = run_cli(tmp_path, "-m", "hydra/launcher=ray", f"hydra.launcher.ray.init.address=127.0.0.1:{port}",
                        "+hydra.launcher.ray.init.object_store_memory=null", "+hydra.launcher.ray.remote.num_cpus=1",
@@ -62,10 +80,27 @@ def test_a_sweep_attaches_to_an_existing_ray_cluster(tmp_path):
         assert "Connected to Ray cluster" in proc.stderr
         _assert_one_parent_two_children(uri)
     finally:
-        # SIGKILL, then no waiting out ray's 16 s grace period for processes killed already (the
-        # orphaned ones stay zombies until the machine's init reaps them; ray counts them as alive)
-        subprocess.run([*ray, "stop", "--force", "--grace-period=1"], cwd=tmp_path, env=env, capture_output=True,
-                       timeout=120, check=False)  # fmt: skip
+        _kill_session(head.pid)  # the head, its GCS, raylet, agents and workers (each worker a group of its own)
+        head.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (from /proc), until none is left."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        alive = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[3]) == sid and fields[0] != "Z":  # state, ppid, pgrp, session
+                    alive.append(int(stat.parent.name))
+        if not alive:
+            return
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ import pytest
 
 from paged_bench.native import compile as native_build
 from paged_bench.native import guard as native
+from tests.tracking_support import call_cli
 
 # the paths through the compiled code: prefill chunks, decodes, preemption by swap and by
 # recompute, prefix hits (deferred and eager hashing), a cluster's replicas
@@ -31,6 +32,12 @@ OUTPUTS = ("requests.csv", "steps.csv", "summary.json")
 
 
 def run(overrides: tuple[str, ...], run_dir: Path, interpreted: bool) -> str:
+    """The command's run into ``run_dir``, with the compiled core or interpreted: which it was.
+    Compiled, in this process where its core is (call_cli: no interpreter to start)."""
+    if not interpreted and native.is_compiled("paged_bench.core.engine"):
+        ran = call_cli(run_dir.parent, *overrides, f"hydra.run.dir={run_dir}", "tracking.enabled=false")
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        return "compiled"
     env = {**os.environ, native.INTERPRETED_ENV: "1" if interpreted else "0"}
     code = ("import sys, paged_bench.core.engine, paged_bench.native.guard as n, runpy; sys.argv = ['paged_bench', *sys.argv[1:]]; "
             "print('compiled' if n.is_compiled('paged_bench.core.engine') else 'interpreted', file=sys.stderr); "

@@ -30,13 +30,24 @@ def server(tmp_path_factory):
 FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}  # a dead server: refused at once, not retried for seconds
 
 
+@pytest.fixture(scope="module")
+def sweep(server, tmp_path_factory):
+    """A two-job sweep logged to the server, made once: what it logged is checked from the
+    command's side (the runs, the report as the parent's description) and, where Chromium is
+    installed, in the MLflow UI; (its folder, what the command returned)."""
+    work = tmp_path_factory.mktemp("sweep")
+    proc = call_cli(work, "-m", "max_batch=4,8", "workload.num_requests=20", "experiment_name=sweep_view",
+                    MLFLOW_TRACKING_URI=server.uri, **FAIL_FAST)  # fmt: skip
+    return work, proc
+
+
 def _split(runs):
     (parent,) = [r for r in runs if r.data.tags.get("paged_bench.kind") == "sweep"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     return parent, sorted(children, key=lambda r: int(r.data.tags["job_num"]))
 
 
-def test_a_run_and_a_sweep_log_to_a_real_server(tmp_path, server):
+def test_a_run_and_a_sweep_log_to_a_real_server(tmp_path, server, sweep):
     work = tmp_path / "work"
     work.mkdir()
     proc = call_cli(work, "max_batch=8", MLFLOW_TRACKING_URI=server.uri, **FAIL_FAST)
@@ -49,10 +60,10 @@ def test_a_run_and_a_sweep_log_to_a_real_server(tmp_path, server):
     assert {"summary.json", "steps.csv", "config.yaml", "plots"} <= artifact_paths(c, run.info.run_id)
     assert not (work / "runs" / "mlflow.db").exists()  # nothing went to the embedded store
 
-    proc = call_cli(work, "-m", "max_batch=4,8", MLFLOW_TRACKING_URI=server.uri, **FAIL_FAST)
+    work, proc = sweep
     assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
-    _, runs = runs_of(server.uri, "paged_bench")
-    parent, children = _split([r for r in runs if r.info.run_id != run.info.run_id])
+    _, runs = runs_of(server.uri, "sweep_view")
+    parent, children = _split(runs)
     assert parent.info.status == "FINISHED" and "table.md" in artifact_paths(c, parent.info.run_id)
     (sweep_dir,) = [p.parent for p in work.glob("runs/multirun/*/*/sweep.json")]
     # the report as its description, its plots shown from where the server serves the run's artifacts
@@ -182,17 +193,14 @@ KEY_COLUMNS = ["params.`max_batch`", "metrics.`median_ttft_ms`", "metrics.`p99_t
 
 
 @pytest.mark.skipif(browser.executable() is None, reason="no chromium: make install installs it (apt, as root)")
-def test_the_url_a_sweep_prints_shows_its_jobs_key_figures_in_a_browser(tmp_path, server):
+def test_the_url_a_sweep_prints_shows_its_jobs_key_figures_in_a_browser(server, sweep):
     """The MLflow UI showed a sweep as one collapsed row with Run Name, Created, Dataset, Duration,
     Source and Models, in the GenAI mode: the URL the sweep prints now opens its jobs as rows with
     their swept setting and key figures as columns (read from the page Chromium renders), in the
     machine-learning mode; the parent run charts each key figure by job."""
-    work = tmp_path / "work"
-    work.mkdir()
-    proc = call_cli(work, "-m", "max_batch=4,8", "workload.num_requests=20", "experiment_name=ui_view",
-                    MLFLOW_TRACKING_URI=server.uri, **FAIL_FAST)  # fmt: skip
+    work, proc = sweep
     assert proc.returncode == 0, proc.stderr
-    c, runs = runs_of(server.uri, "ui_view")
+    c, runs = runs_of(server.uri, "sweep_view")
     parent, children = _split(runs)
     exp = parent.info.experiment_id
     url = f"{server.uri}/#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey={parent.info.run_id}"

@@ -13,7 +13,7 @@ from paged_bench.errors import ERROR_CHARS, ConfigError, one_line
 from paged_bench.run.tracking_settings import TrackingSettings
 from paged_bench.tracking import store
 from tests.conftest import compose_config
-from tests.tracking_support import run_cli
+from tests.tracking_support import call_cli
 
 BAD_SETTINGS = [
     ("tracking.enabled=no", "tracking.enabled='no' is not allowed: true or false"),
@@ -78,18 +78,18 @@ def test_each_jobs_own_tracking_settings_are_checked_before_the_sweep():
 
 def test_a_run_with_a_bad_setting_stops_before_it_runs(tmp_path):
     for override, message in [BAD_SETTINGS[0], ("tracking.uri=/tmp/fstore", "tracking.uri='/tmp/fstore'")]:
-        proc = run_cli(tmp_path, override)
+        proc = call_cli(tmp_path, override)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.startswith(f"error: {message}") and proc.stderr.count("\n") == 1, proc.stderr
         assert not list(tmp_path.glob("runs/20*/*/summary.json")) and not (tmp_path / "runs" / "mlflow.db").exists()
 
 
 def test_a_sweep_with_a_bad_setting_stops_before_its_first_job(tmp_path):
-    proc = run_cli(tmp_path, "-m", "tracking.uri=123", "max_batch=4,8", "workload.num_requests=5")
+    proc = call_cli(tmp_path, "-m", "tracking.uri=123", "max_batch=4,8", "workload.num_requests=5")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: tracking.uri=123 is not allowed") and proc.stderr.count("\n") == 1
     assert not list(tmp_path.glob("runs/multirun/*/*/0")), "a job ran"
-    proc = run_cli(tmp_path, "-m", "tracking.step_metrics=5,abc", "workload.num_requests=5")  # a job's own
+    proc = call_cli(tmp_path, "-m", "tracking.step_metrics=5,abc", "workload.num_requests=5")  # a job's own
     assert proc.returncode == 2 and proc.stderr.startswith("error: tracking.step_metrics='abc'"), proc.stderr
     assert not list(tmp_path.glob("runs/multirun/*/*/0")), "a job ran"
 
