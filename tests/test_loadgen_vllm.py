@@ -151,7 +151,10 @@ def test_vllms_schedule_is_what_the_server_sees(fake_server, tmp_path):
     with (tmp_path / "requests.csv").open() as f:
         sent = sorted(float(r["arrival_time"]) for r in csv.DictReader(f))
     assert planned[0] > 0.005 and planned[-1] == pytest.approx(n / rate)
-    assert sent == pytest.approx(planned.tolist(), abs=TOLERANCE_MS * 1e-3)
+    # a busy machine only sends late, never early: none before its time, most within the tolerance
+    # (one send 19 ms late was seen at load average 6), none by more than a few times it
+    late = np.array(sent) - planned
+    assert late.min() >= -1e-3 and np.median(late) <= TOLERANCE_MS * 1e-3 and late.max() <= 5 * TOLERANCE_MS * 1e-3
     received = sorted(e["received"] for e in log)
     assert len(received) == n
     # a busy machine only delays a request's arrival at the server, so the spread is bounded from
