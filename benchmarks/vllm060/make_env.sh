@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # benchmarks/vllm060/make_env.sh DIR: a virtualenv holding vLLM 0.6.0's OpenAI server code, for
-# benchmarks/vllm060_server_intake.py (no GPU needed: the engine is a stand-in). vllm==0.6.0 from PyPI
+# benchmarks/vllm060_server_intake.py and vllm060_engine_burst.py (no GPU needed: the engine, or its
+# executor, is a stand-in). vllm==0.6.0 from PyPI
 # (170 MB) without its dependencies (they pin the CUDA build of torch 2.4), the packages its server
 # imports pinned in requirements.txt beside this file, and for the rest (torch, numpy's neighbours ...)
 # the project's .venv, read after these (a .pth file). Its compiled CUDA kernels are removed: they
@@ -12,7 +13,8 @@ dir=${1:?usage: benchmarks/vllm060/make_env.sh DIR}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 python3 -m venv "$dir"
 site=$("$dir/bin/python" -c "import site; print(site.getsitepackages()[0])")
-"$root/.venv/bin/python" -c "import site; print(site.getsitepackages()[0])" > "$site/zz_paged_bench_venv.pth"
+# the project's .venv after this one's packages, and the project itself (real_engine.py prices steps with it)
+{ "$root/.venv/bin/python" -c "import site; print(site.getsitepackages()[0])"; echo "$root"; } > "$site/zz_paged_bench_venv.pth"
 "$dir/bin/pip" install -q --disable-pip-version-check --no-deps vllm==0.6.0 -r "$root/benchmarks/vllm060/requirements.txt"
 rm -f "$site"/vllm/*.so
 mkdir -p "$site/pyairports"

@@ -1,0 +1,143 @@
+"""A published every-request-at-once case run through vLLM 0.6.0's own server and engine, the GPU
+priced by paged_bench's measured cost model, beside the simulator and the published figures
+(issue 35: is what the simulator misses in vLLM's CPU path or in its GPU?).
+
+    benchmarks/vllm060/make_env.sh /tmp/vllm060
+    .venv/bin/python benchmarks/vllm060_engine_burst.py --vllm-env /tmp/vllm060
+        [--case h100-8b-prefill-heavy-inf] [--tokenizer Llama-3's tokenizer.model]
+
+The case (conf/validation/, a fixed-length one with every request at once) gives the requests, the
+GPU, model and TP, and vLLM's --num-scheduler-steps and --max-num-seqs (its overrides
+``scheduler.num_scheduler_steps`` and ``max_batch``). benchmarks/vllm060/real_engine.py serves
+them: vLLM 0.6.0's API server, RPC server and AsyncLLMEngine as they are, the executor a stand-in
+whose GPU time is ``MeasuredCost.gpu_seconds`` of each step. The client is vllm_frontend_burst.py's
+rebuild of vLLM's benchmark client (one aiohttp session a request, streamed), after one warm-up
+request; it times each request's first and last streamed chunk. Every request runs to its
+max_tokens (the stand-in never samples an end token), so TPOT is (last - first) / (outputs - 1),
+benchmark_serving.py's formula. The simulator's figures are ``python -m paged_bench.validate``'s
+for the case. The server, its engine process and the client share this machine's cores: what
+vLLM's CPU path costs here, not on the source's host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm060_server_intake import STAND_IN, save_for_tokenizers_019
+from vllm_frontend_burst import corpus_lines, free_port, llama3_tokenizer, prompts, train_tokenizer, wait_for
+
+from paged_bench.validate.cases import load_registry
+from paged_bench.validate.simulate import run_case
+
+REAL_ENGINE = Path(__file__).resolve().parent / "vllm060" / "real_engine.py"
+
+
+async def timed(url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, float, float]:
+    """One streamed completion, as vLLM 0.6.0's benchmark client sends it: (sent, first chunk, last chunk)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=6 * 60 * 60)) as session:
+        payload = {"model": model, "prompt": prompt, "temperature": 0.0, "best_of": 1, "max_tokens": max_tokens,
+                   "stream": True}  # fmt: skip
+        sent = time.perf_counter()
+        first = last = 0.0
+        async with session.post(url=url, json=payload) as response:
+            if response.status != 200:
+                raise RuntimeError(f"{response.status}: {await response.text()}")
+            async for line in response.content:
+                if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                    last = time.perf_counter()
+                    first = first or last
+        return sent, first, last
+
+
+async def burst(url: str, model: str, texts: list[str], max_tokens: int) -> list[tuple[float, float, float]]:
+    return await asyncio.gather(*(timed(url, model, t, max_tokens) for t in texts))
+
+
+def engine_pid(server: int) -> int:
+    """The engine process vLLM's API server spawned (its child)."""
+    children = Path(f"/proc/{server}/task/{server}/children").read_text().split()
+    for pid in children:
+        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return int(pid)
+    raise RuntimeError(f"no engine process under {server}: {children}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--vllm-env", required=True, help="the virtualenv benchmarks/vllm060/make_env.sh made")
+    p.add_argument("--case", default="h100-8b-prefill-heavy-inf", help="a fixed-length case with every request at once")
+    p.add_argument("--tokenizer", help="Llama 3's tokenizer.model (default: a BPE trained here)")
+    a = p.parse_args()
+    case = {c.name: c for f in load_registry() for c in f.cases}[a.case]
+    w = case.workload
+    options = dict(o.split("=", 1) for o in case.overrides)
+    steps = options.get("scheduler.num_scheduler_steps", "1")
+    lines = corpus_lines()
+    tok = llama3_tokenizer(a.tokenizer) if a.tokenizer else train_tokenizer(lines)
+    # cut to the case's length (+ BOS: the server adds it); the first is the warm-up
+    drawn = prompts(tok, lines, w.num_requests + 1, w.prompt_len)
+    texts = [tok.decode(tok.encode(t).ids[: w.prompt_len - 1]) for t in drawn]
+    sizes = [len(tok.encode(t).ids) + 1 for t in texts]
+    python = os.path.join(a.vllm_env, "bin", "python")
+    with tempfile.TemporaryDirectory() as tmp:
+        model, log = os.path.join(tmp, "model"), os.path.join(tmp, "steps.json")
+        made = ["--llama3", a.tokenizer] if a.tokenizer else ["--tokenizer-json", os.path.join(tmp, "tok.json")]
+        if not a.tokenizer:
+            save_for_tokenizers_019(tok, made[1])
+        subprocess.run([python, str(STAND_IN), "model", model, *made], check=True, capture_output=True)
+        port = free_port()
+        env = {**os.environ, "PB_HARDWARE": case.gpu, "PB_MODEL": case.model, "PB_TP": str(case.tp), "PB_STEP_LOG": log}
+        server = subprocess.Popen([python, str(REAL_ENGINE), "--model", model, "--port", str(port),
+                                   "--disable-log-requests", "--disable-log-stats", "--num-scheduler-steps", steps,
+                                   "--max-num-seqs", options.get("max_batch", "256"), "--block-size", "16"],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            wait_for(f"http://127.0.0.1:{port}/v1/models", tries=1200)
+            url = f"http://127.0.0.1:{port}/v1/completions"
+            asyncio.run(burst(url, model, texts[:1], w.output_len))  # benchmark_serving.py's first prompt
+            start = time.perf_counter()
+            times = asyncio.run(burst(url, model, texts[1:], w.output_len))
+            os.kill(engine_pid(server.pid), signal.SIGUSR1)
+            time.sleep(1)
+            step_log = [s for s in json.loads(Path(log).read_text()) if s[0] >= start]
+        finally:
+            server.terminate()
+            server.wait()
+    real = {"request_throughput": len(times) / (max(t[2] for t in times) - start),
+            "mean_ttft_ms": statistics.mean(t[1] - t[0] for t in times) * 1e3,
+            "mean_tpot_ms": statistics.mean((t[2] - t[1]) / (w.output_len - 1) for t in times) * 1e3}  # fmt: skip
+    simulated = {row.figure.metric: row for row in run_case(case, time_limit_s=120)}
+    print(f"{a.case}: {w.num_requests} requests of {statistics.mean(sizes[1:]):.0f} prompt tokens and {w.output_len} "
+          f"outputs at once; vLLM 0.6.0 --num-scheduler-steps {steps} --max-num-seqs {options.get('max_batch', 256)}, "
+          f"GPU priced as {case.gpu} {case.model} TP {case.tp}")  # fmt: skip
+    print("| figure | published | simulator | vLLM 0.6.0's engine, paged_bench's GPU |")
+    print("|---|---:|---:|---:|")
+    for metric, value in real.items():
+        row = simulated.get(metric)
+        pub = f"{row.figure.published:,.4g}" if row else "-"
+        sim = f"{row.simulated:,.4g} ({row.ratio:.2f}x)" if row and row.ratio is not None else "-"
+        mine = f"{value:,.4g}" + (f" ({value / row.figure.published:.2f}x)" if row else "")
+        print(f"| {metric} | {pub} | {sim} | {mine} |")
+    prompt_steps = [s for s in step_log if s[2]]
+    gaps = sum(b[0] - a[1] for a, b in itertools.pairwise(step_log))
+    print(f"engine: {len(step_log)} steps, the first {step_log[0][0] - start:.3f} s after the burst was sent; "
+          f"{len(prompt_steps)} prompt steps, their GPU {sum(s[1] - s[0] for s in prompt_steps):.2f} s; the engine's "
+          f"own time between steps {gaps:.2f} s; the last step ends {step_log[-1][1] - start:.2f} s in")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
