@@ -124,29 +124,10 @@ def stand_in_executor(block_size: int):
         def shutdown(self) -> None:
             pass
 
-        def add_lora(self, lora_request):
-            return False
-
-        def remove_lora(self, lora_id):
-            return False
-
-        def pin_lora(self, lora_id):
-            return False
-
-        def list_loras(self):
-            return set()
-
-        def add_prompt_adapter(self, prompt_adapter_request):
-            return False
-
-        def remove_prompt_adapter(self, prompt_adapter_id):
-            return False
-
-        def pin_prompt_adapter(self, prompt_adapter_id):
-            return False
-
-        def list_prompt_adapters(self):
-            return set()
+        # no LoRA, no prompt adapters: ExecutorBase's abstract methods, answered "none"
+        add_lora = remove_lora = pin_lora = add_prompt_adapter = remove_prompt_adapter = pin_prompt_adapter = (
+            lambda self, _: False)
+        list_loras = list_prompt_adapters = lambda self: set()
 
     return StandInExecutor, steps
 
