@@ -36,35 +36,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm060_server_intake import STAND_IN, save_for_tokenizers_019
-from vllm_frontend_burst import corpus_lines, free_port, llama3_tokenizer, prompts, train_tokenizer, wait_for
+from vllm_frontend_burst import burst, corpus_lines, free_port, llama3_tokenizer, prompts, train_tokenizer, wait_for
 
 from paged_bench.validate.cases import load_registry
 from paged_bench.validate.simulate import run_case
 
 REAL_ENGINE = Path(__file__).resolve().parent / "vllm060" / "real_engine.py"
-
-
-async def timed(url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, float, float]:
-    """One streamed completion, as vLLM 0.6.0's benchmark client sends it: (sent, first chunk, last chunk)."""
-    import aiohttp
-
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=6 * 60 * 60)) as session:
-        payload = {"model": model, "prompt": prompt, "temperature": 0.0, "best_of": 1, "max_tokens": max_tokens,
-                   "stream": True}  # fmt: skip
-        sent = time.perf_counter()
-        first = last = 0.0
-        async with session.post(url=url, json=payload) as response:
-            if response.status != 200:
-                raise RuntimeError(f"{response.status}: {await response.text()}")
-            async for line in response.content:
-                if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
-                    last = time.perf_counter()
-                    first = first or last
-        return sent, first, last
-
-
-async def burst(url: str, model: str, texts: list[str], max_tokens: int) -> list[tuple[float, float, float]]:
-    return await asyncio.gather(*(timed(url, model, t, max_tokens) for t in texts))
 
 
 def engine_pid(server: int) -> int:
@@ -108,18 +85,18 @@ def main() -> None:
         try:
             wait_for(f"http://127.0.0.1:{port}/v1/models", tries=1200)
             url = f"http://127.0.0.1:{port}/v1/completions"
-            asyncio.run(burst(url, model, texts[:1], w.output_len))  # benchmark_serving.py's first prompt
+            asyncio.run(burst(url, texts[:1], model, w.output_len))  # benchmark_serving.py's first prompt
             start = time.perf_counter()
-            times = asyncio.run(burst(url, model, texts[1:], w.output_len))
+            streams = asyncio.run(burst(url, texts[1:], model, w.output_len))
             os.kill(engine_pid(server.pid), signal.SIGUSR1)
             time.sleep(1)
-            step_log = [s for s in json.loads(Path(log).read_text()) if s[0] >= start]
+            step_log = [s for s in json.loads(Path(log).read_text()) if s["start"] >= start]
         finally:
             server.terminate()
             server.wait()
-    real = {"request_throughput": len(times) / (max(t[2] for t in times) - start),
-            "mean_ttft_ms": statistics.mean(t[1] - t[0] for t in times) * 1e3,
-            "mean_tpot_ms": statistics.mean((t[2] - t[1]) / (w.output_len - 1) for t in times) * 1e3}  # fmt: skip
+    real = {"request_throughput": len(streams) / (max(s.last for s in streams) - start),
+            "mean_ttft_ms": statistics.mean(s.first - s.sent for s in streams) * 1e3,
+            "mean_tpot_ms": statistics.mean(s.last - s.first for s in streams) / (w.output_len - 1) * 1e3}  # fmt: skip
     simulated = {row.figure.metric: row for row in run_case(case, time_limit_s=120)}
     print(f"{a.case}: {w.num_requests} requests of {statistics.mean(sizes[1:]):.0f} prompt tokens and {w.output_len} "
           f"outputs at once; vLLM 0.6.0 --num-scheduler-steps {steps} --max-num-seqs {options.get('max_batch', 256)}, "
@@ -132,11 +109,12 @@ def main() -> None:
         sim = f"{row.simulated:,.4g} ({row.ratio:.2f}x)" if row and row.ratio is not None else "-"
         mine = f"{value:,.4g}" + (f" ({value / row.figure.published:.2f}x)" if row else "")
         print(f"| {metric} | {pub} | {sim} | {mine} |")
-    prompt_steps = [s for s in step_log if s[2]]
-    gaps = sum(b[0] - a[1] for a, b in itertools.pairwise(step_log))
-    print(f"engine: {len(step_log)} steps, the first {step_log[0][0] - start:.3f} s after the burst was sent; "
-          f"{len(prompt_steps)} prompt steps, their GPU {sum(s[1] - s[0] for s in prompt_steps):.2f} s; the engine's "
-          f"own time between steps {gaps:.2f} s; the last step ends {step_log[-1][1] - start:.2f} s in")  # fmt: skip
+    prompt_steps = [s for s in step_log if s["prompt_tokens"]]
+    gaps = sum(b["start"] - a["end"] for a, b in itertools.pairwise(step_log))
+    print(f"engine: {len(step_log)} steps, the first {step_log[0]['start'] - start:.3f} s after the burst was sent; "
+          f"{len(prompt_steps)} prompt steps, their GPU {sum(s['end'] - s['start'] for s in prompt_steps):.2f} s; "
+          f"the engine's own time between steps {gaps:.2f} s; "
+          f"the last step ends {step_log[-1]['end'] - start:.2f} s in")  # fmt: skip
 
 
 if __name__ == "__main__":

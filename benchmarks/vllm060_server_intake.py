@@ -36,15 +36,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm060.stand_in import process_cpu_seconds
 from vllm_frontend_burst import burst, corpus_lines, free_port, llama3_tokenizer, prompts, train_tokenizer, wait_for
 
 STAND_IN = Path(__file__).resolve().parent / "vllm060" / "stand_in.py"
-
-
-def process_cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def save_for_tokenizers_019(tok, path: str) -> None:

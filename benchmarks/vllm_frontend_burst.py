@@ -44,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -158,7 +159,7 @@ def serve(port: int, n: int, tok_path: str) -> None:
     async def engine_add(req_id: str, token_ids: list[int]) -> None:
         if not handed:
             cpu0[0] = time.process_time()
-        handed[req_id] = time.monotonic()
+        handed[req_id] = time.perf_counter()
         if len(handed) == n:
             all_in.set()
 
@@ -195,7 +196,17 @@ def serve(port: int, n: int, tok_path: str) -> None:
 # ---- the client (vLLM 0.6.0's benchmark client, one session a request) ----
 
 
-async def one(url: str, prompt: str, i: int, starts: dict[str, float], model: str = "m") -> None:
+@dataclass(frozen=True)
+class Streamed:
+    """One streamed completion as the client saw it (time.perf_counter: CLOCK_MONOTONIC, the same
+    clock in every process): when it was sent, and its first and last data chunk."""
+
+    sent: float
+    first: float
+    last: float
+
+
+async def one(url: str, prompt: str, i: int, model: str = "m", max_tokens: int = 16) -> Streamed:
     import aiohttp
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=6 * 60 * 60)) as session:
@@ -204,24 +215,26 @@ async def one(url: str, prompt: str, i: int, starts: dict[str, float], model: st
             "prompt": prompt,
             "temperature": 0.0,
             "best_of": 1,
-            "max_tokens": 16,
+            "max_tokens": max_tokens,
             "stream": True,
             "user": str(i),
         }
         headers = {"Authorization": "Bearer none"}
-        starts[str(i)] = time.monotonic()
+        sent = time.perf_counter()  # benchmark_serving.py's ``st``: just before the POST
+        first = last = 0.0
         async with session.post(url=url, json=payload, headers=headers) as response:
             if response.status != 200:
                 raise RuntimeError(f"{response.status}: {await response.text()}")
-            async for _ in response.content:
-                pass
+            async for line in response.content:
+                if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                    last = time.perf_counter()
+                    first = first or last
+        return Streamed(sent, first, last)
 
 
-async def burst(url: str, texts: list[str], model: str = "m") -> dict[str, float]:
-    starts: dict[str, float] = {}
-    tasks = [asyncio.create_task(one(url, p, i, starts, model)) for i, p in enumerate(texts)]
-    await asyncio.gather(*tasks)
-    return starts
+async def burst(url: str, texts: list[str], model: str = "m", max_tokens: int = 16) -> list[Streamed]:
+    """``texts`` sent at once, one task each (benchmark_serving.py with an infinite rate), in order."""
+    return await asyncio.gather(*(one(url, p, i, model, max_tokens) for i, p in enumerate(texts)))
 
 
 def free_port() -> int:
@@ -276,7 +289,7 @@ def main() -> None:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/handed") as r:
                 server_cpu0 = json.load(r)["cpu_s"]
             c0 = resource.getrusage(resource.RUSAGE_SELF)
-            starts = asyncio.run(burst(f"http://127.0.0.1:{port}/v1/completions", texts))
+            streams = asyncio.run(burst(f"http://127.0.0.1:{port}/v1/completions", texts))
             c1 = resource.getrusage(resource.RUSAGE_SELF)
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/handed") as r:
                 stats = json.load(r)
@@ -284,6 +297,7 @@ def main() -> None:
             server.terminate()
             server.wait()
     handed = stats["handed"]
+    starts = {str(i): s.sent for i, s in enumerate(streams)}
     waits = [handed[k] - starts[k] for k in starts]
     first = min(starts.values())
     client_cpu = (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)

@@ -58,7 +58,7 @@ def stand_in_executor(block_size: int):
     from vllm.sequence import CompletionSequenceGroupOutput, Logprob, SequenceOutput
 
     price = gpu_pricer()
-    steps: list[tuple[float, float, int, int]] = []
+    steps: list[dict[str, float]] = []
 
     class StandInExecutor(ExecutorAsyncBase):
         uses_ray = False
@@ -99,7 +99,8 @@ def stand_in_executor(block_size: int):
             out = SamplerOutput(outputs=[CompletionSequenceGroupOutput(samples=one, prompt_logprobs=None)
                                          for one in sample])  # fmt: skip
             prompt_tokens = sum(next(iter(g.seq_data.values())).get_len() for g in groups if g.is_prompt)
-            steps.append((start, time.perf_counter(), prompt_tokens, len(groups)))
+            end = time.perf_counter()
+            steps.append({"start": start, "end": end, "prompt_tokens": prompt_tokens, "seqs": len(groups)})
             if not window:
                 return [out]
             if callback is None:  # no asynchronous output processing: the window's outputs at its end

@@ -52,7 +52,7 @@ def vllm_keeps(lengths: np.ndarray) -> np.ndarray:
 
 
 def sharegpt_kept() -> np.ndarray:
-    """The table's rows that vLLM's filter keeps, in the file's order (read-only)."""
+    """The table's rows that vLLM's filter keeps, in the file's order (a new array each call)."""
     table = sharegpt_table()
     return table[vllm_keeps(table)]
 
