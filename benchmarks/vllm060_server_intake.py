@@ -13,6 +13,12 @@ streamed POST), after one warm-up request as vLLM's benchmark_serving.py sends o
     .venv/bin/python benchmarks/vllm060_server_intake.py --vllm-env /tmp/vllm060 [--requests 500]
         [--prompt-tokens 462 202] [--repeats 3] [--tokenizer Llama-3's tokenizer.model]
 
+``--server-env`` runs the API server process on another interpreter: CPython 3.10, which the
+published runs' vllm/vllm-openai:v0.6.0 image ran (vLLM's Dockerfile at v0.6.0: ``ARG
+PYTHON_VERSION=3.10``, deadsnakes' build on Ubuntu 20.04), where the project's is 3.11. Its
+environment: ``benchmarks/vllm060/make_env.sh /tmp/vllm060-py310 /path/to/python3.10`` (torch a
+stub there: benchmarks/vllm060/torch_stub); the engine process stays --vllm-env's.
+
 For each burst: when its first and last request reached the engine (seconds after the burst
 started), and the API server's CPU until the last one did, per request (what the serial intake
 costs: the client shares this machine's two cores, so the wall time is longer). Then the median of
@@ -50,10 +56,13 @@ def save_for_tokenizers_019(tok, path: str) -> None:
     Path(path).write_text(json.dumps(data))
 
 
-def one_burst(python: str, model: str, texts: list[str], tmp: str) -> dict[str, float]:
-    """vLLM 0.6.0's server started afresh, one warm-up request, then ``texts`` at once."""
+def one_burst(python: str, model: str, texts: list[str], tmp: str, engine_python: str | None) -> dict[str, float]:
+    """vLLM 0.6.0's server started afresh, one warm-up request, then ``texts`` at once; ``engine_python``:
+    the engine process's interpreter where it is not the API server's."""
     port, log = free_port(), os.path.join(tmp, "stamps.json")
     env = {**os.environ, "STAND_IN_N": str(len(texts)), "STAND_IN_LOG": log}
+    if engine_python:
+        env["STAND_IN_ENGINE_PYTHON"] = engine_python
     server = subprocess.Popen([python, str(STAND_IN), "serve", "--model", model, "--port", str(port),
                                "--disable-log-requests", "--max-num-seqs", "512"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -78,8 +87,12 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, nargs="+", default=[462, 202])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tokenizer", help="Llama 3's tokenizer.model (default: a BPE trained here)")
+    p.add_argument("--server-env", help="make_env.sh's environment for another PYTHON (3.10): the API server's")
     a = p.parse_args()
     python = os.path.join(a.vllm_env, "bin", "python")
+    server_python = os.path.join(a.server_env, "bin", "python") if a.server_env else python
+    print(subprocess.run([server_python, "-c", "import sys; print('the API server on Python', sys.version.split()[0])"],
+                         check=True, capture_output=True, text=True).stdout.strip())  # fmt: skip
     lines = corpus_lines()
     tok = llama3_tokenizer(a.tokenizer) if a.tokenizer else train_tokenizer(lines)
     sets = {n: prompts(tok, lines, a.requests, n) for n in a.prompt_tokens}
@@ -93,7 +106,7 @@ def main() -> None:
         subprocess.run([python, str(STAND_IN), "model", model, *made], check=True, capture_output=True)
         for repeat in range(a.repeats):
             for n, texts in sets.items():  # the lengths alternate: the machine's drift meets each alike
-                run = one_burst(python, model, texts, tmp)
+                run = one_burst(server_python, model, texts, tmp, python if a.server_env else None)
                 runs.append((sizes[n], run))
                 print(f"{a.requests} requests of {sizes[n]:.0f} prompt tokens: "
                       f"first at the engine {run['first_s']:.3f} s, "

@@ -76,3 +76,40 @@ def test_sim_vs_numpy_runs_its_numpy_rounds_amid_the_calibrations():
         assert sum(after.values()) == numpy_rounds and set(after) <= set(range(9))
         assert max(after.values()) - min(after.values()) <= 1  # evenly: none crowded where others are bare
         assert numpy_rounds < 9 or set(after) == set(range(9))
+
+
+STUB_USES = """
+import abc, sys
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+class Layer(nn.Module, abc.ABC):  # vLLM's classes mix nn.Module with ABC
+    @abc.abstractmethod
+    def forward(self): ...
+
+@torch.inference_mode()
+def three():
+    return 3
+
+assert three() == 3
+assert torch.float16 is torch.float16 and {torch.float16: 1}[torch.float16] == 1
+assert torch.float16 is not torch.bfloat16
+assert not torch.cuda.is_available() and torch.version.cuda is None and torch.version.hip is None
+assert not torch.Tensor
+assert torch.iinfo(torch.long).max == 2**63 - 1 and torch.iinfo(torch.long).min == -(2**63)
+assert F.silu is F.silu and issubclass(Layer, nn.Module)
+with torch.no_grad():
+    pass
+print("stub", torch.__version__, "torch" in sys.modules)
+"""
+
+
+def test_vllm060_torch_stub_stands_for_what_vllms_api_server_imports():
+    """benchmarks/vllm060/torch_stub (the API server process on CPython 3.10, where no torch wheel is
+    here): subclassing with ABC, decorators that hand back the function, dtypes that are one object
+    each, false availability, and iinfo's real bounds (vLLM bounds the request's seed with them)."""
+    done = subprocess.run([sys.executable, "-c", STUB_USES], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(ROOT / "benchmarks" / "vllm060" / "torch_stub")}, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "stub 2.4.0 True"

@@ -4,6 +4,7 @@ Run with the interpreter of benchmarks/vllm060/make_env.sh's virtualenv (vLLM 0.
 
     ENV/bin/python benchmarks/vllm060/stand_in.py model DIR (--tokenizer-json FILE | --llama3 tokenizer.model)
     STAND_IN_N=500 STAND_IN_LOG=out.json ENV/bin/python benchmarks/vllm060/stand_in.py serve --model DIR --port P ...
+    STAND_IN_ENGINE_PYTHON=ENV/bin/python SERVER_ENV/bin/python benchmarks/vllm060/stand_in.py serve ...
 
 ``model``: a model folder with no weights (Llama-3-8B's config.json, a tokenizer) for vLLM to load.
 ``serve``: vllm/entrypoints/openai/api_server.py run as its ``__main__`` runs it (``asyncio.run(run_server(args))``),
@@ -13,7 +14,9 @@ stand-in engine that stamps when each request reaches it (``time.perf_counter``:
 one clock for every process) and answers nothing until all ``STAND_IN_N`` requests of the burst
 are in (the real engine is prefilling by then), then one finished token each. The first request
 (the client's warm-up) is answered at once. When the last request is in, it writes the stamps and
-the API server's CPU seconds to ``STAND_IN_LOG``.
+the API server's CPU seconds to ``STAND_IN_LOG``. With ``STAND_IN_ENGINE_PYTHON`` the API server
+runs on one interpreter (make_env.sh's with PYTHON: CPython 3.10, torch a stub) and the engine
+process on that one (make_env.sh's without: it needs torch): vLLM's spawned engine process execs it.
 """
 
 import asyncio
@@ -67,6 +70,14 @@ class StandInEngine:
                                 finish_reason="length")
         yield RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=ids, prompt_logprobs=None,
                             outputs=[done], finished=True)
+
+
+def run_engine_elsewhere(engine_args, usage_context, rpc_path) -> None:
+    """In place of run_rpc_server in vLLM's spawned engine process: the same process (its pid, which
+    the API server stops at exit) turned into ``STAND_IN_ENGINE_PYTHON``'s ``stand_in.py rpc``, with the
+    server's own arguments (multiprocessing's spawn hands the child the parent's ``sys.argv``)."""
+    python = os.environ["STAND_IN_ENGINE_PYTHON"]
+    os.execv(python, [python, __file__, "rpc", rpc_path, *sys.argv[2:]])
 
 
 def run_stand_in_rpc_server(engine_args, usage_context, rpc_path) -> None:
@@ -133,8 +144,16 @@ if __name__ == "__main__":
         from vllm.entrypoints.openai.cli_args import make_arg_parser
         from vllm.utils import FlexibleArgumentParser
 
-        api.run_rpc_server = run_stand_in_rpc_server
+        api.run_rpc_server = run_engine_elsewhere if os.environ.get("STAND_IN_ENGINE_PYTHON") else run_stand_in_rpc_server
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[2:])
         asyncio.run(api.run_server(args))
+    elif sys.argv[1:2] == ["rpc"]:  # run_engine_elsewhere's: RPC_PATH, then the server's arguments
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.utils import FlexibleArgumentParser
+
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[3:])
+        run_stand_in_rpc_server(AsyncEngineArgs.from_cli_args(args), UsageContext.OPENAI_API_SERVER, sys.argv[2])
     else:
         sys.exit(__doc__)
