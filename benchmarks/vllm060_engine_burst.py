@@ -16,7 +16,9 @@ request; it times each request's first and last streamed chunk. Every request ru
 max_tokens (the stand-in never samples an end token), so TPOT is (last - first) / (outputs - 1),
 benchmark_serving.py's formula. The simulator's figures are ``python -m paged_bench.validate``'s
 for the case. The server, its engine process and the client share this machine's cores: what
-vLLM's CPU path costs here, not on the source's host.
+vLLM's CPU path costs here, not on the source's host. ``--server-env`` runs the API server process
+on another interpreter (CPython 3.10, the vllm/vllm-openai:v0.6.0 image's: vllm060_server_intake.py
+says how), the engine process on --vllm-env's.
 """
 
 from __future__ import annotations
@@ -45,10 +47,12 @@ REAL_ENGINE = Path(__file__).resolve().parent / "vllm060" / "real_engine.py"
 
 
 def engine_pid(server: int) -> int:
-    """The engine process vLLM's API server spawned (its child)."""
+    """The engine process vLLM's API server spawned (its child; under --server-env, exec'd into the
+    engine's interpreter as ``real_engine.py rpc``)."""
     children = Path(f"/proc/{server}/task/{server}/children").read_text().split()
     for pid in children:
-        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"spawn_main" in cmdline or b"real_engine.py\0rpc\0" in cmdline:
             return int(pid)
     raise RuntimeError(f"no engine process under {server}: {children}")
 
@@ -58,6 +62,7 @@ def main() -> None:
     p.add_argument("--vllm-env", required=True, help="the virtualenv benchmarks/vllm060/make_env.sh made")
     p.add_argument("--case", default="h100-8b-prefill-heavy-inf", help="a fixed-length case with every request at once")
     p.add_argument("--tokenizer", help="Llama 3's tokenizer.model (default: a BPE trained here)")
+    p.add_argument("--server-env", help="make_env.sh's environment for another PYTHON (3.10): the API server's")
     a = p.parse_args()
     case = {c.name: c for f in load_registry() for c in f.cases}[a.case]
     w = case.workload
@@ -78,7 +83,10 @@ def main() -> None:
         subprocess.run([python, str(STAND_IN), "model", model, *made], check=True, capture_output=True)
         port = free_port()
         env = {**os.environ, "PB_HARDWARE": case.gpu, "PB_MODEL": case.model, "PB_TP": str(case.tp), "PB_STEP_LOG": log}
-        server = subprocess.Popen([python, str(REAL_ENGINE), "--model", model, "--port", str(port),
+        if a.server_env:  # the API server on that interpreter, the engine process on --vllm-env's
+            env["STAND_IN_ENGINE_PYTHON"] = python
+        server_python = os.path.join(a.server_env, "bin", "python") if a.server_env else python
+        server = subprocess.Popen([server_python, str(REAL_ENGINE), "--model", model, "--port", str(port),
                                    "--disable-log-requests", "--disable-log-stats", "--num-scheduler-steps", steps,
                                    "--max-num-seqs", options.get("max_batch", "256"), "--block-size", "16"],
                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -100,7 +108,8 @@ def main() -> None:
     simulated = {row.figure.metric: row for row in run_case(case, time_limit_s=120)}
     print(f"{a.case}: {w.num_requests} requests of {statistics.mean(sizes[1:]):.0f} prompt tokens and {w.output_len} "
           f"outputs at once; vLLM 0.6.0 --num-scheduler-steps {steps} --max-num-seqs {options.get('max_batch', 256)}, "
-          f"GPU priced as {case.gpu} {case.model} TP {case.tp}")  # fmt: skip
+          f"GPU priced as {case.gpu} {case.model} TP {case.tp}; "
+          f"the API server in {a.server_env or a.vllm_env}")  # fmt: skip
     print("| figure | published | simulator | vLLM 0.6.0's engine, paged_bench's GPU |")
     print("|---|---:|---:|---:|")
     for metric, value in real.items():

@@ -71,13 +71,15 @@ def one_burst(python: str, model: str, texts: list[str], tmp: str, engine_python
         url = f"http://127.0.0.1:{port}/v1/completions"
         asyncio.run(burst(url, texts[:1], model))  # benchmark_serving.py's initial single prompt
         cpu0, t0 = process_cpu_seconds(server.pid), time.perf_counter()
+        loop0 = process_cpu_seconds(server.pid, thread=server.pid)
         asyncio.run(burst(url, texts, model))
         stamps = json.loads(Path(log).read_text())
     finally:
         server.terminate()
         server.wait()
     return {"first_s": min(stamps["stamps"]) - t0, "last_s": max(stamps["stamps"]) - t0,
-            "cpu_ms": (stamps["server_cpu_s"] - cpu0) / len(texts) * 1e3}  # fmt: skip
+            "cpu_ms": (stamps["server_cpu_s"] - cpu0) / len(texts) * 1e3,
+            "loop_ms": (stamps["server_loop_cpu_s"] - loop0) / len(texts) * 1e3}  # fmt: skip
 
 
 def main() -> None:
@@ -109,18 +111,24 @@ def main() -> None:
                 run = one_burst(server_python, model, texts, tmp, python if a.server_env else None)
                 runs.append((sizes[n], run))
                 print(f"{a.requests} requests of {sizes[n]:.0f} prompt tokens: "
-                      f"first at the engine {run['first_s']:.3f} s, "
-                      f"last {run['last_s']:.3f} s; the API server's CPU until then {run['cpu_ms']:.2f} ms a request "
+                      f"first at the engine {run['first_s']:.3f} s, last {run['last_s']:.3f} s; the API server's "
+                      f"CPU until then {run['cpu_ms']:.2f} ms a request, its event loop's {run['loop_ms']:.2f} "
                       f"(load average {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
-    medians = {size: statistics.median(r["cpu_ms"] for t, r in runs if t == size) for size in sizes.values()}
-    for size, ms in medians.items():
-        print(f"median at {size:.0f} tokens: {ms:.2f} ms a request")
-    if len(medians) > 1:  # the line through the medians (least squares for more than two lengths)
+    for key, what in (("cpu_ms", "the API server's CPU"), ("loop_ms", "its event loop thread's")):
+        print_fit(runs, key, what)
+
+
+def print_fit(runs: list[tuple[float, dict[str, float]]], key: str, what: str) -> None:
+    """The median of ``key`` at each prompt length, and the line through the medians (least squares
+    for more than two lengths)."""
+    sizes = sorted({size for size, _ in runs})
+    medians = {size: statistics.median(r[key] for t, r in runs if t == size) for size in sizes}
+    print(f"{what}: " + ", ".join(f"median {ms:.2f} ms a request at {size:.0f} tokens" for size, ms in medians.items()))
+    if len(medians) > 1:
         x, y = np.array(list(medians)), np.array(list(medians.values()))
         (base, per_token), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(x), x]), y, rcond=None)
-        print(f"fit: {base:.2f} ms + {per_token * 1e3:.2f} us x prompt tokens "
+        print(f"  fit: {base:.2f} ms + {per_token * 1e3:.2f} us x prompt tokens "
               f"(frontend.intake_ms={base:.2f} frontend.intake_token_us={per_token * 1e3:.2f})")  # fmt: skip
-
 
 if __name__ == "__main__":
     main()

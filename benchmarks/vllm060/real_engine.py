@@ -14,7 +14,9 @@ token. A multi-step window's outputs go back as vLLM 0.6.0's MultiStepModelRunne
 back (vllm/worker/multi_step_model_runner.py: with asynchronous output processing each earlier
 step's output is queued once the next step is launched, the last returned; without it all at the
 window's end). Each step's start, end, prompt tokens and sequences are written to ``PB_STEP_LOG``
-(JSON) when the engine process gets SIGUSR1.
+(JSON) when the engine process gets SIGUSR1. With ``STAND_IN_ENGINE_PYTHON`` (stand_in.py's) the API
+server runs on this interpreter (make_env.sh's with PYTHON: CPython 3.10, torch a stub) and the
+engine process on that one.
 """
 
 import asyncio
@@ -150,9 +152,14 @@ def run_rpc_server(engine_args, usage_context, rpc_path) -> None:
 
 
 if __name__ == "__main__":
-    import vllm.entrypoints.openai.api_server as api
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-    from vllm.utils import FlexibleArgumentParser
+    from stand_in import rpc_argv, run_engine_elsewhere
 
-    api.run_rpc_server = run_rpc_server
-    asyncio.run(api.run_server(make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])))
+    if sys.argv[1:2] == ["rpc"]:  # the engine process under its own interpreter (STAND_IN_ENGINE_PYTHON)
+        run_rpc_server(*rpc_argv())
+    else:
+        import vllm.entrypoints.openai.api_server as api
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+        from vllm.utils import FlexibleArgumentParser
+
+        api.run_rpc_server = run_engine_elsewhere if os.environ.get("STAND_IN_ENGINE_PYTHON") else run_rpc_server
+        asyncio.run(api.run_server(make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])))

@@ -29,9 +29,9 @@ N = int(os.environ.get("STAND_IN_N", "500"))
 LOG = os.environ.get("STAND_IN_LOG", "stand_in.json")
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` (/proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
+def process_cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """utime + stime of ``pid`` (/proc/PID/stat), or of its ``thread`` alone (the main thread: ``pid``)."""
+    with open(f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -59,7 +59,9 @@ class StandInEngine:
 
         self.stamps.append(time.perf_counter())
         if len(self.stamps) == N + 1:  # the burst's last: the stamps and the API server's CPU now
-            record = {"stamps": self.stamps[1:], "server_cpu_s": process_cpu_seconds(os.getppid())}
+            server = os.getppid()
+            record = {"stamps": self.stamps[1:], "server_cpu_s": process_cpu_seconds(server),
+                      "server_loop_cpu_s": process_cpu_seconds(server, thread=server)}  # fmt: skip
             with open(LOG, "w") as f:  # noqa: ASYNC230 (once, after the burst is all in)
                 json.dump(record, f)
             self.all_in.set()
@@ -73,11 +75,26 @@ class StandInEngine:
 
 
 def run_engine_elsewhere(engine_args, usage_context, rpc_path) -> None:
-    """In place of run_rpc_server in vLLM's spawned engine process: the same process (its pid, which
-    the API server stops at exit) turned into ``STAND_IN_ENGINE_PYTHON``'s ``stand_in.py rpc``, with the
-    server's own arguments (multiprocessing's spawn hands the child the parent's ``sys.argv``)."""
+    """In place of run_rpc_server in vLLM's spawned engine process, where ``STAND_IN_ENGINE_PYTHON``
+    names the engine's interpreter: the same process (its pid, which the API server stops at exit)
+    turned into that interpreter running the same script as ``SCRIPT rpc RPC_PATH <the server's
+    arguments>`` (multiprocessing's spawn hands the child the parent's ``sys.argv``), which the
+    script reads back with ``rpc_argv``. Here and in real_engine.py."""
     python = os.environ["STAND_IN_ENGINE_PYTHON"]
-    os.execv(python, [python, __file__, "rpc", rpc_path, *sys.argv[2:]])
+    server_args = sys.argv[2:] if sys.argv[1:2] == ["serve"] else sys.argv[1:]
+    os.execv(python, [python, sys.argv[0], "rpc", rpc_path, *server_args])
+
+
+def rpc_argv():
+    """``(engine_args, usage_context, rpc_path)`` for run_rpc_server from run_engine_elsewhere's
+    command line."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.utils import FlexibleArgumentParser
+
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[3:])
+    return AsyncEngineArgs.from_cli_args(args), UsageContext.OPENAI_API_SERVER, sys.argv[2]
 
 
 def run_stand_in_rpc_server(engine_args, usage_context, rpc_path) -> None:
@@ -144,16 +161,11 @@ if __name__ == "__main__":
         from vllm.entrypoints.openai.cli_args import make_arg_parser
         from vllm.utils import FlexibleArgumentParser
 
-        api.run_rpc_server = run_engine_elsewhere if os.environ.get("STAND_IN_ENGINE_PYTHON") else run_stand_in_rpc_server
+        elsewhere = os.environ.get("STAND_IN_ENGINE_PYTHON")
+        api.run_rpc_server = run_engine_elsewhere if elsewhere else run_stand_in_rpc_server
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[2:])
         asyncio.run(api.run_server(args))
-    elif sys.argv[1:2] == ["rpc"]:  # run_engine_elsewhere's: RPC_PATH, then the server's arguments
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
-        from vllm.usage.usage_lib import UsageContext
-        from vllm.utils import FlexibleArgumentParser
-
-        args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[3:])
-        run_stand_in_rpc_server(AsyncEngineArgs.from_cli_args(args), UsageContext.OPENAI_API_SERVER, sys.argv[2])
+    elif sys.argv[1:2] == ["rpc"]:  # run_engine_elsewhere's
+        run_stand_in_rpc_server(*rpc_argv())
     else:
         sys.exit(__doc__)
