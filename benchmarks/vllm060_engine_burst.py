@@ -4,21 +4,25 @@ priced by paged_bench's measured cost model, beside the simulator and the publis
 
     benchmarks/vllm060/make_env.sh /tmp/vllm060
     .venv/bin/python benchmarks/vllm060_engine_burst.py --vllm-env /tmp/vllm060
-        [--case h100-8b-prefill-heavy-inf] [--tokenizer Llama-3's tokenizer.model]
+        [--case h100-8b-prefill-heavy-inf] [--draw 0] [--tokenizer Llama-3's tokenizer.model]
+        [--server-env /tmp/vllm060-py310]
 
-The case (conf/validation/, a fixed-length one with every request at once) gives the requests, the
-GPU, model and TP, and vLLM's --num-scheduler-steps and --max-num-seqs (its overrides
-``scheduler.num_scheduler_steps`` and ``max_batch``). benchmarks/vllm060/real_engine.py serves
-them: vLLM 0.6.0's API server, RPC server and AsyncLLMEngine as they are, the executor a stand-in
-whose GPU time is ``MeasuredCost.gpu_seconds`` of each step. The client is vllm_frontend_burst.py's
-rebuild of vLLM's benchmark client (one aiohttp session a request, streamed), after one warm-up
-request; it times each request's first and last streamed chunk. Every request runs to its
-max_tokens (the stand-in never samples an end token), so TPOT is (last - first) / (outputs - 1),
-benchmark_serving.py's formula. The simulator's figures are ``python -m paged_bench.validate``'s
-for the case. The server, its engine process and the client share this machine's cores: what
-vLLM's CPU path costs here, not on the source's host. ``--server-env`` runs the API server process
-on another interpreter (CPython 3.10, the vllm/vllm-openai:v0.6.0 image's: vllm060_server_intake.py
-says how), the engine process on --vllm-env's.
+The case (conf/validation/, one with every request at once) gives the requests (a ShareGPT case's
+``--draw``: the simulator's draw of that seed, each prompt cut to its length, each request's
+max_tokens its output length), the GPU, model and TP, and vLLM's --num-scheduler-steps and
+--max-num-seqs (its overrides ``scheduler.num_scheduler_steps`` and ``max_batch``).
+benchmarks/vllm060/real_engine.py serves them: vLLM 0.6.0's API server, RPC server and
+AsyncLLMEngine as they are, the executor a stand-in whose GPU time is ``MeasuredCost.gpu_seconds``
+of each step. The client is vllm_frontend_burst.py's rebuild of vLLM's benchmark client (one
+aiohttp session a request, streamed), after one warm-up request (the first of the burst, alone, as
+benchmark_serving.py sends it); it times each request's first and last streamed chunk. Every
+request runs to its max_tokens (the stand-in never samples an end token), so TPOT is (last -
+first) / (outputs - 1) over the requests of more than one output, benchmark_serving.py's formula.
+The simulator's figures are ``python -m paged_bench.validate``'s for the case, on the same draw.
+The server, its engine process and the client share this machine's cores: what vLLM's CPU path
+costs here, not on the source's host. ``--server-env`` runs the API server process on another
+interpreter (CPython 3.10, the vllm/vllm-openai:v0.6.0 image's: vllm060_server_intake.py says how),
+the engine process on --vllm-env's.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from vllm060_server_intake import STAND_IN, save_for_tokenizers_019
 from vllm_frontend_burst import burst, corpus_lines, free_port, llama3_tokenizer, prompts, train_tokenizer, wait_for
 
 from paged_bench.validate.cases import load_registry
-from paged_bench.validate.simulate import run_case
+from paged_bench.validate.simulate import SEED, run_case
+from paged_bench.validate.workloads import request_lengths
 
 REAL_ENGINE = Path(__file__).resolve().parent / "vllm060" / "real_engine.py"
 
@@ -60,7 +65,8 @@ def engine_pid(server: int) -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vllm-env", required=True, help="the virtualenv benchmarks/vllm060/make_env.sh made")
-    p.add_argument("--case", default="h100-8b-prefill-heavy-inf", help="a fixed-length case with every request at once")
+    p.add_argument("--case", default="h100-8b-prefill-heavy-inf", help="a case with every request at once")
+    p.add_argument("--draw", type=int, default=SEED, help="which of a ShareGPT case's draws (its seed)")
     p.add_argument("--tokenizer", help="Llama 3's tokenizer.model (default: a BPE trained here)")
     p.add_argument("--server-env", help="make_env.sh's environment for another PYTHON (3.10): the API server's")
     a = p.parse_args()
@@ -70,9 +76,11 @@ def main() -> None:
     steps = options.get("scheduler.num_scheduler_steps", "1")
     lines = corpus_lines()
     tok = llama3_tokenizer(a.tokenizer) if a.tokenizer else train_tokenizer(lines)
-    # cut to the case's length (+ BOS: the server adds it); the first is the warm-up
-    drawn = prompts(tok, lines, w.num_requests + 1, w.prompt_len)
-    texts = [tok.decode(tok.encode(t).ids[: w.prompt_len - 1]) for t in drawn]
+    lengths = request_lengths(w, a.draw)  # the simulator's draw: (prompt, output) tokens a request
+    outputs = [int(o) for o in lengths[:, 1]]
+    # each cut to its length (+ BOS: the server adds it)
+    drawn = prompts(tok, lines, w.num_requests, int(lengths[:, 0].max()))
+    texts = [tok.decode(tok.encode(t).ids[: int(n) - 1]) for t, n in zip(drawn, lengths[:, 0], strict=True)]
     sizes = [len(tok.encode(t).ids) + 1 for t in texts]
     python = os.path.join(a.vllm_env, "bin", "python")
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,21 +101,23 @@ def main() -> None:
         try:
             wait_for(f"http://127.0.0.1:{port}/v1/models", tries=1200)
             url = f"http://127.0.0.1:{port}/v1/completions"
-            asyncio.run(burst(url, texts[:1], model, w.output_len))  # benchmark_serving.py's first prompt
+            asyncio.run(burst(url, texts[:1], model, outputs[:1]))  # benchmark_serving.py's first request, alone
             start = time.perf_counter()
-            streams = asyncio.run(burst(url, texts[1:], model, w.output_len))
+            streams = asyncio.run(burst(url, texts, model, outputs))
             os.kill(engine_pid(server.pid), signal.SIGUSR1)
             time.sleep(1)
             step_log = [s for s in json.loads(Path(log).read_text()) if s["start"] >= start]
         finally:
             server.terminate()
             server.wait()
+    tpots = [(s.last - s.first) / (n - 1) for s, n in zip(streams, outputs, strict=True) if n > 1]
     real = {"request_throughput": len(streams) / (max(s.last for s in streams) - start),
             "mean_ttft_ms": statistics.mean(s.first - s.sent for s in streams) * 1e3,
-            "mean_tpot_ms": statistics.mean(s.last - s.first for s in streams) / (w.output_len - 1) * 1e3}  # fmt: skip
-    simulated = {row.figure.metric: row for row in run_case(case, time_limit_s=120)}
-    print(f"{a.case}: {w.num_requests} requests of {statistics.mean(sizes[1:]):.0f} prompt tokens and {w.output_len} "
-          f"outputs at once; vLLM 0.6.0 --num-scheduler-steps {steps} --max-num-seqs {options.get('max_batch', 256)}, "
+            "mean_tpot_ms": statistics.mean(tpots) * 1e3}  # fmt: skip
+    simulated = {row.figure.metric: row for row in run_case(case, time_limit_s=120, seeds=[a.draw])}
+    print(f"{a.case} (draw {a.draw}): {w.num_requests} requests of {statistics.mean(sizes):.0f} prompt tokens and "
+          f"{statistics.mean(outputs):.0f} outputs (means) at once; vLLM 0.6.0 --num-scheduler-steps {steps} "
+          f"--max-num-seqs {options.get('max_batch', 256)}, "
           f"GPU priced as {case.gpu} {case.model} TP {case.tp}; "
           f"the API server in {a.server_env or a.vllm_env}")  # fmt: skip
     print("| figure | published | simulator | vLLM 0.6.0's engine, paged_bench's GPU |")

@@ -232,9 +232,11 @@ async def one(url: str, prompt: str, i: int, model: str = "m", max_tokens: int =
         return Streamed(sent, first, last)
 
 
-async def burst(url: str, texts: list[str], model: str = "m", max_tokens: int = 16) -> list[Streamed]:
-    """``texts`` sent at once, one task each (benchmark_serving.py with an infinite rate), in order."""
-    return await asyncio.gather(*(one(url, p, i, model, max_tokens) for i, p in enumerate(texts)))
+async def burst(url: str, texts: list[str], model: str = "m", max_tokens: int | list[int] = 16) -> list[Streamed]:
+    """``texts`` sent at once, one task each (benchmark_serving.py with an infinite rate), in order;
+    ``max_tokens`` one for all or each request's."""
+    each = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(texts)
+    return await asyncio.gather(*(one(url, p, i, model, n) for i, (p, n) in enumerate(zip(texts, each, strict=True))))
 
 
 def free_port() -> int:
