@@ -236,7 +236,9 @@ async def burst(url: str, texts: list[str], model: str = "m", max_tokens: int | 
     """``texts`` sent at once, one task each (benchmark_serving.py with an infinite rate), in order;
     ``max_tokens`` one for all or each request's."""
     each = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(texts)
-    return await asyncio.gather(*(one(url, p, i, model, n) for i, (p, n) in enumerate(zip(texts, each, strict=True))))
+    if len(each) != len(texts):
+        raise ValueError(f"max_tokens: {len(each)} lengths for {len(texts)} prompts (one each, or one int for all)")
+    return await asyncio.gather(*(one(url, p, i, model, n) for i, (p, n) in enumerate(zip(texts, each))))
 
 
 def free_port() -> int:

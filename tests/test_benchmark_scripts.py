@@ -22,6 +22,7 @@ SCRIPTS = {
     "measured_waves": (["--gpu", "h100", "--no-loo"], "every tile shape has at most as many waves at 256 rows as at 264: True"),
     "metrics_outputs": (["--repeats", "1", "workload.num_requests=300"], "same figures: True; same table content"),
     "sim_speed": (["--cases", "seed", "--repeats", "1"], "| seed | compiled | "),
+    "vllm_frontend_burst": (["--requests", "20", "--prompt-tokens", "40"], "burst of 20 requests: client CPU "),
 }
 
 
@@ -113,3 +114,51 @@ def test_vllm060_torch_stub_stands_for_what_vllms_api_server_imports():
                           env={"PYTHONPATH": str(ROOT / "benchmarks" / "vllm060" / "torch_stub")}, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "stub 2.4.0 True"
+
+
+def _frontend_burst(monkeypatch):
+    spec = importlib.util.spec_from_file_location("vllm_frontend_burst", ROOT / "benchmarks" / "vllm_frontend_burst.py")
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)  # its dataclasses look their module up
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_frontend_burst_sends_each_request_its_own_max_tokens(monkeypatch):
+    """vllm060_engine_burst.py's ShareGPT cases: each request of a burst asks for its own output
+    length (vLLM's benchmark client sends max_tokens = the completion's length), streamed back."""
+    import asyncio
+
+    from aiohttp import web
+
+    script, asked = _frontend_burst(monkeypatch), {}
+
+    async def completions(request):
+        body = await request.json()
+        asked[int(body["user"])] = body["max_tokens"]
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for _ in range(body["max_tokens"]):
+            await response.write(b'data: {"choices": [{"text": "x"}]}\n\n')
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def run():
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/completions"
+        try:
+            streams = await script.burst(url, ["a", "b", "c"], "m", [3, 1, 2])
+            with pytest.raises(ValueError, match="1 lengths for 2 prompts"):  # one length a request
+                await script.burst(url, ["a", "b"], "m", [3])
+            return streams, await script.burst(url, ["d", "e"], "m", 4)
+        finally:
+            await runner.cleanup()
+
+    streams, alike = asyncio.run(run())
+    assert asked == {0: 4, 1: 4, 2: 2}  # the last burst's two, then the first's third
+    assert all(s.sent <= s.first <= s.last for s in streams + alike)
