@@ -21,9 +21,11 @@ stub there: benchmarks/vllm060/torch_stub); the engine process stays --vllm-env'
 
 For each burst: when its first and last request reached the engine (seconds after the burst
 started), and the API server's CPU until the last one did, per request (what the serial intake
-costs: the client shares this machine's two cores, so the wall time is longer). Then the median of
-that CPU at each prompt length, and the line through the medians, ``ms + us x prompt tokens``:
-``frontend.intake_ms`` and ``frontend.intake_token_us``.
+costs: the client shares this machine's two cores, so the wall time is longer), the whole process's
+and its event loop thread's alone (the serial part; the rest, ZeroMQ's I/O thread and the like,
+runs beside it on a host with cores to spare). Then, for each, the median at each prompt length and
+the line through the medians, ``ms + us x prompt tokens``: ``frontend.intake_ms`` and
+``frontend.intake_token_us``.
 """
 
 from __future__ import annotations
@@ -129,6 +131,7 @@ def print_fit(runs: list[tuple[float, dict[str, float]]], key: str, what: str) -
         (base, per_token), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(x), x]), y, rcond=None)
         print(f"  fit: {base:.2f} ms + {per_token * 1e3:.2f} us x prompt tokens "
               f"(frontend.intake_ms={base:.2f} frontend.intake_token_us={per_token * 1e3:.2f})")  # fmt: skip
+
 
 if __name__ == "__main__":
     main()
