@@ -1,4 +1,4 @@
-"""A published every-request-at-once case run through vLLM 0.6.0's own server and engine, the GPU
+"""A published case run through vLLM 0.6.0's own server and engine, the GPU
 priced by paged_bench's measured cost model, beside the simulator and the published figures
 (issue 35: is what the simulator misses in vLLM's CPU path or in its GPU?).
 
@@ -7,10 +7,11 @@ priced by paged_bench's measured cost model, beside the simulator and the publis
         [--case h100-8b-prefill-heavy-inf] [--draw 0] [--tokenizer Llama-3's tokenizer.model]
         [--server-env /tmp/vllm060-py310]
 
-The case (conf/validation/, one with every request at once) gives the requests (a ShareGPT case's
-``--draw``: the simulator's draw of that seed, each prompt cut to its length, each request's
-max_tokens its output length), the GPU, model and TP, and vLLM's --num-scheduler-steps and
---max-num-seqs (its overrides ``scheduler.num_scheduler_steps`` and ``max_batch``).
+The case (conf/validation/) gives the requests (a ShareGPT case's ``--draw``: the simulator's draw
+of that seed, each prompt cut to its length, each request's max_tokens its output length; a QPS
+case's: sent when the simulator's arrivals are, vLLM's client's own Poisson draw), the GPU, model
+and TP, and vLLM's --num-scheduler-steps and --max-num-seqs (its overrides
+``scheduler.num_scheduler_steps`` and ``max_batch``).
 benchmarks/vllm060/real_engine.py serves them: vLLM 0.6.0's API server, RPC server and
 AsyncLLMEngine as they are, the executor a stand-in whose GPU time is ``MeasuredCost.gpu_seconds``
 of each step. The client is vllm_frontend_burst.py's rebuild of vLLM's benchmark client (one
@@ -40,13 +41,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm060_server_intake import STAND_IN, save_for_tokenizers_019
 from vllm_frontend_burst import burst, corpus_lines, free_port, llama3_tokenizer, prompts, train_tokenizer, wait_for
 
 from paged_bench.validate.cases import load_registry
 from paged_bench.validate.simulate import SEED, run_case
-from paged_bench.validate.workloads import request_lengths
+from paged_bench.validate.workloads import arrival_times, request_lengths
 
 REAL_ENGINE = Path(__file__).resolve().parent / "vllm060" / "real_engine.py"
 
@@ -65,7 +68,7 @@ def engine_pid(server: int) -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vllm-env", required=True, help="the virtualenv benchmarks/vllm060/make_env.sh made")
-    p.add_argument("--case", default="h100-8b-prefill-heavy-inf", help="a case with every request at once")
+    p.add_argument("--case", default="h100-8b-prefill-heavy-inf", help="a case of conf/validation/")
     p.add_argument("--draw", type=int, default=SEED, help="which of a ShareGPT case's draws (its seed)")
     p.add_argument("--tokenizer", help="Llama 3's tokenizer.model (default: a BPE trained here)")
     p.add_argument("--server-env", help="make_env.sh's environment for another PYTHON (3.10): the API server's")
@@ -77,6 +80,7 @@ def main() -> None:
     lines = corpus_lines()
     tok = llama3_tokenizer(a.tokenizer) if a.tokenizer else train_tokenizer(lines)
     lengths = request_lengths(w, a.draw)  # the simulator's draw: (prompt, output) tokens a request
+    gaps = np.diff(arrival_times(w.num_requests, w.rate, a.draw), prepend=0.0).tolist()  # all 0: at once
     outputs = [int(o) for o in lengths[:, 1]]
     # each cut to its length (+ BOS: the server adds it)
     drawn = prompts(tok, lines, w.num_requests, int(lengths[:, 0].max()))
@@ -103,7 +107,7 @@ def main() -> None:
             url = f"http://127.0.0.1:{port}/v1/completions"
             asyncio.run(burst(url, texts[:1], model, outputs[:1]))  # benchmark_serving.py's first request, alone
             start = time.perf_counter()
-            streams = asyncio.run(burst(url, texts, model, outputs))
+            streams = asyncio.run(burst(url, texts, model, outputs, gaps))
             os.kill(engine_pid(server.pid), signal.SIGUSR1)
             time.sleep(1)
             step_log = [s for s in json.loads(Path(log).read_text()) if s["start"] >= start]
@@ -116,7 +120,8 @@ def main() -> None:
             "mean_tpot_ms": statistics.mean(tpots) * 1e3}  # fmt: skip
     simulated = {row.figure.metric: row for row in run_case(case, time_limit_s=120, seeds=[a.draw])}
     print(f"{a.case} (draw {a.draw}): {w.num_requests} requests of {statistics.mean(sizes):.0f} prompt tokens and "
-          f"{statistics.mean(outputs):.0f} outputs (means) at once; vLLM 0.6.0 --num-scheduler-steps {steps} "
+          f"{statistics.mean(outputs):.0f} outputs (means) at {w.rate:g} req/s; "
+          f"vLLM 0.6.0 --num-scheduler-steps {steps} "
           f"--max-num-seqs {options.get('max_batch', 256)}, "
           f"GPU priced as {case.gpu} {case.model} TP {case.tp}; "
           f"the API server in {a.server_env or a.vllm_env}")  # fmt: skip

@@ -232,13 +232,23 @@ async def one(url: str, prompt: str, i: int, model: str = "m", max_tokens: int =
         return Streamed(sent, first, last)
 
 
-async def burst(url: str, texts: list[str], model: str = "m", max_tokens: int | list[int] = 16) -> list[Streamed]:
+async def burst(url: str, texts: list[str], model: str = "m", max_tokens: int | list[int] = 16,
+                gaps: list[float] | None = None) -> list[Streamed]:  # fmt: skip
     """``texts`` sent at once, one task each (benchmark_serving.py with an infinite rate), in order;
-    ``max_tokens`` one for all or each request's."""
+    ``max_tokens`` one for all or each request's; ``gaps``: the seconds to wait before sending each
+    instead (benchmark_serving.py's get_request: ``asyncio.sleep`` of the drawn interval, then a
+    task for the next request)."""
     each = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(texts)
-    if len(each) != len(texts):
-        raise ValueError(f"max_tokens: {len(each)} lengths for {len(texts)} prompts (one each, or one int for all)")
-    return await asyncio.gather(*(one(url, p, i, model, n) for i, (p, n) in enumerate(zip(texts, each))))
+    if len(each) != len(texts) or (gaps is not None and len(gaps) != len(texts)):
+        raise ValueError(f"{len(each)} max_tokens and {len(gaps or texts)} gaps for {len(texts)} prompts: one each")
+    if gaps is None:
+        return await asyncio.gather(*(one(url, p, i, model, n) for i, (p, n) in enumerate(zip(texts, each))))
+    tasks = []
+    for i, (p, n, gap) in enumerate(zip(texts, each, gaps)):
+        if gap > 0:
+            await asyncio.sleep(gap)
+        tasks.append(asyncio.create_task(one(url, p, i, model, n)))
+    return await asyncio.gather(*tasks)
 
 
 def free_port() -> int:

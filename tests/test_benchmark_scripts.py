@@ -124,9 +124,10 @@ def _frontend_burst(monkeypatch):
     return script
 
 
-def test_frontend_burst_sends_each_request_its_own_max_tokens(monkeypatch):
+def test_frontend_burst_sends_each_request_its_max_tokens_on_its_schedule(monkeypatch):
     """vllm060_engine_burst.py's ShareGPT cases: each request of a burst asks for its own output
-    length (vLLM's benchmark client sends max_tokens = the completion's length), streamed back."""
+    length (vLLM's benchmark client sends max_tokens = the completion's length), streamed back; its
+    QPS cases: each request sent after its gap."""
     import asyncio
 
     from aiohttp import web
@@ -153,12 +154,17 @@ def test_frontend_burst_sends_each_request_its_own_max_tokens(monkeypatch):
         url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/completions"
         try:
             streams = await script.burst(url, ["a", "b", "c"], "m", [3, 1, 2])
-            with pytest.raises(ValueError, match="1 lengths for 2 prompts"):  # one length a request
+            assert asked == {0: 3, 1: 1, 2: 2}
+            with pytest.raises(ValueError, match="1 max_tokens and 2 gaps for 2 prompts"):  # one length a request
                 await script.burst(url, ["a", "b"], "m", [3])
-            return streams, await script.burst(url, ["d", "e"], "m", 4)
+            alike = await script.burst(url, ["d", "e"], "m", 4)
+            assert asked == {0: 4, 1: 4, 2: 2}
+            return streams, alike, await script.burst(url, ["f", "g", "h"], "m", 1, gaps=[0.0, 0.05, 0.1])
         finally:
             await runner.cleanup()
 
-    streams, alike = asyncio.run(run())
-    assert asked == {0: 4, 1: 4, 2: 2}  # the last burst's two, then the first's third
-    assert all(s.sent <= s.first <= s.last for s in streams + alike)
+    streams, alike, spaced = asyncio.run(run())
+    assert asked == {0: 1, 1: 1, 2: 1}
+    assert all(s.sent <= s.first <= s.last for s in streams + alike + spaced)
+    # benchmark_serving.py's schedule: each request sent after its gap, never before
+    assert spaced[1].sent - spaced[0].sent >= 0.05 and spaced[2].sent - spaced[1].sent >= 0.1
