@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm060_server_intake import STAND_IN, save_for_tokenizers_019
+from vllm060_server_intake import STAND_IN, interpreters, save_for_tokenizers_019
 from vllm_frontend_burst import burst, corpus_lines, free_port, llama3_tokenizer, prompts, train_tokenizer, wait_for
 
 from paged_bench.validate.cases import load_registry
@@ -94,10 +94,9 @@ def main() -> None:
             save_for_tokenizers_019(tok, made[1])
         subprocess.run([python, str(STAND_IN), "model", model, *made], check=True, capture_output=True)
         port = free_port()
-        env = {**os.environ, "PB_HARDWARE": case.gpu, "PB_MODEL": case.model, "PB_TP": str(case.tp), "PB_STEP_LOG": log}
-        if a.server_env:  # the API server on that interpreter, the engine process on --vllm-env's
-            env["STAND_IN_ENGINE_PYTHON"] = python
-        server_python = os.path.join(a.server_env, "bin", "python") if a.server_env else python
+        server_python, engine_env = interpreters(a.vllm_env, a.server_env)
+        env = {**os.environ, **engine_env, "PB_HARDWARE": case.gpu, "PB_MODEL": case.model, "PB_TP": str(case.tp),
+               "PB_STEP_LOG": log}  # fmt: skip
         server = subprocess.Popen([server_python, str(REAL_ENGINE), "--model", model, "--port", str(port),
                                    "--disable-log-requests", "--disable-log-stats", "--num-scheduler-steps", steps,
                                    "--max-num-seqs", options.get("max_batch", "256"), "--block-size", "16"],

@@ -58,13 +58,19 @@ def save_for_tokenizers_019(tok, path: str) -> None:
     Path(path).write_text(json.dumps(data))
 
 
-def one_burst(python: str, model: str, texts: list[str], tmp: str, engine_python: str | None) -> dict[str, float]:
-    """vLLM 0.6.0's server started afresh, one warm-up request, then ``texts`` at once; ``engine_python``:
-    the engine process's interpreter where it is not the API server's."""
+def interpreters(vllm_env: str, server_env: str | None) -> tuple[str, dict[str, str]]:
+    """The API server's interpreter, and what its environment adds: ``server_env``'s, its engine
+    process then on ``vllm_env``'s (stand_in.py's STAND_IN_ENGINE_PYTHON), else ``vllm_env``'s for both."""
+    python = os.path.join(vllm_env, "bin", "python")
+    if server_env is None:
+        return python, {}
+    return os.path.join(server_env, "bin", "python"), {"STAND_IN_ENGINE_PYTHON": python}
+
+
+def one_burst(python: str, engine_env: dict[str, str], model: str, texts: list[str], tmp: str) -> dict[str, float]:
+    """vLLM 0.6.0's server (``interpreters``' two) started afresh, one warm-up request, then ``texts`` at once."""
     port, log = free_port(), os.path.join(tmp, "stamps.json")
-    env = {**os.environ, "STAND_IN_N": str(len(texts)), "STAND_IN_LOG": log}
-    if engine_python:
-        env["STAND_IN_ENGINE_PYTHON"] = engine_python
+    env = {**os.environ, **engine_env, "STAND_IN_N": str(len(texts)), "STAND_IN_LOG": log}
     server = subprocess.Popen([python, str(STAND_IN), "serve", "--model", model, "--port", str(port),
                                "--disable-log-requests", "--max-num-seqs", "512"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -94,7 +100,7 @@ def main() -> None:
     p.add_argument("--server-env", help="make_env.sh's environment for another PYTHON (3.10): the API server's")
     a = p.parse_args()
     python = os.path.join(a.vllm_env, "bin", "python")
-    server_python = os.path.join(a.server_env, "bin", "python") if a.server_env else python
+    server_python, engine_env = interpreters(a.vllm_env, a.server_env)
     print(subprocess.run([server_python, "-c", "import sys; print('the API server on Python', sys.version.split()[0])"],
                          check=True, capture_output=True, text=True).stdout.strip())  # fmt: skip
     lines = corpus_lines()
@@ -110,7 +116,7 @@ def main() -> None:
         subprocess.run([python, str(STAND_IN), "model", model, *made], check=True, capture_output=True)
         for repeat in range(a.repeats):
             for n, texts in sets.items():  # the lengths alternate: the machine's drift meets each alike
-                run = one_burst(server_python, model, texts, tmp, python if a.server_env else None)
+                run = one_burst(server_python, engine_env, model, texts, tmp)
                 runs.append((sizes[n], run))
                 print(f"{a.requests} requests of {sizes[n]:.0f} prompt tokens: "
                       f"first at the engine {run['first_s']:.3f} s, last {run['last_s']:.3f} s; the API server's "

@@ -234,15 +234,13 @@ async def one(url: str, prompt: str, i: int, model: str = "m", max_tokens: int =
 
 async def burst(url: str, texts: list[str], model: str = "m", max_tokens: int | list[int] = 16,
                 gaps: list[float] | None = None) -> list[Streamed]:  # fmt: skip
-    """``texts`` sent at once, one task each (benchmark_serving.py with an infinite rate), in order;
-    ``max_tokens`` one for all or each request's; ``gaps``: the seconds to wait before sending each
-    instead (benchmark_serving.py's get_request: ``asyncio.sleep`` of the drawn interval, then a
-    task for the next request)."""
+    """``texts`` sent in order, one task each, as benchmark_serving.py sends them: ``gaps`` the
+    seconds its get_request sleeps before each (the drawn interval; none: all at once, an infinite
+    rate); ``max_tokens`` one for all or each request's."""
     each = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(texts)
-    if len(each) != len(texts) or (gaps is not None and len(gaps) != len(texts)):
-        raise ValueError(f"{len(each)} max_tokens and {len(gaps or texts)} gaps for {len(texts)} prompts: one each")
-    if gaps is None:
-        return await asyncio.gather(*(one(url, p, i, model, n) for i, (p, n) in enumerate(zip(texts, each))))
+    gaps = [0.0] * len(texts) if gaps is None else gaps
+    if len(each) != len(texts) or len(gaps) != len(texts):
+        raise ValueError(f"{len(each)} max_tokens and {len(gaps)} gaps for {len(texts)} prompts: one each")
     tasks = []
     for i, (p, n, gap) in enumerate(zip(texts, each, gaps)):
         if gap > 0:

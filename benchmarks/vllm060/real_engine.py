@@ -152,14 +152,9 @@ def run_rpc_server(engine_args, usage_context, rpc_path) -> None:
 
 
 if __name__ == "__main__":
-    from stand_in import rpc_argv, run_engine_elsewhere
+    from stand_in import rpc_argv, serve
 
     if sys.argv[1:2] == ["rpc"]:  # the engine process under its own interpreter (STAND_IN_ENGINE_PYTHON)
         run_rpc_server(*rpc_argv())
     else:
-        import vllm.entrypoints.openai.api_server as api
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
-        from vllm.utils import FlexibleArgumentParser
-
-        api.run_rpc_server = run_engine_elsewhere if os.environ.get("STAND_IN_ENGINE_PYTHON") else run_rpc_server
-        asyncio.run(api.run_server(make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])))
+        serve(run_rpc_server, sys.argv[1:])

@@ -85,16 +85,31 @@ def run_engine_elsewhere(engine_args, usage_context, rpc_path) -> None:
     os.execv(python, [python, sys.argv[0], "rpc", rpc_path, *server_args])
 
 
+def server_args(argv: list[str]):
+    """``argv`` read as vLLM's OpenAI server reads its command line."""
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+
+
 def rpc_argv():
     """``(engine_args, usage_context, rpc_path)`` for run_rpc_server from run_engine_elsewhere's
     command line."""
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.usage.usage_lib import UsageContext
-    from vllm.utils import FlexibleArgumentParser
 
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[3:])
-    return AsyncEngineArgs.from_cli_args(args), UsageContext.OPENAI_API_SERVER, sys.argv[2]
+    return AsyncEngineArgs.from_cli_args(server_args(sys.argv[3:])), UsageContext.OPENAI_API_SERVER, sys.argv[2]
+
+
+def serve(engine_process, argv: list[str]) -> None:
+    """vllm/entrypoints/openai/api_server.py as its ``__main__`` runs it, on ``argv``, its engine
+    process ``engine_process`` (in place of run_rpc_server), or run_engine_elsewhere where
+    ``STAND_IN_ENGINE_PYTHON`` names the engine's interpreter. Here and in real_engine.py."""
+    import vllm.entrypoints.openai.api_server as api
+
+    api.run_rpc_server = run_engine_elsewhere if os.environ.get("STAND_IN_ENGINE_PYTHON") else engine_process
+    asyncio.run(api.run_server(server_args(argv)))
 
 
 def run_stand_in_rpc_server(engine_args, usage_context, rpc_path) -> None:
@@ -127,9 +142,10 @@ def make_model(folder: str, tokenizer_json: str | None, llama3: str | None) -> N
     if llama3:
         from transformers.convert_slow_tokenizer import TikTokenConverter
 
-        split = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-        tok = TikTokenConverter(vocab_file=llama3, pattern=split).converted()
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from vllm_frontend_burst import LLAMA3_SPLIT
+
+        tok = TikTokenConverter(vocab_file=llama3, pattern=LLAMA3_SPLIT).converted()
     else:
         tok = Tokenizer.from_file(tokenizer_json)
     bos = tok.get_vocab_size()
@@ -157,14 +173,7 @@ if __name__ == "__main__":
         a = p.parse_args(sys.argv[2:])
         make_model(a.folder, a.tokenizer_json, a.llama3)
     elif sys.argv[1:2] == ["serve"]:
-        import vllm.entrypoints.openai.api_server as api
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
-        from vllm.utils import FlexibleArgumentParser
-
-        elsewhere = os.environ.get("STAND_IN_ENGINE_PYTHON")
-        api.run_rpc_server = run_engine_elsewhere if elsewhere else run_stand_in_rpc_server
-        args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[2:])
-        asyncio.run(api.run_server(args))
+        serve(run_stand_in_rpc_server, sys.argv[2:])
     elif sys.argv[1:2] == ["rpc"]:  # run_engine_elsewhere's
         run_stand_in_rpc_server(*rpc_argv())
     else:
