@@ -22,6 +22,7 @@ STEPS = (
     ("llama-3-8b", "h100", 1, "decode 1 x ctx 128", [(128, 1)]),
     ("llama-3-8b", "h100", 1, "decode 64 x ctx 1024", [(1024, 1)] * 64),
     ("llama-3-8b", "h100", 1, "prefill 1 x 2048", [(0, 2048)]),
+    ("llama-3-8b", "h100", 1, "prefill 8 x 215", [(0, 215)] * 8),  # a prompt step of Lambda's H100 8B run
     ("llama-3-70b", "h100", 4, "decode 1 x ctx 128", [(128, 1)]),
     ("llama-3-70b", "h100", 4, "prefill 1 x 2048", [(0, 2048)]),
     ("llama-3-8b", "h200", 1, "decode 1 x ctx 128", [(128, 1)]),

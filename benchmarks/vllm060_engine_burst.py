@@ -8,10 +8,11 @@ priced by paged_bench's measured cost model, beside the simulator and the publis
         [--server-env /tmp/vllm060-py310]
 
 The case (conf/validation/) gives the requests (a ShareGPT case's ``--draw``: the simulator's draw
-of that seed, each prompt cut to its length, each request's max_tokens its output length; a QPS
-case's: sent when the simulator's arrivals are, vLLM's client's own Poisson draw), the GPU, model
-and TP, and vLLM's --num-scheduler-steps and --max-num-seqs (its overrides
-``scheduler.num_scheduler_steps`` and ``max_batch``).
+of that seed, each prompt cut to its length, each request's max_tokens its output length; a listed
+case's: the published requests, a reply of 0 tokens counted with TTFT 0 as vLLM's client counted it;
+a QPS case's: sent when the simulator's arrivals are, vLLM's client's own Poisson draw), the GPU,
+model and TP, and vLLM's --num-scheduler-steps, --max-num-seqs and --max-model-len (its overrides
+``scheduler.num_scheduler_steps``, ``max_batch`` and a numeric ``max_model_len``).
 benchmarks/vllm060/real_engine.py serves them: vLLM 0.6.0's API server, RPC server and
 AsyncLLMEngine as they are, the executor a stand-in whose GPU time is ``MeasuredCost.gpu_seconds``
 of each step. The client is vllm_frontend_burst.py's rebuild of vLLM's benchmark client (one
@@ -97,9 +98,11 @@ def main() -> None:
         server_python, engine_env = interpreters(a.vllm_env, a.server_env)
         env = {**os.environ, **engine_env, "PB_HARDWARE": case.gpu, "PB_MODEL": case.model, "PB_TP": str(case.tp),
                "PB_STEP_LOG": log}  # fmt: skip
+        max_len = options.get("max_model_len", "auto")  # a number caps the prompt steps: max(it, 2048) tokens
         server = subprocess.Popen([server_python, str(REAL_ENGINE), "--model", model, "--port", str(port),
                                    "--disable-log-requests", "--disable-log-stats", "--num-scheduler-steps", steps,
-                                   "--max-num-seqs", options.get("max_batch", "256"), "--block-size", "16"],
+                                   "--max-num-seqs", options.get("max_batch", "256"), "--block-size", "16",
+                                   *(["--max-model-len", max_len] if max_len.isdigit() else [])],
                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
             wait_for(f"http://127.0.0.1:{port}/v1/models", tries=1200)
@@ -114,8 +117,12 @@ def main() -> None:
             server.terminate()
             server.wait()
     tpots = [(s.last - s.first) / (n - 1) for s, n in zip(streams, outputs, strict=True) if n > 1]
+    # a listed reply of 0 tokens ended at its first: vLLM's client saw no text and counted TTFT 0 (client_summary)
+    empty = [n == 0 for n in w.output_lens] or [False] * len(streams)
+    ttfts = [0.0 if e else s.first - s.sent for s, e in zip(streams, empty, strict=True)]
     real = {"request_throughput": len(streams) / (max(s.last for s in streams) - start),
-            "mean_ttft_ms": statistics.mean(s.first - s.sent for s in streams) * 1e3,
+            "mean_ttft_ms": statistics.mean(ttfts) * 1e3,
+            "first_ttft_ms": min(s.first - s.sent for s, e in zip(streams, empty, strict=True) if not e) * 1e3,
             "mean_tpot_ms": statistics.mean(tpots) * 1e3}  # fmt: skip
     simulated = {row.figure.metric: row for row in run_case(case, time_limit_s=120, seeds=[a.draw])}
     print(f"{a.case} (draw {a.draw}): {w.num_requests} requests of {statistics.mean(sizes):.0f} prompt tokens and "
@@ -138,6 +145,10 @@ def main() -> None:
           f"{len(prompt_steps)} prompt steps, their GPU {sum(s['end'] - s['start'] for s in prompt_steps):.2f} s; "
           f"the engine's own time between steps {gaps:.2f} s; "
           f"the last step ends {step_log[-1]['end'] - start:.2f} s in")  # fmt: skip
+    between = [b["start"] - a["end"] for a, b in itertools.pairwise(step_log) if b["prompt_tokens"]]
+    if between:  # what vLLM's engine spends on its own before each prompt step (scheduling, output processing)
+        print(f"before each prompt step after the first: median {statistics.median(between) * 1e3:.2f} ms, "
+              f"mean {statistics.mean(between) * 1e3:.2f} ms over {len(between)}")  # fmt: skip
 
 
 if __name__ == "__main__":

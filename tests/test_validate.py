@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from paged_bench.errors import ConfigError
 from paged_bench.validate.bursts import burst_bounds, is_burst
-from paged_bench.validate.cases import FIGURE_REF, load_registry
+from paged_bench.validate.cases import FIGURE_REF, load_file, load_registry
 from paged_bench.validate.simulate import DRAWS_AT_ONCE, draw_seeds, run_case
-from paged_bench.validate.workloads import arrival_times
+from paged_bench.validate.workloads import arrival_times, request_lengths
 from tests.tracking_support import call_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,3 +179,62 @@ def test_poisson_arrivals_are_the_ones_vllms_client_draws():
     assert arrival_times(50, 32.0, 0) == pytest.approx(sent, abs=1e-12)
     assert arrival_times(50, 32.0, 1) != pytest.approx(sent)  # --seed 1 is another draw
     assert (arrival_times(7, math.inf, 0) == 0).all()
+
+
+LAMBDA = "h100-8b-lambda-sharegpt320"
+
+
+def test_a_listed_workload_sends_the_published_requests():
+    """A source that lists each request's tokens (Lambda's result files) is replayed request by
+    request: the registry holds the file's counts (their totals are the file's), and a reply of 0
+    tokens (the model ended at once) is one generated token."""
+    totals = {LAMBDA: 65_331, "h100-8b-tp2-lambda-sharegpt320": 65_649, "h100-8b-tp4-lambda-sharegpt320": 65_375,
+              "h100-70b-tp4-lambda-sharegpt320": 56_543, "a100-8b-lambda-sharegpt320": 65_374,
+              "a100-8b-tp2-lambda-sharegpt320": 65_784, "a100-8b-tp4-lambda-sharegpt320": 64_905,
+              "a100-70b-tp4-lambda-sharegpt320": 55_641}  # total_output_tokens of each result file
+    cases = _cases()
+    assert {name for name in cases if "lambda" in name} == set(totals)
+    for name, outputs in totals.items():
+        w = cases[name].workload
+        assert (w.dataset, w.num_requests, sum(w.prompt_lens), sum(w.output_lens)) == ("listed", 320, 65_578, outputs)
+        lengths = request_lengths(w, 0)
+        assert lengths[:, 0].tolist() == list(w.prompt_lens)
+        assert lengths[:, 1].tolist() == [max(n, 1) for n in w.output_lens]
+        assert len(draw_seeds(cases[name])) == 1  # the published requests: no draws
+
+
+def test_vllms_client_counts_an_empty_replys_ttft_as_0():
+    """benchmark_serving.py (v0.6.0) takes TTFT at the first chunk carrying text; a reply that ends
+    at its first token carries none, keeps TTFT 0.0, and is averaged in. Three prompts of one step:
+    each first token at the same time t, so the mean is 2t/3 with one empty reply, the median t, and
+    t the first TTFT of a reply with text."""
+    case = _cases()[LAMBDA]
+    tiny = dataclasses.replace(case, workload=dataclasses.replace(
+        case.workload, num_requests=3, prompt_lens=(100, 100, 100), output_lens=(5, 0, 5)))  # fmt: skip
+    rows = {r.figure.metric: r.simulated for r in run_case(tiny, 60)}
+    mean, median, tpot = rows["mean_ttft_ms"], rows["median_ttft_ms"], rows["mean_tpot_ms"]
+    assert median > 0 and mean == pytest.approx(2 * median / 3, rel=1e-9)
+    assert rows["first_ttft_ms"] == pytest.approx(median)
+    full = dataclasses.replace(tiny, workload=dataclasses.replace(tiny.workload, output_lens=(5, 1, 5)))
+    again = run_case(full, 60)
+    assert again[1].simulated == pytest.approx(median) and again[2].simulated == pytest.approx(median)
+    assert again[3].simulated == pytest.approx(tpot)  # a one-token reply has no TPOT either way
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda w: w.replace("num_requests: 320", "num_requests: 321", 1),
+     "cases[0].workload.prompt_lens='a list of 320' is not allowed: a list of num_requests=321 lengths"),
+    (lambda w: w.replace("output_lens: [120,", "output_lens: [-1,", 1),
+     "cases[0].workload.output_lens[0]=-1 is not allowed: an integer >= 0"),
+    (lambda w: w.replace("prompt_lens: &sharegpt320 [13,", "prompt_lens: &sharegpt320 [0,", 1),
+     "cases[0].workload.prompt_lens[0]=0 is not allowed: an integer >= 1"),
+    (lambda w: w.replace("dataset: listed", "dataset: fixed", 1),
+     "cases[0].workload.prompt_lens="),
+])  # fmt: skip
+def test_a_bad_listed_workload_is_refused_naming_the_request(tmp_path, edit, message):
+    good = (ROOT / "conf" / "validation" / "lambda_vllm060_sharegpt320.yaml").read_text()
+    (tmp_path / "bad.yaml").write_text(edit(good))
+    with pytest.raises(ConfigError) as e:
+        load_file(tmp_path / "bad.yaml")
+    assert str(e.value).startswith(f"bad.yaml: {message}"), str(e.value)[:300]
+    assert "\n" not in str(e.value)

@@ -31,13 +31,14 @@ METRICS: dict[str, str] = {
     "output_throughput": "tok/s",
     "mean_ttft_ms": "ms",
     "median_ttft_ms": "ms",
+    "first_ttft_ms": "ms",  # the least TTFT of a request whose reply had text: the burst's first prompt step
     "mean_tpot_ms": "ms",
     "median_tpot_ms": "ms",
     "mean_itl_ms": "ms",
     "mean_e2el_ms": "ms",
     "duration_ms": "ms",
 }
-DATASETS = ("sharegpt", "fixed")
+DATASETS = ("sharegpt", "fixed", "listed")
 _SOURCE_KEYS = ("title", "url", "repository", "path", "commit", "published")
 _FILE_KEYS = ("source", "engine", "setup", "notes", "cases")
 _CASE_KEYS = ("name", "gpu", "model", "tp", "where", "workload", "overrides", "figures")
@@ -84,15 +85,20 @@ class Figure:
 @dataclass(frozen=True)
 class Workload:
     """What the published run sent: ``dataset`` sharegpt (drawn from the shipped ShareGPT lengths
-    with the published means: ``workloads``) or fixed (``prompt_len`` / ``output_len`` each request),
-    ``num_requests`` of them at ``rate`` requests/s (Poisson, as vLLM's benchmark_serving.py sends
-    them) or all at once (inf)."""
+    with the published means: ``workloads``), fixed (``prompt_len`` / ``output_len`` each request)
+    or listed (each request's own lengths, as the source published them: ``prompt_lens`` /
+    ``output_lens``), ``num_requests`` of them at ``rate`` requests/s (Poisson, as vLLM's
+    benchmark_serving.py sends them) or all at once (inf)."""
 
     dataset: str
     num_requests: int
     rate: float
     prompt_len: int = 0  # fixed: every prompt; sharegpt: the published mean (shown beside the draw's)
     output_len: int = 0
+    # listed: request i's prompt and output tokens as the source measured them; an output of 0 is
+    # a request whose first token ended it (the model's end of text: the client saw no text)
+    prompt_lens: tuple[int, ...] = ()
+    output_lens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -198,17 +204,39 @@ def _source(raw: Any, key: str) -> Source:
     return Source(**fields)  # type: ignore[arg-type]
 
 
+_LISTED = ("prompt_lens", "output_lens")  # dataset listed: each request's own lengths
+_LENGTHS = ("prompt_len", "output_len")  # sharegpt (the published means) and fixed (every request's)
+
+
 def _workload(raw: Any, key: str) -> Workload:
-    w = _mapping(raw, key, ("dataset", "num_requests", "rate", "prompt_len", "output_len"),
-                 required=("dataset", "num_requests", "rate", "prompt_len", "output_len"))  # fmt: skip
+    lengths = _LISTED if isinstance(raw, dict) and raw.get("dataset") == "listed" else _LENGTHS
+    w = _mapping(raw, key, ("dataset", "num_requests", "rate", *lengths),
+                 required=("dataset", "num_requests", "rate", *lengths))  # fmt: skip
     dataset = check_choice(f"{key}.dataset", w["dataset"], DATASETS)
     rate = float("inf") if w["rate"] in ("inf", float("inf")) else w["rate"]
     check(isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0, f"{key}.rate", w["rate"],
           "requests per second > 0, or inf (every request sent at once)")  # fmt: skip
-    counts = {k: w[k] for k in ("num_requests", "prompt_len", "output_len")}
-    for k, v in counts.items():
-        check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{key}.{k}", v, "an integer >= 1")
-    return Workload(dataset, rate=float(rate), **counts)
+    n = w["num_requests"]
+    check(_is_count(n, 1), f"{key}.num_requests", n, "an integer >= 1")
+    if dataset == "listed":
+        return Workload(dataset, n, float(rate), prompt_lens=_listed(w["prompt_lens"], f"{key}.prompt_lens", n, 1),
+                        output_lens=_listed(w["output_lens"], f"{key}.output_lens", n, 0))  # fmt: skip
+    for k in _LENGTHS:
+        check(_is_count(w[k], 1), f"{key}.{k}", w[k], "an integer >= 1")
+    return Workload(dataset, n, float(rate), w["prompt_len"], w["output_len"])
+
+
+def _is_count(v: Any, least: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+def _listed(raw: Any, key: str, n: int, least: int) -> tuple[int, ...]:
+    """One length a request, ``n`` of them, each an integer >= ``least`` (a bad one named by its index)."""
+    shown = f"a list of {len(raw)}" if isinstance(raw, list) else raw
+    check(isinstance(raw, list) and len(raw) == n, key, shown, f"a list of num_requests={n} lengths, one a request")
+    for i, v in enumerate(raw):
+        check(_is_count(v, least), f"{key}[{i}]", v, f"an integer >= {least}")
+    return tuple(raw)
 
 
 def _figure(raw: Any, key: str) -> Figure:

@@ -98,6 +98,9 @@ def _workload_text(row: Compared) -> str:
         draws = f", {len(seeds)} draws" if len(seeds) > 1 else ""
         lengths = (f"ShareGPT, mean {drawn[0]:.0f} in / {drawn[1]:.0f} out (published {w.prompt_len} / "
                    f"{w.output_len}){draws}")  # fmt: skip
+    elif w.dataset == "listed":
+        lengths = (f"the published requests, mean {statistics.fmean(w.prompt_lens):.0f} in / "
+                   f"{statistics.fmean(w.output_lens):.0f} out")  # fmt: skip
     else:
         lengths = f"{w.prompt_len} in / {w.output_len} out"
     return f"{w.num_requests} x {lengths}, {rate}"
@@ -139,7 +142,10 @@ def _workloads_text() -> str:
         f"sets its figures: those cases run on {DRAWS_AT_ONCE} draws, the simulated figure is their mean and the "
         "ratio column gives the range over the draws in brackets. The workload column gives the draws' means beside "
         "the published ones. The sonnet "
-        "sets of vLLM's posts are modelled as fixed lengths at their published averages. Arrivals are vLLM's "
+        "sets of vLLM's posts are modelled as fixed lengths at their published averages. Where a source lists each "
+        "request's prompt and output tokens (a benchmark_serving.py result file), its requests are sent as listed "
+        "(dataset `listed`), a reply of 0 tokens as one token whose TTFT the figures count as 0, as vLLM's client "
+        "did. Arrivals are vLLM's "
         "benchmark client's: all at once (QPS inf), or Poisson at the QPS with the very gaps its client draws "
         "with its default --seed 0 (np.random.seed(0), then np.random.exponential(1 / QPS) after each request)."
     )

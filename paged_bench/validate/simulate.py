@@ -15,10 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from paged_bench.errors import PagedBenchError
+from paged_bench.results.metrics import latency_stats, request_latencies
+from paged_bench.results.records import RequestRecords
 from paged_bench.run.compose import compose_config
 from paged_bench.run.job import run_job
-from paged_bench.validate.cases import Case, Figure
+from paged_bench.validate.cases import Case, Figure, Workload
 from paged_bench.validate.workloads import write_trace
 
 SEED = 0  # the modelled lengths' and arrivals' draw: the table is the same every time
@@ -95,11 +99,30 @@ def _simulate(case: Case, time_limit_s: float, seed: int) -> dict[str, Any] | st
             trace = write_trace(case.workload, Path(tmp) / "requests.csv", seed)
             cfg = compose_config(*case_overrides(case, trace, seed))
             with _time_limit(time_limit_s):
-                return run_job(cfg, Path(tmp) / "run").summary
+                outcome = run_job(cfg, Path(tmp) / "run")
+            assert outcome.records is not None  # an engine run's records are its requests
+            return client_summary(outcome.summary, outcome.records, case.workload)
         except CaseTimeout as e:
             return str(e)
         except (PagedBenchError, ValueError, TypeError) as e:  # Hydra refuses an override with these
             return f"{type(e).__name__}: {str(e).splitlines()[0]}"
+
+
+def client_summary(summary: dict[str, Any], records: RequestRecords, workload: Workload) -> dict[str, Any]:
+    """``summary`` as vLLM's benchmark_serving.py (v0.4-0.6) measured it, where that differs: its
+    client takes a request's TTFT at the first streamed chunk that carries text, so a request whose
+    first token ended it (a listed output of 0: the model's end of text, which sends no text) keeps
+    the TTFT it starts with, 0.0, and ``calculate_metrics`` averages it in with the others'. Adds
+    ``first_ttft_ms``, the least TTFT of a request that got text (with every request at once: when
+    the first prompt step's tokens reached the client)."""
+    ttft = request_latencies(records).ttft_ms[records.succeeded]  # a request's index in the trace is its id
+    ended_at_once = np.isin(np.asarray(records.request_id, dtype=np.int64)[records.succeeded],
+                            [i for i, n in enumerate(workload.output_lens) if n == 0])  # fmt: skip
+    figures = {**summary, "first_ttft_ms": float(ttft[~ended_at_once].min()) if (~ended_at_once).any() else None}
+    if ended_at_once.any():
+        ttft[ended_at_once] = 0.0
+        figures.update(latency_stats("ttft", ttft))
+    return figures
 
 
 def _figure_value(summary: dict[str, Any], metric: str) -> float:

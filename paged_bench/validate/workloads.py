@@ -6,6 +6,8 @@ conversations in Llama 3 tokens, the rows vLLM v0.6.0's length filter keeps), N 
 draws whose mean prompt and output lengths come within 2.5% of the source's published means
 (``sharegpt_with_means``: the source gives its totals, not which conversations its seed took),
 each output exactly its completion's length (vLLM's nightly benchmark sends ``--ignore-eos``). Fixed-length sets (vLLM's sonnet sets) send the case's lengths every time.
+A listed workload sends each request with the lengths its source measured for it; an output of 0
+(the model ended at its first token) is one generated token.
 Arrivals are vLLM's ``benchmark_serving.py``'s: every request at once for ``rate=inf``, else
 the very gaps its client draws (a Poisson process: ``np.random.seed(seed)``, then
 ``np.random.exponential(1 / rate)`` after each request is sent, v0.4-0.6's ``get_request``), the
@@ -31,7 +33,9 @@ def request_lengths(workload: Workload, seed: int) -> np.ndarray:
     """``workload``'s (prompt_len, output_len) per request (a ShareGPT workload's ``prompt_len``
     and ``output_len`` are the published means its draw matches). Kept, read-only: the simulation
     and the document's workload column ask for the same draws."""
-    if workload.dataset == "sharegpt":
+    if workload.dataset == "listed":  # a request that ended at its first token still computed that token
+        lengths = np.column_stack([workload.prompt_lens, np.maximum(workload.output_lens, 1)])
+    elif workload.dataset == "sharegpt":
         lengths = sharegpt_with_means(workload.num_requests, (workload.prompt_len, workload.output_len), seed)
     else:
         lengths = np.tile([workload.prompt_len, workload.output_len], (workload.num_requests, 1))
