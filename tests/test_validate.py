@@ -103,7 +103,9 @@ def test_the_doc_is_what_the_command_writes(direct):
     doc = DOC.read_text()
     line = re.search(r"\*\*(\d+ figures?: .*)\.\*\*", doc).group(1)
     n_within = int(line.split(": ")[1].split(" ")[0])
-    assert line.startswith(f"{len(rows)} figures: ") and abs(n_within - sum(e <= 0.15 for e in errors)) <= 1
+    # the cells are rounded: a ratio printed 0.85 or 1.15 may lie either side of the bar
+    surely, maybe = sum(e < 0.145 for e in errors), sum(e <= 0.155 for e in errors)
+    assert line.startswith(f"{len(rows)} figures: ") and surely <= n_within <= maybe
     (mine,) = [r for r in rows if r[0] == CHEAP]
     assert float(mine[7].replace(",", "")) == pytest.approx(direct.simulated, rel=2e-3), "make validate"
     for f in load_registry():
@@ -188,7 +190,8 @@ def test_a_listed_workload_sends_the_published_requests():
     """A source that lists each request's tokens (Lambda's result files) is replayed request by
     request: the registry holds the file's counts (their totals are the file's), and a reply of 0
     tokens (the model ended at once) is one generated token."""
-    totals = {LAMBDA: 65_331, "h100-8b-tp2-lambda-sharegpt320": 65_649, "h100-8b-tp4-lambda-sharegpt320": 65_375,
+    totals = {"h100-8b-lambda-sharegpt10": 1_867, "h100-8b-lambda-sharegpt40": 7_692,
+              "h100-8b-lambda-sharegpt160": 32_114, LAMBDA: 65_331, "h100-8b-tp2-lambda-sharegpt320": 65_649, "h100-8b-tp4-lambda-sharegpt320": 65_375,
               "h100-70b-tp4-lambda-sharegpt320": 56_543, "a100-8b-lambda-sharegpt320": 65_374,
               "a100-8b-tp2-lambda-sharegpt320": 65_784, "a100-8b-tp4-lambda-sharegpt320": 64_905,
               "a100-70b-tp4-lambda-sharegpt320": 55_641}  # total_output_tokens of each result file
@@ -196,7 +199,8 @@ def test_a_listed_workload_sends_the_published_requests():
     assert {name for name in cases if "lambda" in name} == set(totals)
     for name, outputs in totals.items():
         w = cases[name].workload
-        assert (w.dataset, w.num_requests, sum(w.prompt_lens), sum(w.output_lens)) == ("listed", 320, 65_578, outputs)
+        prompts = {10: 1_369, 40: 8_595, 160: 34_050, 320: 65_578}[w.num_requests]  # the first N of the same 320
+        assert (w.dataset, sum(w.prompt_lens), sum(w.output_lens)) == ("listed", prompts, outputs)
         lengths = request_lengths(w, 0)
         assert lengths[:, 0].tolist() == list(w.prompt_lens)
         assert lengths[:, 1].tolist() == [max(n, 1) for n in w.output_lens]
@@ -223,16 +227,16 @@ def test_vllms_client_counts_an_empty_replys_ttft_as_0():
 
 @pytest.mark.parametrize(("edit", "message"), [
     (lambda w: w.replace("num_requests: 320", "num_requests: 321", 1),
-     "cases[0].workload.prompt_lens='a list of 320' is not allowed: a list of num_requests=321 lengths"),
+     "cases[3].workload.prompt_lens='a list of 320' is not allowed: a list of num_requests=321 lengths"),
     (lambda w: w.replace("output_lens: [120,", "output_lens: [-1,", 1),
      "cases[0].workload.output_lens[0]=-1 is not allowed: an integer >= 0"),
     (lambda w: w.replace("prompt_lens: &sharegpt320 [13,", "prompt_lens: &sharegpt320 [0,", 1),
-     "cases[0].workload.prompt_lens[0]=0 is not allowed: an integer >= 1"),
+     "cases[3].workload.prompt_lens[0]=0 is not allowed: an integer >= 1"),
     (lambda w: w.replace("dataset: listed", "dataset: fixed", 1),
      "cases[0].workload.prompt_lens="),
 ])  # fmt: skip
 def test_a_bad_listed_workload_is_refused_naming_the_request(tmp_path, edit, message):
-    good = (ROOT / "conf" / "validation" / "lambda_vllm060_sharegpt320.yaml").read_text()
+    good = (ROOT / "conf" / "validation" / "lambda_vllm060_sharegpt.yaml").read_text()
     (tmp_path / "bad.yaml").write_text(edit(good))
     with pytest.raises(ConfigError) as e:
         load_file(tmp_path / "bad.yaml")
