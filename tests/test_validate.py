@@ -194,7 +194,9 @@ def test_a_listed_workload_sends_the_published_requests():
               "h100-8b-lambda-sharegpt160": 32_114, LAMBDA: 65_331, "h100-8b-tp2-lambda-sharegpt320": 65_649, "h100-8b-tp4-lambda-sharegpt320": 65_375,
               "h100-70b-tp4-lambda-sharegpt320": 56_543, "a100-8b-lambda-sharegpt320": 65_374,
               "a100-8b-tp2-lambda-sharegpt320": 65_784, "a100-8b-tp4-lambda-sharegpt320": 64_905,
-              "a100-70b-tp4-lambda-sharegpt320": 55_641}  # total_output_tokens of each result file
+              "a100-70b-tp4-lambda-sharegpt320": 55_641, "h100-8b-tp8-lambda-sharegpt320": 65_853,
+              "h100-70b-tp8-lambda-sharegpt320": 55_791, "a100-8b-tp8-lambda-sharegpt320": 65_441,
+              "a100-70b-tp8-lambda-sharegpt320": 56_599}  # total_output_tokens of each result file
     cases = _cases()
     assert {name for name in cases if "lambda" in name} == set(totals)
     for name, outputs in totals.items():
