@@ -145,7 +145,7 @@ def main() -> None:
           f"{len(prompt_steps)} prompt steps, their GPU {sum(s['end'] - s['start'] for s in prompt_steps):.2f} s; "
           f"the engine's own time between steps {gaps:.2f} s; "
           f"the last step ends {step_log[-1]['end'] - start:.2f} s in")  # fmt: skip
-    between = [b["start"] - a["end"] for a, b in itertools.pairwise(step_log) if b["prompt_tokens"]]
+    between = [step["start"] - prev["end"] for prev, step in itertools.pairwise(step_log) if step["prompt_tokens"]]
     if between:  # what vLLM's engine spends on its own before each prompt step (scheduling, output processing)
         print(f"before each prompt step after the first: median {statistics.median(between) * 1e3:.2f} ms, "
               f"mean {statistics.mean(between) * 1e3:.2f} ms over {len(between)}")  # fmt: skip
