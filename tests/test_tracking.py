@@ -269,6 +269,24 @@ def test_a_job_on_another_host_logs_itself_under_the_sweeps_parent(tmp_path, mon
     assert child.info.status == "FINISHED" and child.data.metrics["completed"] == 8
 
 
+def test_the_helpers_socket_appears_only_once_it_listens(tmp_path, monkeypatch):
+    """bind makes a Unix socket's file before listen; a command that saw it then was refused. The
+    helper binds under another name and takes the socket's only once it listens."""
+    import socket
+
+    from paged_bench.tracking.helper import Server
+
+    path = tmp_path / "h.sock"
+    server = Server(path, idle_s=60)
+    seen, listen = [], socket.socket.listen
+    monkeypatch.setattr(socket.socket, "listen", lambda sock, n: (seen.append(path.exists()), listen(sock, n))[1])
+    server.bind()
+    assert seen == [False] and path.exists() and not server.staging.exists()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(path))  # accepted (queued) as soon as the file is there
+    server.sock.close()
+
+
 @pytest.mark.parametrize("when", ["while it imports mlflow", "once it answers"])
 def test_a_terminated_tracking_helper_leaves_no_socket(tmp_path, when):
     import socket

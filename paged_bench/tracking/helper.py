@@ -104,11 +104,15 @@ class Server:
         self.active = 0
         self.last = time.monotonic()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.staging = path.with_name(f".{path.name}.{os.getpid()}")  # where it binds before it listens
 
     def bind(self) -> None:
+        """Bind and listen under another name, then take the socket's: bind makes the file before
+        listen, and a command that saw the file in between was refused."""
         self.path.unlink(missing_ok=True)  # a dead helper's socket (the caller holds the start lock)
-        self.sock.bind(str(self.path))
+        self.sock.bind(str(self.staging))
         self.sock.listen(64)
+        os.replace(self.staging, self.path)
 
     def _connection(self, conn: socket.socket) -> None:
         session = Session()
@@ -138,6 +142,7 @@ class Server:
         """Leave no socket behind (the lock file stays: a command may hold it); the caller
         holds ``lock``, so no request is half done."""
         self.path.unlink(missing_ok=True)
+        self.staging.unlink(missing_ok=True)  # a SIGTERM before the socket took its name
         log = self.path.with_suffix(".log")
         if log.is_file() and not log.stat().st_size:
             log.unlink()
