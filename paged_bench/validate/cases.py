@@ -36,6 +36,7 @@ METRICS: dict[str, str] = {
     "median_tpot_ms": "ms",
     "mean_itl_ms": "ms",
     "mean_e2el_ms": "ms",
+    "median_e2el_ms": "ms",
     "duration_ms": "ms",
 }
 DATASETS = ("sharegpt", "fixed", "listed")
