@@ -224,6 +224,9 @@ def test_vllms_client_counts_an_empty_replys_ttft_as_0():
     assert median > 0 and mean == pytest.approx(2 * median / 3, rel=1e-9)
     assert rows["first_ttft_ms"] == pytest.approx(median)
     full = dataclasses.replace(tiny, workload=dataclasses.replace(tiny.workload, output_lens=(5, 1, 5)))
+    silent = dataclasses.replace(tiny, workload=dataclasses.replace(tiny.workload, output_lens=(0, 0, 0)))
+    (error,) = {r.error for r in run_case(silent, 60)}  # no reply with text (nor of two tokens): no crash
+    assert error == "the run gives no mean_tpot_ms, median_tpot_ms, first_ttft_ms"
     again = {r.figure.metric: r.simulated for r in run_case(full, 60)}
     assert again["mean_ttft_ms"] == pytest.approx(median) and again["median_ttft_ms"] == pytest.approx(median)
     assert again["mean_tpot_ms"] == pytest.approx(tpot)  # a one-token reply has no TPOT either way

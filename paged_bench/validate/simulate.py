@@ -87,7 +87,11 @@ def run_case(case: Case, time_limit_s: float, seeds: Sequence[int] | None = None
         summary = _simulate(case, time_limit_s, seed)
         if isinstance(summary, str):
             return [Compared(case, f, None, summary) for f in case.figures]
-        per_draw.append([_figure_value(summary, f.metric) for f in case.figures])
+        values = [_figure_value(summary, f.metric) for f in case.figures]
+        if None in values:  # e.g. first_ttft_ms of a case whose every reply was empty
+            absent = ", ".join(f.metric for f, v in zip(case.figures, values, strict=True) if v is None)
+            return [Compared(case, f, None, f"the run gives no {absent}") for f in case.figures]
+        per_draw.append(values)
     return [Compared(case, f, statistics.fmean(values), low=min(values), high=max(values), draws=len(values))
             for f, values in zip(case.figures, zip(*per_draw, strict=True), strict=True)]  # fmt: skip
 
@@ -125,10 +129,12 @@ def client_summary(summary: dict[str, Any], records: RequestRecords, workload: W
     return figures
 
 
-def _figure_value(summary: dict[str, Any], metric: str) -> float:
-    if metric == "duration_ms":
-        return float(summary["duration"]) * 1e3
-    return float(summary[metric])
+def _figure_value(summary: dict[str, Any], metric: str) -> float | None:
+    """``metric`` of the run, or None where the run has none."""
+    value = summary.get("duration" if metric == "duration_ms" else metric)
+    if value is None:
+        return None
+    return float(value) * (1e3 if metric == "duration_ms" else 1.0)
 
 
 @contextmanager
