@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = {
     "client_cpu": (["--requests", "10", "--tokens", "4", "--gap-ms", "0", "--rounds", "1"], "paged_bench / vLLM's: "),
     "cluster_azure": (["--limit", "300", "--replicas", "2"], "cluster / engine replica-steps/s: "),
+    "matmul_in_step": (["--rounds", "1", "--rows", "1", "2"], "| 2 | "),
     "measured_figures": ([], "| llama-3-8b | h100 TP1 | decode 1 x ctx 128 | 4.49 | "),
     "measured_loo": (["--gpu", "h100", "--tp", "1"], "h100: median |error| "),
     "measured_waves": (["--gpu", "h100", "--no-loo"], "every tile shape has at most as many waves at 256 rows as at 264: True"),
@@ -168,3 +169,39 @@ def test_frontend_burst_sends_each_request_its_max_tokens_on_its_schedule(monkey
     assert all(s.sent <= s.first <= s.last for s in streams + alike + spaced)
     # benchmark_serving.py's schedule: each request sent after its gap, never before
     assert spaced[1].sent - spaced[0].sent >= 0.05 and spaced[2].sent - spaced[1].sent >= 0.1
+
+
+def test_matmul_in_step_multiplies_only_the_lm_head_once_the_layers_are_handed_back():
+    """What ``benchmarks/matmul_in_step.py`` subtracts: the same step with no layer product
+    computed again (the LM head still multiplies), and ``linear`` restored afterwards."""
+    import numpy as np
+
+    from paged_bench.calibration.shapes import Shape, time_shape
+    from paged_bench.core.kv.paged import PagedAllocator
+    from paged_bench.run import registry
+
+    spec = importlib.util.spec_from_file_location("matmul_in_step", ROOT / "benchmarks" / "matmul_in_step.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    backend = registry.create("backend", "numpy", model="tiny", threads=1)
+    allocator = PagedAllocator(num_blocks=16, block_size=16, prefix_caching=False, swap_blocks=0)
+    backend.bind(allocator)
+    multiplied, linear = [], backend.ops.linear
+
+    def counting(x, weight):
+        multiplied.append(weight)
+        return linear(x, weight)
+
+    backend.ops.linear = counting
+    rng = np.random.default_rng(0)
+    try:
+        with script.layers_replayed(backend):
+            time_shape(backend, Shape(2, 0, 0, 16), allocator, rng)  # the first pass computes them
+            first = len(multiplied)
+            multiplied.clear()
+            time_shape(backend, Shape(2, 0, 0, 16), allocator, rng)
+    finally:
+        backend.close()
+    assert first > len(multiplied) > 0
+    assert all(weight is backend.weights.lm_head for weight in multiplied)
+    assert backend.ops.linear is counting

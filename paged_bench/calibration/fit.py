@@ -1,6 +1,6 @@
 """The calibration's fit: the roofline's per-step, per-request and efficiency terms from timed steps.
 
-``fit`` takes (work, seconds) samples of a real backend's steps (``calibrate_shapes.time_shapes``)
+``fit`` takes (work, seconds) samples of a real backend's steps (``shapes.time_shapes``)
 and solves for what a measured matmul curve leaves: least squares on relative error,
 non-negative (``_nnls``), alternating over which side of each roofline bounds each step.
 """

@@ -132,27 +132,38 @@ def shape_rounds(
     works: list[StepWork] = []
     for round_no in itertools.count():
         for i, shape in enumerate(shapes):
-            blocks = shuffled if shape.scattered else allocator
-            plan, reqs = _plan(shape, blocks, rng, model.vocab_size)
-            backend.execute(plan)  # first touch of this shape's K/V and buffers; its requests start
-            timed = _continuing(plan)
-            if shape.prefills:
-                lead_plan, lead_reqs = _plan(lead_in(shape), blocks, rng, model.vocab_size, len(reqs))
-                backend.execute(lead_plan)
-                for _ in range(WARM_STEPS - 1):
-                    backend.execute(_continuing(lead_plan))
-                reqs += lead_reqs
-                times[i].append(_seconds(backend, timed))
-            else:
-                for _ in range(WARM_STEPS):
-                    backend.execute(timed)
-                times[i].append(float(np.median([_seconds(backend, timed) for _ in range(TIMED_STEPS)])))
-            for req in reqs:
-                blocks.free(req)
-            backend.execute(StepPlan(finished_req_ids=tuple(r.request_id for r in reqs)))  # the backend lets them go
+            plan, seconds = time_shape(backend, shape, shuffled if shape.scattered else allocator, rng)
+            times[i].append(seconds)
             if round_no == 0:
                 works.append(shape_work(plan, model, dtype, score_slice(backend)))
         yield [(work, typical_seconds(t)) for work, t in zip(works, times)]
+
+
+def time_shape(
+    backend: Backend, shape: Shape, allocator: PagedAllocator, rng: np.random.Generator
+) -> tuple[StepPlan, float]:
+    """``shape`` timed once as a run meets it (``shape_rounds`` says how) on ``allocator``'s
+    blocks: its first plan (every row new) and the seconds of the timed step. Its requests are
+    let go after."""
+    vocab = backend.vocab_size
+    plan, reqs = _plan(shape, allocator, rng, vocab)
+    backend.execute(plan)  # first touch of this shape's K/V and buffers; its requests start
+    timed = _continuing(plan)
+    if shape.prefills:
+        lead_plan, lead_reqs = _plan(lead_in(shape), allocator, rng, vocab, len(reqs))
+        backend.execute(lead_plan)
+        for _ in range(WARM_STEPS - 1):
+            backend.execute(_continuing(lead_plan))
+        reqs += lead_reqs
+        seconds = _seconds(backend, timed)
+    else:
+        for _ in range(WARM_STEPS):
+            backend.execute(timed)
+        seconds = float(np.median([_seconds(backend, timed) for _ in range(TIMED_STEPS)]))
+    for req in reqs:
+        allocator.free(req)
+    backend.execute(StepPlan(finished_req_ids=tuple(r.request_id for r in reqs)))  # the backend lets them go
+    return plan, seconds
 
 
 def shape_work(plan: StepPlan, model: ModelConfig, dtype: str, slice_elements: int | None = None) -> StepWork:
