@@ -2,16 +2,23 @@
 
 ``vllm_v0``: vLLM v0's measured CPU milliseconds per step (Vidur's ``a100_vllm_v0`` overheads:
 schedule, prepare inputs, sampler, process model outputs, summed; every profiled model and TP
-degree), fitted as ``base + per_seq x batch size`` (least squares). vLLM v0 runs them one after
-the other with the forward (no overlap), so they add to the step. Ray's communication time in
-the same file is left out: vLLM runs single-node TP with multiprocessing workers by default.
+degree), fitted by least squares. Schedule, input preparation and output processing are
+``base + per_seq x batch size`` over every profiled model. The sampler grows with the
+vocabulary too (it works on a batch x vocabulary of logits): at 64 sequences it took 0.82-0.88
+ms for the 32k-token vocabularies, 1.25 for internlm-20b's 103k and 1.99 for Qwen-72B's 152k, so
+it is ``a + b x batch + (c + d x batch) x vocabulary``, read at the served model's vocabulary.
+Pooled over the models instead (as until 2026-12-07) it missed each model's sampler by a median
+13-40%; so fitted, by 3-10% (3-18% with the model left out of the fit, Qwen-72B the furthest:
+``tests/test_costmodel_measured.py``). vLLM v0 runs these one after the other with the forward
+(no overlap), so they add to the step. Ray's communication time in the same file is left out:
+vLLM runs single-node TP with multiprocessing workers by default.
 ``none``: no CPU figure (an engine whose CPU work hides behind the GPU's).
 
 The figure stays apart from the GPU's (``StepCost.cpu``): multi-step scheduling pays it once
-for several forwards, all but the sampler's part (``StepCost.cpu_each_step``, Vidur's
-``sampler_e2e`` fitted alone): vLLM 0.6.0's multi-step "performs scheduling and input preparation
-once and runs the model for n consecutive steps" (its 2024-09-05 post), samples on every step, and
-overlaps output processing with the GPU (async output processing, the same post).
+for several forwards, all but the sampler's part (``StepCost.cpu_each_step``): vLLM 0.6.0's
+multi-step "performs scheduling and input preparation once and runs the model for n consecutive
+steps" (its 2024-09-05 post), samples on every step, and overlaps output processing with the GPU
+(async output processing, the same post).
 """
 
 from __future__ import annotations
@@ -21,12 +28,12 @@ from functools import cache
 
 import numpy as np
 
-from paged_bench.costmodel.measured.profiles import read_data
+from paged_bench.costmodel.measured.profiles import models, read_data
 from paged_bench.errors import check_choice
 
 ENGINE_CPU = ("vllm_v0", "none")
-_PARTS = ("schedule", "prepare_inputs_e2e", "sampler_e2e", "process_model_outputs")
-_EACH_STEP = ("sampler_e2e",)  # what a multi-step window's later steps still run
+_PARTS = ("schedule", "prepare_inputs_e2e", "process_model_outputs")  # by batch size alone
+_SAMPLER = "sampler_e2e"  # by batch size and vocabulary; what a multi-step window's later steps still run
 
 
 @dataclass(frozen=True)
@@ -45,19 +52,30 @@ class EngineCPU:
         return self.each_step_base + self.each_step_per_seq * num_seqs if num_seqs else 0.0
 
 
-def _fit(bs: np.ndarray, ms: np.ndarray) -> tuple[float, float]:
-    """Least-squares ``base + per_seq x batch size`` in seconds, neither below 0."""
-    (base, per), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(bs), bs]), ms, rcond=None)
-    return max(float(base), 0.0) * 1e-3, max(float(per), 0.0) * 1e-3
+def _least_squares(columns: list[np.ndarray], ms: np.ndarray) -> np.ndarray:
+    coefficients, *_ = np.linalg.lstsq(np.column_stack(columns), ms, rcond=None)
+    return coefficients
+
+
+def sampler_fit(rows: list[dict[str, str]], vocab: dict[str, int]) -> np.ndarray:
+    """(a, b, c, d) of ``sampler ms = a + b x batch + (c + d x batch) x vocabulary`` over ``rows``
+    (``engine_cpu.csv``'s), each row's vocabulary looked up by its model's name in ``vocab``."""
+    bs = np.array([float(r["batch_size"]) for r in rows])
+    v = np.array([float(vocab[r["model"].split("/")[-1]]) for r in rows])
+    return _least_squares([np.ones_like(bs), bs, v, bs * v], np.array([float(r[_SAMPLER]) for r in rows]))
 
 
 @cache
-def engine_cpu(name: str, key: str = "backend.engine_cpu") -> EngineCPU:
+def engine_cpu(name: str, vocab_size: int, key: str = "backend.engine_cpu") -> EngineCPU:
+    """The ``name`` preset for a model whose vocabulary holds ``vocab_size`` tokens."""
     check_choice(key, name, ENGINE_CPU)
     if name == "none":
         return EngineCPU(name, 0.0, 0.0)
     rows = read_data("engine_cpu.csv")
     bs = np.array([float(r["batch_size"]) for r in rows])
-    total = _fit(bs, np.array([sum(float(r[p]) for p in _PARTS) for r in rows]))
-    each_step = _fit(bs, np.array([sum(float(r[p]) for p in _EACH_STEP) for r in rows]))
-    return EngineCPU(name, *total, *each_step)
+    base, per = _least_squares([np.ones_like(bs), bs], np.array([sum(float(r[p]) for p in _PARTS) for r in rows]))
+    a, b, c, d = sampler_fit(rows, {name: m.vocab_size for name, m in models().items()})
+    # neither part below 0: a vocabulary past the profiled ones reads the fit's lines further on
+    sampler_base, sampler_per = max(a + c * vocab_size, 0.0) * 1e-3, max(b + d * vocab_size, 0.0) * 1e-3
+    base, per = max(float(base), 0.0) * 1e-3, max(float(per), 0.0) * 1e-3
+    return EngineCPU(name, base + sampler_base, per + sampler_per, sampler_base, sampler_per)

@@ -104,7 +104,8 @@ def measured_cost(base: RooflineCost, engine: str = "vllm_v0") -> MeasuredCost:
           f"{', '.join(MEASURED_GPUS)} with cost_model=measured (the GPUs with kernel profiles)")  # fmt: skip
     check(DTYPE_BYTES[base.dtype] == 2, "backend.dtype", base.dtype,
           "bfloat16 or float16 with cost_model=measured (what the profiled kernels ran)")  # fmt: skip
-    return MeasuredCost(base, engine_cpu(engine), kernels(gpu))
+    # the sampler works on the whole vocabulary's logits (gathered from the TP ranks)
+    return MeasuredCost(base, engine_cpu(engine, base.model.vocab_size), kernels(gpu))
 
 
 STEP_ENDS = ("emb", "input_layernorm")  # elementwise ops once a step, not once a layer
