@@ -74,8 +74,8 @@ def engine_cpu(name: str, vocab_size: int, key: str = "backend.engine_cpu") -> E
     rows = read_data("engine_cpu.csv")
     bs = np.array([float(r["batch_size"]) for r in rows])
     base, per = _least_squares([np.ones_like(bs), bs], np.array([sum(float(r[p]) for p in _PARTS) for r in rows]))
-    a, b, c, d = sampler_fit(rows, {name: m.vocab_size for name, m in models().items()})
-    # neither part below 0: a vocabulary past the profiled ones reads the fit's lines further on
+    a, b, c, d = sampler_fit(rows, {profiled: m.vocab_size for profiled, m in models().items()})
+    # neither part below 0; a vocabulary beyond the profiled ones (32k-152k) extends the fitted lines
     sampler_base, sampler_per = max(a + c * vocab_size, 0.0) * 1e-3, max(b + d * vocab_size, 0.0) * 1e-3
     base, per = max(float(base), 0.0) * 1e-3, max(float(per), 0.0) * 1e-3
     return EngineCPU(name, base + sampler_base, per + sampler_per, sampler_base, sampler_per)
