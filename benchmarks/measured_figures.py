@@ -3,15 +3,23 @@
 Prints each GPU's fitted matmul bandwidth and launch time and its all-reduce curves, then the
 step table: a step's physics floor (FLOPs at peak or bytes at the datasheet bandwidth, whichever
 is longer), the shipped roofline preset's price, the measured kernels' GPU time and vLLM v0's
-engine CPU (``backend.engine_cpu=vllm_v0``).
+engine CPU (``backend.engine_cpu=vllm_v0``) with its sampler's share (what a multi-step window's
+later steps pay); then the engine CPU's sampler fitted by batch size
+and vocabulary against each profiled model (``engine_cpu.sampler_fit``): its measured sampler at
+64 sequences and the fit's median error with the model in, left out, and pooled over the models
+by batch size alone (as it was priced until 2026-12-07).
 
     .venv/bin/python benchmarks/measured_figures.py
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from paged_bench.core.plan import StepPlan
 from paged_bench.costmodel.measured.collectives import all_reduce_curves
+from paged_bench.costmodel.measured.engine_cpu import engine_cpu, sampler_errors, sampler_fit
+from paged_bench.costmodel.measured.profiles import models, read_data
 from paged_bench.costmodel.measured.step import kernels, measured_cost
 from paged_bench.costmodel.roofline import HARDWARE, RooflineCost
 from paged_bench.costmodel.step_work import step_work
@@ -49,8 +57,8 @@ def main() -> None:
             line += (f"; all-reduce {min(lat):.0f}-{max(lat):.0f} us + bytes at {min(bw):.0f}-{max(bw):.0f} GB/s "
                      f"({min(curves)}-{max(curves)} ranks)")  # fmt: skip
         print(line)
-    print("\n| model | GPU | step | floor ms | roofline ms | measured GPU ms | engine CPU ms |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    print("\n| model | GPU | step | floor ms | roofline ms | measured GPU ms | engine CPU ms | of it the sampler |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
     for name, gpu, tp, label, rows in STEPS:
         hw, model, p = HARDWARE[gpu], PRESETS[name], plan(rows)
         roofline = RooflineCost(model, hw, "bfloat16", tp)
@@ -58,7 +66,33 @@ def main() -> None:
         floor = max((w.matmul_flops + w.attn_flops) / hw.peak_flops, (w.weight_bytes + w.kv_bytes) / hw.mem_bandwidth)
         step = measured_cost(roofline).step_cost(p, 16)
         print(f"| {name} | {gpu} TP{tp} | {label} | {floor * 1e3:.2f} | {roofline.duration(p, 16) * 1e3:.2f} "
-              f"| {step.gpu * 1e3:.2f} | {step.cpu * 1e3:.2f} |")  # fmt: skip
+              f"| {step.gpu * 1e3:.2f} | {step.cpu * 1e3:.2f} | {step.cpu_each_step * 1e3:.2f} |")  # fmt: skip
+    print_sampler_fit()
+
+
+def print_sampler_fit() -> None:
+    rows = read_data("engine_cpu.csv")
+    vocab = {name: m.vocab_size for name, m in models().items()}
+    a, b, c, d = sampler_fit(rows, vocab)
+    print(f"\nengine CPU (vllm_v0): the sampler {a:.3f} ms + {b:.5f} ms x batch + ({c * 1e6:.2f} + {d * 1e6:.4f} x batch) "
+          "us x vocabulary / 1,000")  # fmt: skip
+    for label, size in (("Llama 3", PRESETS["llama-3-8b"].vocab_size), ("Llama 2", 32000)):
+        e = engine_cpu("vllm_v0", size)
+        print(f"  {label} ({size:,} tokens): all {e.base * 1e3:.3f} + {e.per_seq * 1e3:.4f} x batch, the sampler "
+              f"{e.each_step_base * 1e3:.3f} + {e.each_step_per_seq * 1e3:.4f} x batch, the rest "
+              f"{(e.base - e.each_step_base) * 1e3:.3f} + {(e.per_seq - e.each_step_per_seq) * 1e3:.4f} x batch")  # fmt: skip
+    pooled = {name: 0 for name in vocab}  # the pooled line: the same fit, the vocabulary taken as nil
+    print("\n| profiled model | vocabulary | sampler at 64 sequences (ms) | median error: fitted | left out | pooled |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name in sorted({r["model"] for r in rows}, key=lambda n: vocab[n.split("/")[-1]]):
+        short = name.split("/")[-1]
+        mine, others = [r for r in rows if r["model"] == name], [r for r in rows if r["model"] != name]
+        at_64 = next(float(r["sampler_e2e"]) for r in mine if int(r["batch_size"]) == 64)
+        medians = [float(np.median(np.abs(sampler_errors(fit, mine, table))))
+                   for fit, table in ((sampler_fit(rows, vocab), vocab), (sampler_fit(others, vocab), vocab),
+                                      (sampler_fit(rows, pooled), pooled))]  # fmt: skip
+        cells = " | ".join(f"{m:.1%}" for m in medians)
+        print(f"| {short} | {vocab[short]:,} | {at_64:.2f} | {cells} |")
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ def main() -> None:
     lines = corpus_lines()
     tok = llama3_tokenizer(a.tokenizer) if a.tokenizer else train_tokenizer(lines)
     lengths = request_lengths(w, a.draw)  # the simulator's draw: (prompt, output) tokens a request
-    gaps = np.diff(arrival_times(w.num_requests, w.rate, a.draw), prepend=0.0).tolist()  # all 0: at once
+    send_gaps = np.diff(arrival_times(w.num_requests, w.rate, a.draw), prepend=0.0).tolist()  # all 0: at once
     outputs = [int(o) for o in lengths[:, 1]]
     # each cut to its length (+ BOS: the server adds it)
     drawn = prompts(tok, lines, w.num_requests, int(lengths[:, 0].max()))
@@ -109,7 +109,7 @@ def main() -> None:
             url = f"http://127.0.0.1:{port}/v1/completions"
             asyncio.run(burst(url, texts[:1], model, outputs[:1]))  # benchmark_serving.py's first request, alone
             start = time.perf_counter()
-            streams = asyncio.run(burst(url, texts, model, outputs, gaps))
+            streams = asyncio.run(burst(url, texts, model, outputs, send_gaps))
             os.kill(engine_pid(server.pid), signal.SIGUSR1)
             time.sleep(1)
             step_log = [s for s in json.loads(Path(log).read_text()) if s["start"] >= start]
@@ -140,12 +140,13 @@ def main() -> None:
         mine = f"{value:,.4g}" + (f" ({value / row.figure.published:.2f}x)" if row else "")
         print(f"| {metric} | {pub} | {sim} | {mine} |")
     prompt_steps = [s for s in step_log if s["prompt_tokens"]]
-    gaps = sum(b["start"] - a["end"] for a, b in itertools.pairwise(step_log))
+    # the engine's own time before each step but the first (scheduling, output processing)
+    idle = [(step, step["start"] - prev["end"]) for prev, step in itertools.pairwise(step_log)]
     print(f"engine: {len(step_log)} steps, the first {step_log[0]['start'] - start:.3f} s after the burst was sent; "
           f"{len(prompt_steps)} prompt steps, their GPU {sum(s['end'] - s['start'] for s in prompt_steps):.2f} s; "
-          f"the engine's own time between steps {gaps:.2f} s; "
+          f"the engine's own time between steps {sum(t for _, t in idle):.2f} s; "
           f"the last step ends {step_log[-1]['end'] - start:.2f} s in")  # fmt: skip
-    between = [step["start"] - prev["end"] for prev, step in itertools.pairwise(step_log) if step["prompt_tokens"]]
+    between = [t for step, t in idle if step["prompt_tokens"]]
     if between:  # what vLLM's engine spends on its own before each prompt step (scheduling, output processing)
         print(f"before each prompt step after the first: median {statistics.median(between) * 1e3:.2f} ms, "
               f"mean {statistics.mean(between) * 1e3:.2f} ms over {len(between)}")  # fmt: skip

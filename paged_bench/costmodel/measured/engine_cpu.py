@@ -4,12 +4,12 @@
 schedule, prepare inputs, sampler, process model outputs, summed; every profiled model and TP
 degree), fitted by least squares. Schedule, input preparation and output processing are
 ``base + per_seq x batch size`` over every profiled model. The sampler grows with the
-vocabulary too (it works on a batch x vocabulary of logits): at 64 sequences it took 0.82-0.88
-ms for the 32k-token vocabularies, 1.25 for internlm-20b's 103k and 1.99 for Qwen-72B's 152k, so
+vocabulary too (it works on a batch x vocabulary of logits): at 64 sequences it took 0.82-0.89
+ms for the 32k-token vocabularies, 1.25 for internlm-20b's 103k and 1.98 for Qwen-72B's 152k, so
 it is ``a + b x batch + (c + d x batch) x vocabulary``, read at the served model's vocabulary.
 Pooled over the models instead (as until 2026-12-07) it missed each model's sampler by a median
 13-40%; so fitted, by 3-10% (3-18% with the model left out of the fit, Qwen-72B the furthest:
-``tests/test_costmodel_measured.py``). vLLM v0 runs these one after the other with the forward
+``benchmarks/measured_figures.py`` prints each model's). vLLM v0 runs these one after the other with the forward
 (no overlap), so they add to the step. Ray's communication time in the same file is left out:
 vLLM runs single-node TP with multiprocessing workers by default.
 ``none``: no CPU figure (an engine whose CPU work hides behind the GPU's).
@@ -57,12 +57,23 @@ def _least_squares(columns: list[np.ndarray], ms: np.ndarray) -> np.ndarray:
     return coefficients
 
 
+def _sampler_columns(rows: list[dict[str, str]], vocab: dict[str, int]) -> list[np.ndarray]:
+    """1, batch, vocabulary, batch x vocabulary of each row (its vocabulary: its model's in ``vocab``)."""
+    bs = np.array([float(r["batch_size"]) for r in rows])
+    v = np.array([float(vocab[r["model"].split("/")[-1]]) for r in rows])
+    return [np.ones_like(bs), bs, v, bs * v]
+
+
 def sampler_fit(rows: list[dict[str, str]], vocab: dict[str, int]) -> np.ndarray:
     """(a, b, c, d) of ``sampler ms = a + b x batch + (c + d x batch) x vocabulary`` over ``rows``
     (``engine_cpu.csv``'s), each row's vocabulary looked up by its model's name in ``vocab``."""
-    bs = np.array([float(r["batch_size"]) for r in rows])
-    v = np.array([float(vocab[r["model"].split("/")[-1]]) for r in rows])
-    return _least_squares([np.ones_like(bs), bs, v, bs * v], np.array([float(r[_SAMPLER]) for r in rows]))
+    return _least_squares(_sampler_columns(rows, vocab), np.array([float(r[_SAMPLER]) for r in rows]))
+
+
+def sampler_errors(fit: np.ndarray, rows: list[dict[str, str]], vocab: dict[str, int]) -> np.ndarray:
+    """``sampler_fit``'s ``fit`` against each of ``rows``' measured sampler: relative errors."""
+    predicted = np.column_stack(_sampler_columns(rows, vocab)) @ fit
+    return predicted / np.array([float(r[_SAMPLER]) for r in rows]) - 1
 
 
 @cache
