@@ -131,6 +131,10 @@ def test_hf_generate_serves_the_same_weights_one_request_at_a_time(tmp_path):
     # one at a time: each request starts only after the one before it has finished
     done = sorted(hf.result.requests, key=lambda r: r.first_scheduled_time)
     assert all(a.finish_time <= b.first_scheduled_time for a, b in itertools.pairwise(done))
+    # 4-step windows: a request's last window runs out after it ended (idle steps, nothing to generate)
+    windows = run_job(compose_config("backend=hf_generate", "scheduler=static", "scheduler.num_scheduler_steps=4", *run),
+                      tmp_path / "windows")  # fmt: skip
+    assert [r.output_token_ids for r in windows.result.requests] == [r.output_token_ids for r in ours.result.requests]
     with pytest.raises(ConfigError, match=r"max_batch=4 is not allowed: at most 1 with backend=hf_generate"):
         run_job(compose_config("backend=hf_generate", "max_batch=4", *run), tmp_path / "wrong")  # before it loads
 

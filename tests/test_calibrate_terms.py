@@ -203,7 +203,9 @@ def test_the_numpy_kv_pool_is_resident_from_the_start():
     pool = registry.create("backend", "numpy", model="tiny", threads=1).ops.new_pool(1 << 16)  # 32 MiB
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     pool[...] = 1.0  # every slot written, as a run's steps do in time
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults <= 2  # np.zeros: hundreds
+    # np.zeros: ~530 here; the count is the process's, so another thread of the test worker may
+    # add a fault or two (a run of the whole suite once saw 3)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults <= 20
 
 
 def test_sliced_scores_count_what_the_numpy_backends_prefill_attention_computes(monkeypatch):

@@ -66,11 +66,13 @@ def test_a_request_arriving_inside_a_multi_step_window_waits_for_its_end():
     assert [p.window_step for p in plans] == [1, 2, 0, 0]
 
 
-def test_a_request_ending_inside_a_window_keeps_its_blocks_until_the_window_ends():
+def test_a_request_ending_inside_a_window_stays_in_its_batch_until_the_window_ends():
     """16 blocks of 4. Step 1 prefills A (3 tokens out) and C, a block each; step 2 opens a
     window of 4 and their decodes at position 4 take a block each (12 free). A ends in step 3:
-    its 2 blocks stay held through steps 4 and 5 (C alone); step 6 opens the next window: A's
-    blocks come back (14 free), C's position 8 takes one (13), and the plan says A is gone."""
+    vLLM 0.6 still computes it in steps 4 and 5 (an idle row at its 6 computed tokens, its
+    sample dropped) and its 2 blocks stay held; step 5 ends the window, A's blocks come back
+    (14 free); step 6 opens the next window, C's position 8 takes one (13), and the plan says A
+    is gone."""
     sched = scheduler()
     sched.num_scheduler_steps = 4
     a, c = Request("A", 0.0, [1, 2, 3, 4], 3), Request("C", 0.0, [5, 6, 7, 8], 10)
@@ -78,11 +80,15 @@ def test_a_request_ending_inside_a_window_keeps_its_blocks_until_the_window_ends
         sched.add_request(req, 0.0)
     plans = [step(sched) for _ in range(3)]
     assert a.is_finished and a not in sched.running and [p.window_step for p in plans] == [0, 0, 1]
-    assert [rows(step(sched)) for _ in range(2)] == [[("C", 6, 1)], [("C", 7, 1)]]
-    assert sched.allocator.num_free_blocks == 12
+    assert [p.idle_rows for p in plans] == [{}, {}, {}]
+    fourth = step(sched)
+    assert rows(fourth) == [("C", 6, 1)] and fourth.idle_rows == {"A": 6} and sched.allocator.num_free_blocks == 12
+    fifth = step(sched)
+    assert rows(fifth) == [("C", 7, 1)] and fifth.idle_rows == {"A": 6} and sched.allocator.num_free_blocks == 14
     last = step(sched)
-    assert rows(last) == [("C", 8, 1)] and last.window_step == 0 and last.finished_req_ids == ("A",)
-    assert sched.allocator.num_free_blocks == 13
+    assert rows(last) == [("C", 8, 1)] and last.window_step == 0 and last.idle_rows == {}
+    assert last.finished_req_ids == ("A",) and sched.allocator.num_free_blocks == 13
+    assert rows(fifth.as_computed()) == [("C", 7, 1), ("A", 6, 1)] and fifth.as_computed().num_decode_tokens == 2
 
 
 def sim_engine(num_scheduler_steps: int = 1) -> Engine:
@@ -114,6 +120,19 @@ def test_an_arrival_inside_a_window_is_scheduled_at_its_end():
     result = sim_engine(4).run([a, b])
     assert b.first_scheduled_time == pytest.approx(0.010) and b.token_times[0] == pytest.approx(0.014)
     assert result.leaks == [] and a.is_finished and b.is_finished
+
+
+def test_a_window_whose_requests_all_ended_runs_to_its_last_step():
+    """A's window opens at 3 ms (its decode: 3 + 1 = 7 ms); A ends in the window's second step
+    (8 ms), whose last two steps still compute it (an idle row, 1 ms each: 9, 10 ms), as vLLM 0.6
+    does. B, sent at 8.5 ms, is admitted when the window ends (10 ms) and its prompt step ends at
+    13 ms; had the window stopped with A, B would have started at once."""
+    a, b = Request("A", 0.0, [1, 2, 3, 4], 3), Request("B", 0.0085, [5, 6, 7], 2)
+    engine = sim_engine(4)
+    result = engine.run([a, b])
+    assert a.token_times == pytest.approx([0.003, 0.007, 0.008])
+    assert b.first_scheduled_time == pytest.approx(0.010) and b.token_times[0] == pytest.approx(0.013)
+    assert result.leaks == [] and b.is_finished and engine.allocator.num_free_blocks == 64
 
 
 def served(reqs: list[Request], frontend: FrontendSettings) -> list[Request]:
@@ -214,6 +233,20 @@ def test_a_measured_window_step_costs_its_gpu_part_and_the_sampler_alone():
     first, later = backend.execute(plan).duration, backend.execute(plan._replace(window_step=1)).duration
     assert first == pytest.approx(cost.total) and later == pytest.approx(cost.gpu + cost.cpu_each_step)
     assert 0 < cost.cpu_each_step < 0.6 * cost.cpu  # schedule + prepare inputs + output processing are skipped
+
+
+@pytest.mark.parametrize("cost_model", ["linear", "roofline", "measured"])
+def test_a_windows_idle_rows_are_priced_as_the_decodes_vllm_computes(cost_model):
+    """Request 1 ended earlier in the window: priced as a decode of its 40 tokens, on the GPU and
+    in the sampler's CPU, as if it were still a row; a real backend is handed row 0 alone."""
+    backend = SimBackend(cost_model=cost_model, hardware="h100")
+    backend.bind(PagedAllocator(num_blocks=64, block_size=16))
+    live = StepPlan((0,), (300,), (1,), num_decode_tokens=1, window_step=3)
+    idle = live._replace(idle_rows={1: 40})
+    both = StepPlan((0, 1), (300, 40), (1, 1), num_decode_tokens=2, window_step=3)
+    assert backend.execute(idle).duration == pytest.approx(backend.execute(both).duration)
+    assert backend.execute(idle).duration > backend.execute(live).duration and backend.execute(idle).token_ids == [0]
+    assert not StepPlan((), idle_rows={1: 40}).is_empty
 
 
 def test_with_prefill_first_a_swapped_out_request_comes_back_after_the_decodes_not_in_a_prompt_step():

@@ -49,15 +49,16 @@ def ms(times: list[float]) -> list[float]:
 
 
 @pytest.mark.parametrize(("vllm060", "a", "b"), [
-    (False, [3, 11, 12], [6, 11]),  # each token at its step's end
+    (False, [3, 11, 13], [6, 11]),  # each token at its step's end
     # A's first token is processed in B's prompt step and sent when it returns (6 ms); B's
     # first, in the window's first step, sent as it is launched (6 ms); the window's tokens, and
-    # B, which ended inside it, when it is over (12 ms)
-    (True, [6, 12, 12], [6, 12]),
+    # A and B, which ended inside it, when it is over (17 ms)
+    (True, [6, 17, 17], [6, 17]),
 ])  # fmt: skip
 def test_outputs_come_with_the_next_steps_return_and_a_windows_at_its_end(vllm060, a, b):
-    """Steps: A's prompt 0-3 ms, B's 3-6, a window: A and B decode 6-11 (B's last token), A
-    alone 11-12 (its last: the window ends, everyone in it done)."""
+    """Steps: A's prompt 0-3 ms, B's 3-6, a window of 4: A and B decode 6-11 (B's last token),
+    11-13 (A's last; B still computed, an idle row: 1 ms), then both idle 13-15 and 15-17, as
+    vLLM runs a window to its last step."""
     ra, rb = run([Request("A", 0.0, [1, 2, 3, 4], 3), Request("B", 0.0, [5, 6, 7, 8], 2)], vllm060)
     assert ms(ra.token_times) == a and ms(rb.token_times) == b
     assert ms([ra.finish_time, rb.finish_time]) == [a[-1], b[-1]]
@@ -65,12 +66,23 @@ def test_outputs_come_with_the_next_steps_return_and_a_windows_at_its_end(vllm06
 
 def test_a_request_reaching_the_engine_wakes_it_and_a_prompt_step_next_holds_the_window_back():
     """As above, and C (one output token) reaches the engine at 11.5 ms, inside the window: its
-    arrival wakes the loop, so B's end, put there at 11 ms, goes at 11.5. The window's own
-    outputs are processed in C's prompt step (12-15 ms) and sent when it returns, at 15 ms."""
+    arrival wakes the loop, so B's end, put there at 11 ms, goes at 11.5. A ends at 13 ms and
+    its output, with its window's tokens, goes at the window's end (17 ms); C's prompt step
+    runs 17-20 and its token goes when it returns, nothing running after it."""
     ra, rb, rc = run([Request("A", 0.0, [1, 2, 3, 4], 3), Request("B", 0.0, [5, 6, 7, 8], 2),
                       Request("C", 0.0115, [9, 10, 11, 12], 1)], vllm060=True)  # fmt: skip
-    assert ms(ra.token_times) == [6, 15, 15] and ms(rb.token_times) == [6, 11.5] and ms(rc.token_times) == [15]
-    assert ms([ra.finish_time, rb.finish_time, rc.finish_time]) == [15, 11.5, 15]
+    assert ms(ra.token_times) == [6, 17, 17] and ms(rb.token_times) == [6, 11.5] and ms(rc.token_times) == [20]
+    assert ms([ra.finish_time, rb.finish_time, rc.finish_time]) == [17, 11.5, 20]
+
+
+def test_a_request_ending_inside_a_window_gets_its_windows_tokens_with_its_end():
+    """A (6 tokens out) and B (2) prefilled 0-3 and 3-6 ms; a window of 4 from 6 ms: both decode
+    6-11 (B ends), A 11-13, 13-15, 15-17 (B idle); the next window opens at 17 ms: A decodes
+    17-21 (3 ms + 1: A's 6th token, its end) and its last 3 steps run idle. A's tokens of the
+    first window go as it is over, when the next step is launched (17 ms); its 6th, which ends it
+    inside the second, at that window's end (24 ms), never before a token that came earlier."""
+    ra, _ = run([Request("A", 0.0, [1, 2, 3, 4], 6), Request("B", 0.0, [5, 6, 7, 8], 2)], vllm060=True)
+    assert ms(ra.token_times) == [6, 17, 17, 17, 17, 24] and ra.finish_time == pytest.approx(0.024)
 
 
 def test_the_option_is_checked_and_reaches_an_in_process_run(tmp_path: Path):

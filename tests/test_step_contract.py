@@ -95,7 +95,7 @@ def test_the_plans_builders_take_every_field_by_name():
     plan = dict(req_ids=(1,), num_computed_tokens=(2,), num_new_tokens=(3,),
                 new_reqs=(NewRequestData(**new),), new_block_ids={1: (5,)}, partial_rows=frozenset({0}),
                 num_decode_tokens=6, swap_out=((7, 8),), swap_in=((9, 10),), preempted_req_ids=(11,),
-                finished_req_ids=(12,))  # fmt: skip
+                finished_req_ids=(12,), window_step=13, idle_rows={14: 15})  # fmt: skip
     assert new_step_plan(**plan) == StepPlan(**plan) and type(new_step_plan(**plan)) is StepPlan
 
 

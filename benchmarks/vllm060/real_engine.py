@@ -32,7 +32,7 @@ STEP_LOG = os.environ.get("PB_STEP_LOG", "steps.json")
 def gpu_pricer():
     """A step's GPU seconds from paged_bench's measured cost model, for vLLM's ExecuteModelRequest."""
     from paged_bench.backends.sim import SimBackend
-    from paged_bench.core.plan import new_step_plan
+    from paged_bench.core.plan import StepPlan
 
     cost = SimBackend(cost_model="measured", hardware=os.environ.get("PB_HARDWARE", "h100"),
                       model=os.environ.get("PB_MODEL", "llama-3-8b"),
@@ -45,10 +45,9 @@ def gpu_pricer():
             done = data.get_num_computed_tokens()
             computed.append(done)
             new.append(data.get_len() - done if g.is_prompt else 1)
-        plan = new_step_plan(req_ids=tuple(g.request_id for g in groups), num_computed_tokens=tuple(computed),
-                             num_new_tokens=tuple(new), new_reqs=(), new_block_ids={}, partial_rows=frozenset(),
-                             num_decode_tokens=sum(not g.is_prompt for g in groups), swap_out=(), swap_in=(),
-                             preempted_req_ids=(), finished_req_ids=())
+        # a multi-step window's groups stay in vLLM's batch to its last step, ended or not: each a row
+        plan = StepPlan(req_ids=tuple(g.request_id for g in groups), num_computed_tokens=tuple(computed),
+                        num_new_tokens=tuple(new), num_decode_tokens=sum(not g.is_prompt for g in groups))
         return cost.gpu_seconds(plan, block_size)
 
     return seconds

@@ -141,6 +141,8 @@ class HFGenerateBackend(Backend):
         for rid in (*plan.finished_req_ids, *plan.preempted_req_ids):
             self._known.pop(rid, None)
         self._known.update((new.req_id, new) for new in plan.new_reqs)
+        if not plan.req_ids and plan.idle_rows:  # a multi-step window running out: nothing left to generate
+            return StepOutput([])
         if plan.num_reqs != 1:
             raise EngineError(
                 f"backend 'hf_generate' serves one request at a time (a plain generate loop) but the step "

@@ -24,6 +24,8 @@ reproducible; ``clock=wall`` paces it in real time instead.
 Inside a multi-step window (``scheduler.num_scheduler_steps``) every step after the first
 (``plan.window_step`` >= 1) is priced without the per-step overhead (``step_overhead``, a
 roofline's ``overhead``, the measured model's engine CPU figure but its sampler's share): vLLM 0.6 schedules and prepares the inputs once per window.
+The window's requests that ended inside it (``plan.idle_rows``) are priced as decodes: vLLM
+computes its whole batch to the window's last step.
 """
 
 from __future__ import annotations
@@ -112,12 +114,13 @@ class SimBackend(Backend):
         self._block_size = allocator.layout.block_size
 
     def execute(self, plan: StepPlan) -> StepOutput:
-        # each cost model prices a multi-step window's later steps itself (plan.window_step)
-        if self.measured is not None:
-            return StepOutput([0] * len(plan.req_ids), self.measured.duration(plan, self._block_size))
-        if self.roofline is not None:
-            seconds = self.roofline.duration(plan, self._block_size, self._heap, self._tables)
-            return StepOutput([0] * len(plan.req_ids), seconds)
+        # each cost model prices a multi-step window's later steps itself (plan.window_step), and
+        # its rows whose requests ended in it as the GPU computes them (plan.as_computed)
         # token 0 for every sample: deterministic, and the prefix cache still tells requests
         # apart because a block's hash chains over the whole prompt before it
-        return StepOutput([0] * len(plan.req_ids), self.cost.duration(plan))
+        tokens, computed = [0] * len(plan.req_ids), plan.as_computed()
+        if self.measured is not None:
+            return StepOutput(tokens, self.measured.duration(computed, self._block_size))
+        if self.roofline is not None:
+            return StepOutput(tokens, self.roofline.duration(computed, self._block_size, self._heap, self._tables))
+        return StepOutput(tokens, self.cost.duration(computed))

@@ -229,10 +229,13 @@ class Engine:
 
 def _duration(steps: StepRecords, reqs: list[Request]) -> float:
     """From the start until every request has returned, as vLLM's ``benchmark_duration``: the
-    end of the last step, or later where a request ended after it (refused at its arrival)."""
-    last = steps.last()
+    last request's end (a multi-step window may run on after it: vLLM computes its batch to the
+    window's last step, and those steps return nothing), or the last step's where none ended."""
     ends = [r.finish_time for r in reqs if r.finish_time is not None]
-    return max([last.time if last is not None else 0.0, *ends])
+    if ends:
+        return max(ends)
+    last = steps.last()
+    return last.time if last is not None else 0.0
 
 
 def _well_formed(output: StepOutput, plan: StepPlan) -> bool:

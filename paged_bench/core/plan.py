@@ -101,6 +101,10 @@ class StepPlan(NamedTuple):
     # 0: the scheduler planned this step (its CPU work is paid); k >= 1: the k-th step of a
     # multi-step window (scheduler.num_scheduler_steps), run on without the scheduler
     window_step: int = 0
+    # a window's requests that ended inside it -> their K/V length: vLLM 0.6 runs the window's
+    # whole batch to its last step and drops what these rows sample, so the simulator prices
+    # them (``as_computed``); a real backend computes only the rows above
+    idle_rows: dict[ReqId, int] = {}  # noqa: RUF012 - never mutated
 
     @property
     def num_reqs(self) -> int:
@@ -121,7 +125,16 @@ class StepPlan(NamedTuple):
 
     @property
     def is_empty(self) -> bool:
-        return not (self.req_ids or self.swap_in or self.swap_out)
+        return not (self.req_ids or self.idle_rows or self.swap_in or self.swap_out)
+
+    def as_computed(self) -> StepPlan:
+        """The step as vLLM 0.6's GPU computes it: the idle rows as decodes of their own."""
+        idle = self.idle_rows
+        if not idle:
+            return self
+        return self._replace(req_ids=self.req_ids + tuple(idle), num_computed_tokens=self.num_computed_tokens
+                             + tuple(idle.values()), num_new_tokens=self.num_new_tokens + (1,) * len(idle),
+                             num_decode_tokens=self.num_decode_tokens + len(idle), idle_rows={})  # fmt: skip
 
     @classmethod
     def starting(cls, rows: Iterable[tuple[NewRequestData, int]]) -> StepPlan:
@@ -172,10 +185,11 @@ def new_step_plan(
     preempted_req_ids: tuple[ReqId, ...],
     finished_req_ids: tuple[ReqId, ...],
     window_step: int = 0,
+    idle_rows: dict[ReqId, int],
 ) -> StepPlan:
     return _tuple_new(StepPlan, (
         req_ids, num_computed_tokens, num_new_tokens, new_reqs, new_block_ids, partial_rows, num_decode_tokens,
-        swap_out, swap_in, preempted_req_ids, finished_req_ids, window_step,
+        swap_out, swap_in, preempted_req_ids, finished_req_ids, window_step, idle_rows,
     ))  # fmt: skip
 
 

@@ -27,7 +27,8 @@ What vLLM 0.6.0 does (tag v0.6.0, commit 32e7db25365415841ebc7c4215851743fbb1bad
 So, with ``vllm060``: the outputs of a prompt step, a single step or a window's last step (with
 the window's earlier tokens) reach the client when the next step returns: the next step's end,
 or its start where it opens a multi-step window (the CPU time before its launch, a few ms, is
-not added); a request that ended inside a window, at the window's end; each of them earlier if a
+not added); a request that ended inside a window, at the window's end, with its tokens of that
+window (its output carries every token not sent yet); each of them earlier if a
 request reaches the engine in between, and at the step's own end when no step follows at once.
 vLLM 0.6.2 replaced this path (MQLLMEngine, vllm-project/vllm#8157). The engine's own timeline
 (step records, when blocks are freed) is unchanged: only the times the client sees move.
@@ -64,12 +65,12 @@ def deliver_as_vllm060(result: EngineResult, window_log: list[int]) -> None:
         if not times:
             continue
         ended_with_token = req.finish_time == times[-1]
+        # its last output carries every token not sent yet: its window's earlier ones too
+        final = float(alone[step_of[times[-1]]]) if ended_with_token else float("inf")
         for k, t in enumerate(times):
-            i = step_of[t]
-            last = k == len(times) - 1 and ended_with_token
-            times[k] = float(alone[i] if last else batch[i])
+            times[k] = min(float(batch[step_of[t]]), final)
         if ended_with_token:
-            req.finish_time = times[-1]
+            times[-1] = req.finish_time = final
     finished = [r.finish_time for r in result.requests if r.finish_time is not None]
     result.duration = max([result.duration, *finished])
 

@@ -15,9 +15,7 @@ backend (see ``paged_bench.core.plan``). A policy is a few hooks on top:
 Two options make steps as older vLLM did (docs/engine.md): ``prefill_first``, vLLM 0.x's
 ``_schedule_default`` (a step that admits prompts runs no decodes; off: v1's mixed steps), and
 ``num_scheduler_steps``, vLLM 0.6's multi-step (a plan of decodes alone runs that many steps).
-
-The scheduler asks the allocator for room and never touches blocks itself.
-"""
+The scheduler asks the allocator for room and never touches blocks itself."""
 
 from __future__ import annotations
 
@@ -146,7 +144,8 @@ class Scheduler:
         self.waiting.append(req)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        """Requests to run, or a multi-step window's steps (run even if all its requests ended)."""
+        return bool(self.waiting or self.running or self._window_left)
 
     def schedule(self, now: float) -> StepPlan:
         if self._window_left:  # multi-step: the batch stays as it is until the window ends
@@ -194,8 +193,8 @@ class Scheduler:
                 self._window_done.append(req)
             else:
                 self._release(req)
-        if self._window_done and all(req.is_finished for req in self._window):
-            self._end_window()  # nothing left to run in it: no idle wait holds their blocks
+        if self._window and not self._window_left:
+            self._end_window()  # its last step has run
         return finished
 
     def _release(self, req: Request) -> None:
@@ -260,8 +259,7 @@ class Scheduler:
     # -- the machinery --------------------------------------------------------------------
 
     def _chunk(self, num_tokens: int, budget: int) -> int:
-        """How many of ``num_tokens`` fit this step: all (at most the long-prefill threshold),
-        the budget's worth, or none."""
+        """How many of ``num_tokens`` fit: all (up to the long-prefill cap), the budget's, or none."""
         cap = self.long_prefill_token_threshold
         if cap > 0 and self.chunked_prefill:  # without chunking, a prompt runs whole
             num_tokens = min(num_tokens, cap)
@@ -329,12 +327,12 @@ class Scheduler:
         return admitted
 
     def _window_plan(self) -> StepPlan | None:
-        """The next step of a multi-step window: its batch again, a decode each (vLLM 0.6 runs
-        them on the GPU without the scheduler). None ends the window early: every request in it
-        has ended, or the pool has fewer free blocks than it has rows (a decode needs at most
-        one; vLLM reserves the window's slots at its start and preempts there instead)."""
+        """The next step of a multi-step window: its batch again, a decode each, and those that
+        ended in it as idle rows (vLLM 0.6 runs the whole batch to the window's last step without
+        the scheduler: docs/engine.md). None ends it early: the pool has fewer free blocks than it
+        has rows (vLLM reserves the window's slots at its start and preempts there instead)."""
         rows = [req for req in self._window if not req.is_finished]
-        if not rows or self.allocator.num_free_blocks < len(rows):
+        if self.allocator.num_free_blocks < len(rows):
             return None
         draft = PlanDraft(budget=self.max_num_batched_tokens)
         for req in rows:
@@ -344,7 +342,8 @@ class Scheduler:
                                   "with more blocks free than the step has rows")  # fmt: skip
             draft.add(req, 1, new_blocks)
         self._window_left -= 1
-        return self._freeze(draft, self.num_scheduler_steps - 1 - self._window_left)
+        idle = {req.request_id: req.num_computed_tokens for req in self._window_done}
+        return self._freeze(draft, self.num_scheduler_steps - 1 - self._window_left, idle)
 
     def _end_window(self) -> None:
         """The window is over: the requests that ended inside it give their blocks back."""
@@ -368,7 +367,7 @@ class Scheduler:
         victim.preempt(swapped=pairs is not None)
         self.waiting.appendleft(victim)
 
-    def _freeze(self, draft: PlanDraft, window_step: int = 0) -> StepPlan:
+    def _freeze(self, draft: PlanDraft, window_step: int = 0, idle_rows: dict[ReqId, int] | None = None) -> StepPlan:
         """The plan the backend gets: the draft's rows as columns, with what changed since
         the previous plan (admissions, new blocks, swaps, preemptions, finished requests)."""
         reqs, nums = draft.reqs, draft.num_new_tokens
@@ -393,6 +392,7 @@ class Scheduler:
             preempted_req_ids=tuple(self._preempted_ids),
             finished_req_ids=tuple(self._finished_ids),
             window_step=window_step,
+            idle_rows=idle_rows or {},
         )
         if not plan.is_empty:  # an empty plan is not executed: its news wait for the next one
             self._preempted_ids = []
