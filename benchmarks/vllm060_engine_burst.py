@@ -48,9 +48,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm060_server_intake import STAND_IN, interpreters, save_for_tokenizers_019
 from vllm_frontend_burst import burst, corpus_lines, free_port, llama3_tokenizer, prompts, train_tokenizer, wait_for
 
-from paged_bench.validate.cases import load_registry
-from paged_bench.validate.simulate import SEED, run_case
-from paged_bench.validate.workloads import arrival_times, request_lengths
+from paged_bench.run.compose import compose_config
+from paged_bench.run.job import run_job
+from paged_bench.validate.cases import Case, load_registry
+from paged_bench.validate.simulate import SEED, case_overrides, run_case
+from paged_bench.validate.workloads import arrival_times, request_lengths, write_trace
 
 REAL_ENGINE = Path(__file__).resolve().parent / "vllm060" / "real_engine.py"
 
@@ -64,6 +66,17 @@ def engine_pid(server: int) -> int:
         if b"spawn_main" in cmdline or b"real_engine.py\0rpc\0" in cmdline:
             return int(pid)
     raise RuntimeError(f"no engine process under {server}: {children}")
+
+
+def simulated_steps(case: Case, draw: int) -> str:
+    """The simulator's steps on the same draw, counted as the engine's are below."""
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = write_trace(case.workload, Path(tmp) / "requests.csv", draw)
+        steps = run_job(compose_config(*case_overrides(case, trace, draw)), Path(tmp) / "run").result.steps
+    ends, prompt = steps.column("time"), steps.column("prefill_tokens") > 0
+    first = ends[0] - steps.column("duration")[0]
+    return (f"simulator: {len(ends)} steps, the first {first:.3f} s after the burst was sent; {int(prompt.sum())} "
+            f"prompt steps; the last step ends {ends[-1]:.2f} s in")
 
 
 def main() -> None:
@@ -146,6 +159,7 @@ def main() -> None:
           f"{len(prompt_steps)} prompt steps, their GPU {sum(s['end'] - s['start'] for s in prompt_steps):.2f} s; "
           f"the engine's own time between steps {sum(t for _, t in idle):.2f} s; "
           f"the last step ends {step_log[-1]['end'] - start:.2f} s in")  # fmt: skip
+    print(simulated_steps(case, a.draw))
     between = [t for step, t in idle if step["prompt_tokens"]]
     if between:  # what vLLM's engine spends on its own before each prompt step (scheduling, output processing)
         print(f"before each prompt step after the first: median {statistics.median(between) * 1e3:.2f} ms, "
