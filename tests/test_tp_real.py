@@ -59,6 +59,26 @@ def children(pid: int | None = None) -> list[int]:
     return out
 
 
+@pytest.fixture
+def spawned():
+    """The test's own child processes, as a call: those alive then that were not when the test
+    began (a test file run before this one in the same pytest worker may still be ending one of
+    its own); each with its command line, so that a leftover says what it is."""
+    before = set(children())
+
+    def own() -> list[str]:
+        return [f"{p}: {_cmdline(p)}" for p in _wait_gone([p for p in children() if p not in before])]
+
+    return own
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "(gone)"
+
+
 def _wait_gone(pids: list[int], seconds: float = 10.0) -> list[int]:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -86,7 +106,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_tp2_greedy_tokens_equal_tp1_and_transformers(checkpoint, case):  # noqa: F811
+def test_tp2_greedy_tokens_equal_tp1_and_transformers(checkpoint, case, spawned):  # noqa: F811
     path, prompts, refs, _ = checkpoint
     one, one_reqs, _ = _run("torch", path, prompts, *CASES[case])
     two, two_reqs, seen = _run("torch", path, prompts, *CASES[case], *TP2)
@@ -99,7 +119,7 @@ def test_tp2_greedy_tokens_equal_tp1_and_transformers(checkpoint, case):  # noqa
         assert two.num_preemptions > 0  # every rank dropped the victim's state and took it back
     if case == "preempt-swap":
         assert seen["swapped_in"] > 0  # blocks went to every rank's swap space and came back
-    assert _wait_gone(children()) == []
+    assert spawned() == []
 
 
 def test_tp4_replicates_kv_heads_and_still_matches(checkpoint):  # noqa: F811
@@ -126,7 +146,7 @@ def test_the_ranks_hold_slices_and_stop_with_close(checkpoint):  # noqa: F811
     bench.backend.close()  # twice is harmless
 
 
-def test_a_dead_rank_fails_the_run_in_seconds_and_leaves_nothing(checkpoint):  # noqa: F811
+def test_a_dead_rank_fails_the_run_in_seconds_and_leaves_nothing(checkpoint, spawned):  # noqa: F811
     path, _, _, _ = checkpoint
     bench = build(compose_config("backend=torch", f"backend.model_path={path}", "workload.num_requests=6", *TP2))
     (worker,) = bench.backend.group.workers
@@ -149,7 +169,7 @@ def test_a_dead_rank_fails_the_run_in_seconds_and_leaves_nothing(checkpoint):  #
     # rank 0 looks at the workers every half second while a collective waits (gloo alone once
     # waited out its whole minute on a send to the dead rank)
     assert time.monotonic() - started < 15
-    assert _wait_gone(children()) == []
+    assert spawned() == []
 
 
 def test_an_interrupted_run_stops_its_workers(checkpoint):  # noqa: F811
@@ -173,18 +193,18 @@ def test_an_interrupted_run_stops_its_workers(checkpoint):  # noqa: F811
     assert _wait_gone(workers) == []
 
 
-def test_bad_tp_sizes_are_one_line_errors(checkpoint):  # noqa: F811
+def test_bad_tp_sizes_are_one_line_errors(checkpoint, spawned):  # noqa: F811
     path, _, _, _ = checkpoint
     with pytest.raises(ConfigError, match="backend.tensor_parallel_size=3 .* attention heads"):
         build(compose_config("backend=torch", f"backend.model_path={path}", "backend.tensor_parallel_size=3"))
     with pytest.raises(ConfigError, match="backend.tensor_parallel_size=0"):
         build(compose_config("backend=torch", "backend.tensor_parallel_size=0"))
-    assert _wait_gone(children()) == []  # a refused config starts no worker
+    assert spawned() == []  # a refused config starts no worker
     # refused once the workers are up (the model's positions, the pool): they are stopped again
     for refused in ("max_model_len=1024", "num_blocks=2"):
         with pytest.raises(ConfigError, match=refused):
             build(compose_config("backend=torch", f"backend.model_path={path}", *TP2, refused))
-        assert _wait_gone(children()) == []
+        assert spawned() == []
 
 
 @pytest.mark.slow
