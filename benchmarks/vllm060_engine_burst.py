@@ -20,7 +20,17 @@ aiohttp session a request, streamed), after one warm-up request (the first of th
 benchmark_serving.py sends it); it times each request's first and last streamed chunk. Every
 request runs to its max_tokens (the stand-in never samples an end token), so TPOT is (last -
 first) / (outputs - 1) over the requests of more than one output, benchmark_serving.py's formula.
-The simulator's figures are ``python -m paged_bench.validate``'s for the case, on the same draw.
+The simulator's figures are ``python -m paged_bench.validate``'s for the case, on the same draw;
+its steps are counted beside the engine's (its log: each step's start, end, prompt tokens and
+sequences, written when the client has every output). The stand-in ends each step before vLLM's
+CPU goes on, where a GPU lets it run ahead (the multi-step runner's ``wait_previous_step`` makes
+the stream wait, not the CPU), so here vLLM reads a step's tokens during the next step and learns
+of a request's end one step after its last token: when that leaves it nothing to run, its loop
+pauses with the window unfinished and runs the window's remaining steps when the next request
+arrives. So the warm-up request's last window runs out as the burst reaches the engine (the steps
+before the first prompt step), and the burst's last window is logged only up to the client's last
+output. On a GPU the ends are read at the window's last step and the window runs out at once, as
+the simulator runs it.
 The server, its engine process and the client share this machine's cores: what vLLM's CPU path
 costs here, not on the source's host. ``--server-env`` runs the API server process on another
 interpreter (CPython 3.10, the vllm/vllm-openai:v0.6.0 image's: vllm060_server_intake.py says how),
@@ -74,9 +84,10 @@ def simulated_steps(case: Case, draw: int) -> str:
         trace = write_trace(case.workload, Path(tmp) / "requests.csv", draw)
         steps = run_job(compose_config(*case_overrides(case, trace, draw)), Path(tmp) / "run").result.steps
     ends, prompt = steps.column("time"), steps.column("prefill_tokens") > 0
-    first = ends[0] - steps.column("duration")[0]
-    return (f"simulator: {len(ends)} steps, the first {first:.3f} s after the burst was sent; {int(prompt.sum())} "
-            f"prompt steps; the last step ends {ends[-1]:.2f} s in")
+    first, ended = ends[0] - steps.column("duration")[0], int((steps.column("batch_size") == 0).sum())
+    return (f"simulator: {len(ends)} steps, the first {first:.3f} s after the burst was sent: {int(prompt.sum())} "
+            f"prompt steps, {int((~prompt).sum())} decode steps, {ended} of them with every request in their "
+            f"window already ended; the last step ends {ends[-1]:.2f} s in")
 
 
 def main() -> None:
@@ -155,10 +166,12 @@ def main() -> None:
     prompt_steps = [s for s in step_log if s["prompt_tokens"]]
     # the engine's own time before each step but the first (scheduling, output processing)
     idle = [(step, step["start"] - prev["end"]) for prev, step in itertools.pairwise(step_log)]
-    print(f"engine: {len(step_log)} steps, the first {step_log[0]['start'] - start:.3f} s after the burst was sent; "
-          f"{len(prompt_steps)} prompt steps, their GPU {sum(s['end'] - s['start'] for s in prompt_steps):.2f} s; "
-          f"the engine's own time between steps {sum(t for _, t in idle):.2f} s; "
-          f"the last step ends {step_log[-1]['end'] - start:.2f} s in")  # fmt: skip
+    lead = next((i for i, s in enumerate(step_log) if s["prompt_tokens"]), 0)  # the warm-up's window (docstring)
+    print(f"engine: {len(step_log)} steps logged, the first {step_log[0]['start'] - start:.3f} s after the burst was "
+          f"sent: {lead} before its first prompt step, {len(prompt_steps)} prompt steps (their GPU "
+          f"{sum(s['end'] - s['start'] for s in prompt_steps):.2f} s), {len(step_log) - lead - len(prompt_steps)} "
+          f"decode steps; the engine's own time between steps {sum(t for _, t in idle):.2f} s; "
+          f"the last logged step ends {step_log[-1]['end'] - start:.2f} s in")  # fmt: skip
     print(simulated_steps(case, a.draw))
     between = [t for step, t in idle if step["prompt_tokens"]]
     if between:  # what vLLM's engine spends on its own before each prompt step (scheduling, output processing)
