@@ -124,8 +124,8 @@ def test_an_arrival_inside_a_window_is_scheduled_at_its_end():
 
 def test_a_window_whose_requests_all_ended_runs_to_its_last_step():
     """A's window opens at 3 ms (its decode: 3 + 1 = 7 ms); A ends in the window's second step
-    (8 ms), whose last two steps still compute it (an idle row, 1 ms each: 9, 10 ms), as vLLM 0.6
-    does. B, sent at 8.5 ms, is admitted when the window ends (10 ms) and its prompt step ends at
+    (8 ms); the window's last two steps still compute it (an idle row, 1 ms each: 9, 10 ms), as
+    vLLM 0.6 does. B, sent at 8.5 ms, is admitted when the window ends (10 ms) and its prompt step ends at
     13 ms; had the window stopped with A, B would have started at once."""
     a, b = Request("A", 0.0, [1, 2, 3, 4], 3), Request("B", 0.0085, [5, 6, 7], 2)
     engine = sim_engine(4)
@@ -238,7 +238,7 @@ def test_a_measured_window_step_costs_its_gpu_part_and_the_sampler_alone():
 @pytest.mark.parametrize("cost_model", ["linear", "roofline", "measured"])
 def test_a_windows_idle_rows_are_priced_as_the_decodes_vllm_computes(cost_model):
     """Request 1 ended earlier in the window: priced as a decode of its 40 tokens, on the GPU and
-    in the sampler's CPU, as if it were still a row; a real backend is handed row 0 alone."""
+    in the sampler's CPU, as if it were still a row; the step samples for row 0 alone."""
     backend = SimBackend(cost_model=cost_model, hardware="h100")
     backend.bind(PagedAllocator(num_blocks=64, block_size=16))
     live = StepPlan((0,), (300,), (1,), num_decode_tokens=1, window_step=3)
