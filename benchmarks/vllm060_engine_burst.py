@@ -58,11 +58,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm060_server_intake import STAND_IN, interpreters, save_for_tokenizers_019
 from vllm_frontend_burst import burst, corpus_lines, free_port, llama3_tokenizer, prompts, train_tokenizer, wait_for
 
-from paged_bench.run.compose import compose_config
-from paged_bench.run.job import run_job
 from paged_bench.validate.cases import Case, load_registry
-from paged_bench.validate.simulate import SEED, case_overrides, run_case
-from paged_bench.validate.workloads import arrival_times, request_lengths, write_trace
+from paged_bench.validate.simulate import SEED, run_case, run_draw
+from paged_bench.validate.workloads import arrival_times, request_lengths
 
 REAL_ENGINE = Path(__file__).resolve().parent / "vllm060" / "real_engine.py"
 
@@ -81,8 +79,7 @@ def engine_pid(server: int) -> int:
 def simulated_steps(case: Case, draw: int) -> str:
     """The simulator's steps on the same draw, counted as the engine's are below."""
     with tempfile.TemporaryDirectory() as tmp:
-        trace = write_trace(case.workload, Path(tmp) / "requests.csv", draw)
-        steps = run_job(compose_config(*case_overrides(case, trace, draw)), Path(tmp) / "run").result.steps
+        steps = run_draw(case, draw, Path(tmp)).result.steps
     ends, prompt = steps.column("time"), steps.column("prefill_tokens") > 0
     first, ended = ends[0] - steps.column("duration")[0], int((steps.column("batch_size") == 0).sum())
     return (f"simulator: {len(ends)} steps, the first {first:.3f} s after the burst was sent: {int(prompt.sum())} "

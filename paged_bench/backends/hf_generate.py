@@ -141,7 +141,7 @@ class HFGenerateBackend(Backend):
         for rid in (*plan.finished_req_ids, *plan.preempted_req_ids):
             self._known.pop(rid, None)
         self._known.update((new.req_id, new) for new in plan.new_reqs)
-        if not plan.req_ids and plan.idle_rows:  # a multi-step window running out: nothing left to generate
+        if not plan.req_ids:  # a multi-step window running out after its request ended: nothing to generate
             return StepOutput([])
         if plan.num_reqs != 1:
             raise EngineError(

@@ -22,6 +22,7 @@ from paged_bench.results.metrics import latency_stats, request_latencies
 from paged_bench.results.records import RequestRecords
 from paged_bench.run.compose import compose_config
 from paged_bench.run.job import run_job
+from paged_bench.run.outcome import JobOutcome
 from paged_bench.validate.cases import Case, Figure, Workload
 from paged_bench.validate.workloads import write_trace
 
@@ -96,14 +97,19 @@ def run_case(case: Case, time_limit_s: float, seeds: Sequence[int] | None = None
             for f, values in zip(case.figures, zip(*per_draw, strict=True), strict=True)]  # fmt: skip
 
 
+def run_draw(case: Case, seed: int, folder: Path) -> JobOutcome:
+    """``case`` simulated on draw ``seed``, its requests' trace and the run's files in ``folder``
+    (vllm060_engine_burst.py counts its steps)."""
+    trace = write_trace(case.workload, folder / "requests.csv", seed)
+    return run_job(compose_config(*case_overrides(case, trace, seed)), folder / "run")
+
+
 def _simulate(case: Case, time_limit_s: float, seed: int) -> dict[str, Any] | str:
     """The run's summary on draw ``seed``, or why it failed."""
     with tempfile.TemporaryDirectory(prefix="paged_bench_validate_") as tmp:
         try:
-            trace = write_trace(case.workload, Path(tmp) / "requests.csv", seed)
-            cfg = compose_config(*case_overrides(case, trace, seed))
             with _time_limit(time_limit_s):
-                outcome = run_job(cfg, Path(tmp) / "run")
+                outcome = run_draw(case, seed, Path(tmp))
             assert outcome.records is not None  # an engine run's records are its requests
             return client_summary(outcome.summary, outcome.records, case.workload)
         except CaseTimeout as e:
