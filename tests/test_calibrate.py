@@ -245,7 +245,9 @@ def test_step_replay_prices_every_step_the_real_run_ran():
     alloc = PagedAllocator(num_blocks=64, block_size=16, prefix_caching=False)
     rng = np.random.default_rng(0)
     assert shape_of(cal_shapes._plan(cal_shapes.Shape(4, 0, 0, 16), alloc, rng, 256)[0]) == "decode 4"
-    assert shape_of(cal_shapes._plan(cal_shapes.Shape(0, 2, 100, 0), alloc, rng, 256)[0]) == "prefill 2x<=128"
+    assert shape_of(cal_shapes._plan(cal_shapes.Shape(0, 2, 100, 0), alloc, rng, 256)[0]) == "prefill 2x<=128 after 0"
+    after = cal_shapes._plan(cal_shapes.Shape(0, 1, 64, 300), alloc, rng, 256)[0]  # 64 tokens after 300 cached
+    assert shape_of(after) == "prefill 1x<=64 after <=512"
 
 
 def test_an_eager_attention_pays_for_padding():

@@ -44,13 +44,23 @@ class Replay:
 
 
 def shape_of(plan: StepPlan) -> str:
-    """A plan's bin: decode batches by size, prompt chunks by count and length (next power of 2)."""
-    chunks = [n for n in plan.num_new_tokens if n > 1]
+    """A plan's bin: decode batches by size; prompt chunks by count, length and the context the
+    longest one follows (each rounded up to a power of 2): a chunk's attention grows with both,
+    and a model can price one and miss the other (the Azure window's 512-token chunks: priced
+    short after 0-512 tokens, long after 2,048-4,096, docs/backends.md)."""
+    chunks = [(n, start) for n, start in zip(plan.num_new_tokens, plan.num_computed_tokens) if n > 1]
     if not chunks:
         return f"decode {len(plan.req_ids)}"
-    bound = 1 << (max(chunks) - 1).bit_length()
+    longest, context = max(chunks)
     decodes = plan.num_decode_tokens
-    return f"{'mixed ' + str(decodes) + '+' if decodes else 'prefill '}{len(chunks)}x<={bound}"
+    kind = f"mixed {decodes}+" if decodes else "prefill "
+    after = f"<={_power_of_2(context)}" if context else "0"
+    return f"{kind}{len(chunks)}x<={_power_of_2(longest)} after {after}"
+
+
+def _power_of_2(n: int) -> int:
+    """The least power of 2 at least ``n`` (n >= 1)."""
+    return 1 << (n - 1).bit_length()
 
 
 @dataclass(frozen=True)
