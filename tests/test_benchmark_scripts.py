@@ -81,6 +81,33 @@ def test_sim_vs_numpy_runs_its_numpy_rounds_amid_the_calibrations():
         assert numpy_rounds < 9 or set(after) == set(range(9))
 
 
+def test_numpy_score_slices_times_each_slice_size_and_puts_the_shipped_one_back(monkeypatch, capsys):
+    import paged_bench.model.ops_numpy as ops_numpy
+    from paged_bench.calibration.shapes import Shape
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("numpy_score_slices", ROOT / "benchmarks" / "numpy_score_slices.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    shipped, seen = ops_numpy.SCORE_ELEMENTS, []
+    prefill = ops_numpy.NumpyOps._prefill
+
+    def prefill_seen(*args, **kwargs):  # the slice size each timed prompt step ran with
+        seen.append(ops_numpy.SCORE_ELEMENTS)
+        return prefill(*args, **kwargs)
+
+    monkeypatch.setattr(ops_numpy.NumpyOps, "_prefill", prefill_seen)
+    monkeypatch.setattr(script, "SHAPES", [Shape(0, 1, 64, 0)])
+    monkeypatch.setattr(script, "SLICES", (1 << 22, 1 << 12))
+    monkeypatch.setattr(sys, "argv", ["numpy_score_slices.py", "--rounds", "1"])
+    script.main()
+    out = capsys.readouterr().out
+    assert "| chunk after context | 4 Mi floats (16 MiB) | 0.00390625 Mi floats (0.015625 MiB) |" in out
+    row = next(line for line in out.splitlines() if line.startswith("| 64 after 0 |"))
+    assert all(float(cell) > 0 for cell in row.strip("|").split("|")[1:])
+    assert set(seen) == {1 << 22, 1 << 12} and ops_numpy.SCORE_ELEMENTS == shipped
+
+
 STUB_USES = """
 import abc, sys
 import torch

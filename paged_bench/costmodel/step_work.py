@@ -105,10 +105,10 @@ def sliced_scores(start: int, n: int, heads: int, score_slice: int) -> int:
     eager attention slices it (``model.ops_numpy``): slices of as many query rows as hold
     ``score_slice`` scores over every head at the chunk's last position, each against the
     keys up to its own last row. A chunk in one slice computes the whole rectangle, masked
-    half included (a 512-token prompt: 512 x 512); a chunk in many, nearly the causal
-    triangle (2,048 tokens: 56% of 2,048 x 2,064). Counted as the rectangle, a calibration
-    priced the seeds' and the Azure window's prompt chunks of up to 512 tokens 10-15% cheap,
-    and 2,048-token ones 7-12% dear."""
+    half included (a 256-token prompt in 1 Mi scores over 8 heads: 256 x 256); a chunk in
+    many, nearly the causal triangle (2,048 tokens after 16: 52% of 2,048 x 2,064). Counted
+    as the rectangle, a calibration (with 4 Mi slices) priced the seeds' and the Azure
+    window's prompt chunks of up to 512 tokens 10-15% cheap, and 2,048-token ones 7-12% dear."""
     rows = max(1, score_slice // (heads * (start + n)))
     return sum(min(rows, n - a) * (start + a + min(rows, n - a)) for a in range(0, n, rows))
 

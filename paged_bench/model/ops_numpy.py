@@ -7,7 +7,7 @@ to its own last position. Padding every prefill of a step to the longest (the gr
 ``model.batch`` packs it) cost a step of 16 prompts, one 1,952-token chunk beside fifteen short
 ones at 4,000 tokens of context, 16 x 8 heads x 1,952 x 4,000 scores: 4 GB, and with the
 softmax's temporaries the server's 5.7 GB peak (issue 36). A 2,048-token chunk alone still
-held 262 MB of scores (1.1 GB peak); sliced, a prefill's scores take 16 MiB whatever its length.
+held 262 MB of scores (1.1 GB peak); sliced, a prefill's scores take 4 MiB whatever its length.
 """
 
 from __future__ import annotations
@@ -21,8 +21,12 @@ from paged_bench.model.batch import AttnGroup, StepBatch
 from paged_bench.model.config import ModelConfig
 from paged_bench.model.forward import rope_table
 
-# the most attention scores (floats) one slice of a prefill holds: 16 MiB
-SCORE_ELEMENTS = 1 << 22
+# the most attention scores (floats) one slice of a prefill holds: 4 MiB. A bound on memory, and
+# on time: the slice's scores and the softmax's temporaries stay in the caches. With 16 MiB
+# slices a 512-token chunk after 512 tokens took 39% longer here, and the Azure window's prompt
+# steps 11-18% (benchmarks/numpy_score_slices.py); with 2 MiB ones a chunk after 3,072 tokens
+# slows down again (more, shorter slices)
+SCORE_ELEMENTS = 1 << 20
 
 
 @dataclass
