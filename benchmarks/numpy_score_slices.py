@@ -7,7 +7,8 @@ scores and the temporaries made from them (the mask, the exponentials) stay in t
 do not. This times prompt steps, as calibration times them (``calibration.shapes``), with each
 slice size in turn, in rounds, and prints each step's median time in ms by slice size; with
 ``--run`` it also runs the Azure window of ``benchmarks/sim_vs_numpy.py`` (continuous batching,
-512-token chunks) once per slice size and prints its prompt steps' busy time.
+512-token chunks) once per slice size in each round, the sizes taking turns, and prints its
+prompt steps' busy time, run by run.
 
     .venv/bin/python benchmarks/numpy_score_slices.py --rounds 3 --run
 """
@@ -18,6 +19,7 @@ import argparse
 import statistics
 
 from sim_vs_numpy import NUMPY, overrides
+from term_evidence import busy
 
 from paged_bench.calibration.shapes import Shape, time_shapes
 from paged_bench.calibration.step_replay import record
@@ -60,14 +62,15 @@ def main() -> None:
         print(f"| {shape.chunk} after {shape.context} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
     if args.run:
         print()
-        for elements in SLICES:
-            ops_numpy.SCORE_ELEMENTS = elements
-            heap.trim()
-            azure = compose_config(*NUMPY["thread_cpu"], *overrides("azure", "continuous"), "tracking.enabled=false")
-            run = record(azure)
-            prompt = sum(t for plan, t in zip(run.plans, run.measured) if any(n > 1 for n in plan.num_new_tokens))
-            print(f"Azure window, continuous, slices of {label(elements)}: prompt steps {prompt:.2f} s of "
-                  f"{sum(run.measured):.2f} s busy")  # fmt: skip
+        azure = compose_config(*NUMPY["thread_cpu"], *overrides("azure", "continuous"), "tracking.enabled=false")
+        for round_no in range(1, args.rounds + 1):
+            for elements in SLICES:
+                ops_numpy.SCORE_ELEMENTS = elements
+                heap.trim()
+                run = record(azure)
+                prompt, decode = busy(run, run.measured)
+                print(f"round {round_no}: the Azure window, continuous, slices of {label(elements)}: prompt steps "
+                      f"{prompt:.2f} s of {prompt + decode:.2f} s busy", flush=True)  # fmt: skip
     ops_numpy.SCORE_ELEMENTS = shipped
 
 

@@ -6,9 +6,9 @@ when it is freed, and trims the heap's free top back to the system past a trim t
 An eager attention's score matrices are megabytes a layer (a slice of a prompt chunk's: up to
 4 MiB, 16 MiB before 2026-12-07), so a step of the numpy backend page-faults its temporaries
 in afresh (zeroed by the kernel, 4 KiB at a time) or reuses them depending on what the
-*process* freed before: the same step measured 76-127 ms in one run (7,400 page faults or none), and a chunk
-at 3,072 tokens of context 264-277 ms with page faults, 211-219 ms without. No cost model can
-see a process's malloc history. ``hold_freed_memory`` pins it: no mmapped blocks and no
+*process* freed before: the same step measured 76-127 ms in one run (7,400 page faults or
+none), and a chunk at 3,072 tokens of context 264-277 ms with page faults, 211-219 ms without.
+No cost model can see a process's malloc history. ``hold_freed_memory`` pins it: no mmapped blocks and no
 trimming, so temporaries are page-faulted in once (the first step of their size) and reused
 after, as PyTorch's caching allocator and vLLM's preallocated workspaces make a GPU engine
 do. ``release`` restores glibc's defaults and returns the held memory once every holder

@@ -23,8 +23,8 @@ from paged_bench.model.forward import rope_table
 
 # the most attention scores (floats) one slice of a prefill holds: 4 MiB. A bound on memory, and
 # on time: the slice's scores and the softmax's temporaries stay in the caches. With 16 MiB
-# slices a 512-token chunk after 512 tokens took 39% longer here, and the Azure window's prompt
-# steps 11-18% (benchmarks/numpy_score_slices.py); with 2 MiB ones a chunk after 3,072 tokens
+# slices a 512-token chunk after 512 tokens took 45% longer here, and the Azure window's prompt
+# steps 8-20% (benchmarks/numpy_score_slices.py); with 2 MiB ones a chunk after 3,072 tokens
 # slows down again (more, shorter slices)
 SCORE_ELEMENTS = 1 << 20
 
