@@ -13,7 +13,9 @@ Three diagnostics, the first two behind ``model/heap.py`` and ``NumpyOps.new_poo
 3. Decode steps with their sequences' K/V on consecutive blocks of a run-sized pool (as a
    fresh run hands them out and calibration times them) and on blocks handed out in a random
    order (as a long run's frees leave the free queue), alternating, the median of each: what
-   the cost model, which prices K/V by bytes, does not see.
+   the cost model, which prices K/V by bytes, does not see (it moved no named run's replayed
+   busy time by more than 1.5% when priced: docs/backends.md, "Which terms the CPU cost model
+   keeps").
 
     .venv/bin/python benchmarks/numpy_memory.py [--rounds 3] [--tokens 4096]
 """
@@ -28,11 +30,49 @@ import sys
 import numpy as np
 
 CHUNK = 512
+BLOCK_SIZE = 16
+
+
+def prompt_seconds(backend, allocator, req_id: int, token_ids: list[int], chunk: int) -> list[float]:
+    """Prefill ``token_ids`` as one request in chunks of ``chunk`` tokens: each step's seconds
+    (timed as the engine times the backend's steps)."""
+    from paged_bench.core.clock import STEP_TIMERS
+    from paged_bench.core.plan import NewRequestData, StepPlan
+    from paged_bench.core.request import Request
+
+    req = Request(req_id, 0.0, list(token_ids), 1)
+    if not allocator.allocate_slots(req, len(token_ids)):
+        raise ValueError(f"a {len(token_ids)}-token prompt does not fit the pool")
+    seconds, timer = [], STEP_TIMERS[backend.step_timer]
+    for start in range(0, len(token_ids), chunk):
+        req.num_computed_tokens = start
+        plan = StepPlan.starting([(NewRequestData.from_request(req, allocator.block_table(req)), chunk)])
+        if start:
+            plan = plan._replace(new_reqs=())  # the backend holds the request since its first chunk
+        begin = timer()
+        backend.execute(plan)
+        seconds.append(timer() - begin)
+    allocator.free(req)
+    backend.execute(StepPlan(finished_req_ids=(req_id,)))
+    return seconds
+
+
+def shuffled(num_blocks: int, rng: np.random.Generator):
+    """An allocator over a pool of ``num_blocks`` that hands its blocks out in a random order:
+    every block taken, then freed in a random order (its free queue's order from then on)."""
+    from paged_bench.core.kv.paged import PagedAllocator
+    from paged_bench.core.request import Request
+
+    allocator = PagedAllocator(num_blocks=num_blocks, block_size=BLOCK_SIZE, prefix_caching=False, swap_blocks=0)
+    fillers = [Request(-1 - i, 0.0, [0] * BLOCK_SIZE, 1) for i in range(num_blocks)]
+    taken = [f for f in fillers if allocator.allocate_slots(f, BLOCK_SIZE)]
+    for i in rng.permutation(len(taken)):
+        allocator.free(taken[i])
+    return allocator
 
 
 def prompt_growth(huge_pages: bool, tokens: int) -> list[float]:
     """Per chunk of a ``tokens`` prompt, seconds its first prefill paid over its second."""
-    from paged_bench.calibration.heap_growth import prompt_seconds
     from paged_bench.core.kv.paged import PagedAllocator
     from paged_bench.model import heap
     from paged_bench.run import registry
@@ -75,7 +115,6 @@ def scattered_decodes(rounds: int = 5) -> list[tuple[float, float]]:
         _continuing,
         _plan,
         _seconds,
-        _shuffled,
     )
     from paged_bench.core.kv.paged import PagedAllocator
     from paged_bench.core.plan import StepPlan
@@ -86,7 +125,7 @@ def scattered_decodes(rounds: int = 5) -> list[tuple[float, float]]:
 
     def step_ms(sequences: int, context: int, pool_blocks: int, scattered: bool) -> float:
         # a fresh allocator each time: consecutive blocks from the first, or all in a random order
-        allocator = (_shuffled(pool_blocks, rng) if scattered else
+        allocator = (shuffled(pool_blocks, rng) if scattered else
                      PagedAllocator(num_blocks=pool_blocks, block_size=16, prefix_caching=False, swap_blocks=0))  # fmt: skip
         backend.bind(allocator)
         plan, reqs = _plan(Shape(sequences, 0, 0, context), allocator, rng, backend.vocab_size)

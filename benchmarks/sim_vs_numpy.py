@@ -159,8 +159,8 @@ def log_run(path: Path, record: dict) -> None:
 
 def calibrated_ms(preset: Path) -> list[float | None]:
     """What the calibration that wrote ``preset`` measured for ``PROBES`` (None: not among its shapes)."""
-    shapes = {Shape(s["decodes"], s["prefills"], s["chunk"], s["context"], s.get("scattered", False)): s["measured_ms"]
-              for s in json.loads(preset.read_text()).get("shapes", [])}  # fmt: skip
+    shapes = {Shape(s["decodes"], s["prefills"], s["chunk"], s["context"]): s["measured_ms"]
+              for s in json.loads(preset.read_text()).get("shapes", []) if not s.get("scattered")}  # fmt: skip
     return [shapes.get(shape) for shape in PROBES]
 
 
@@ -212,7 +212,7 @@ def main() -> None:
         h = cost.hardware
         print(f"calibrated on {info['fit']['samples']} shapes, median |error| {info['fit']['median_abs_rel_err']:.1%}, "
               f"overhead {h.overhead * 1e3:.2f} ms/step, {h.per_seq * 1e6:.0f} us/seq, "
-              f"{h.per_scattered_block * 1e6:.1f} us/scattered block -> {preset}")  # fmt: skip
+              f"{h.per_token * 1e6:.1f} us/token -> {preset}")  # fmt: skip
     if args.replay:
         print_replays(cases, preset, numpy)
         return
@@ -280,8 +280,7 @@ def print_replays(cases: list[tuple[str, str]], preset: Path, numpy: tuple[str, 
         measured, predicted = (sum(getattr(s, k) for s in result.steps) for k in ("measured", "predicted"))
         print(f"\n{case[0]}/{case[1]}: {len(result.steps)} steps, {result.num_preemptions} preemptions, "
               f"busy {measured:.2f} s of {result.run_seconds:.2f} s; predicted busy {predicted:.2f} s "
-              f"({predicted / measured - 1:+.1%}); decode rows' next blocks adjacent in the pool: "
-              f"{result.adjacent_blocks:.0%}\n")  # fmt: skip
+              f"({predicted / measured - 1:+.1%})\n")  # fmt: skip
         print("| step shape | steps | busy share | measured p50 (ms) | predicted p50 (ms) | median error |")
         print("|---|---:|---:|---:|---:|---:|")
         for row in shape_table(result.steps):

@@ -11,14 +11,10 @@ cost leads to (a queue that a few percent of cost tips one way or the other). A 
 on a case is the change of the predicted busy time of its prompt steps (every step with a
 chunk of more than one token: what TTFT is made of) and of its decode steps (ITL), against the
 preset with every term; a term is kept where it moves some case's by more than ``KEEP`` (2%).
-The heap-growth pair is measured apart from the fit (``calibration.heap_growth``): it is
-removed by setting both to 0. ``sliced scores`` is no term but how the score bytes are
-counted (``Hardware.score_slice_elements``): removed, a prompt chunk's scores are counted as its
-whole rectangle (queries x keys to the chunk's end), the timed steps recounted so and refitted.
 
     .venv/bin/python benchmarks/term_evidence.py --preset runs/calibration/numpy-small.json
 
-``--terms`` limits the terms tried (default: every fitted additive term and the heap growth).
+``--terms`` limits the terms tried (default: every fitted additive term).
 Its table is in docs/backends.md ("Which terms the CPU cost model keeps").
 """
 
@@ -26,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
 
 from sim_vs_numpy import NUMPY, SCHEDULERS, WORKLOADS, overrides
@@ -38,8 +34,6 @@ from paged_bench.costmodel.step_work import StepWork
 from paged_bench.run.compose import compose_config
 
 KEEP = 0.02
-HEAP = "heap growth"  # per_heap_growth_byte with heap_bytes_per_score_byte
-SLICED = "sliced scores"  # prompt scores counted slice by slice as the numpy backend computes them
 
 
 def samples_of(info: dict) -> list[tuple[StepWork, float]]:
@@ -51,22 +45,10 @@ def samples_of(info: dict) -> list[tuple[StepWork, float]]:
             for s in info["samples"]]  # fmt: skip
 
 
-def rectangles(cost: RooflineCost, info: dict, samples: list[tuple[StepWork, float]]) -> list[tuple[StepWork, float]]:
-    """``samples`` with each prompt chunk's scores counted as its whole rectangle (``info``'s shapes)."""
-    m = cost.model
-    return [(replace(w, score_bytes=4.0 * m.num_layers * m.num_heads * s["prefills"] * s["chunk"] * (s["context"] + s["chunk"])), t)
-            for (w, t), s in zip(samples, info["shapes"], strict=True)]  # fmt: skip
-
-
 def without(cost: RooflineCost, info: dict, samples: list[tuple[StepWork, float]], term: str | None) -> RooflineCost:
     """``cost`` refitted to ``samples`` without ``term`` (None: with every term), the engine's
     measured per-step work added back as calibration adds it."""
-    if term == HEAP:
-        return cost.with_fit(heap_bytes_per_score_byte=0.0, per_heap_growth_byte=0.0)
-    if term == SLICED:
-        cost = replace(cost, hardware=replace(cost.hardware, score_slice_elements=None))
-        samples = rectangles(cost, info, samples)
-    refit = fit(cost, samples, without=() if term in (None, SLICED) else (term,))
+    refit = fit(cost, samples, without=() if term is None else (term,))
     engine = info["engine"]
     return refit.with_fit(overhead=refit.hardware.overhead + engine["per_step_s"],
                           per_seq=refit.hardware.per_seq + engine["per_seq_s"])  # fmt: skip
@@ -81,7 +63,7 @@ def busy(run: Recorded, seconds: list[float]) -> tuple[float, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", type=Path, required=True, help="a calibrated preset that keeps its samples")
-    p.add_argument("--terms", default=",".join((*ADDITIVE, HEAP, SLICED)))
+    p.add_argument("--terms", default=",".join(ADDITIVE))
     args = p.parse_args()
     cost = load_preset(args.preset)
     info = json.loads(args.preset.read_text())
@@ -105,8 +87,7 @@ def main() -> None:
         changes = {case: [b / a - 1 if a else 0.0 for b, a in zip(busy(run, run.priced(variant)), base[case])]
                    for case, run in runs.items()}  # fmt: skip
         kept = "yes" if max(abs(c) for pair in changes.values() for c in pair) > KEEP else "no"
-        counted = rectangles(cost, info, samples) if term == SLICED else samples
-        error = fit_errors(variant, counted)["median_abs_rel_err"]
+        error = fit_errors(variant, samples)["median_abs_rel_err"]
         for case, (prompt, decode) in changes.items():
             print(f"| {term} | {error:.1%} | {case[0]}/{case[1]} | {prompt:+.1%} | {decode:+.1%} | {kept} |")
 

@@ -28,15 +28,13 @@ from tests.conftest import compose_config
 
 def _works(model, shapes, dtype="float32"):
     alloc = PagedAllocator(num_blocks=4096, block_size=16, prefix_caching=False)
-    shuffled = cal_shapes._shuffled(4096, np.random.default_rng(2))
     rng = np.random.default_rng(0)
     works = []
     for shape in shapes:
-        blocks = shuffled if shape.scattered else alloc
-        plan, reqs = cal_shapes._plan(shape, blocks, rng, model.vocab_size)
-        works.append(cal_shapes.shape_work(plan, model, dtype))
+        plan, reqs = cal_shapes._plan(shape, alloc, rng, model.vocab_size)
+        works.append(step_work(plan, model, dtype, cal_shapes.BLOCK_SIZE))
         for r in reqs:
-            blocks.free(r)
+            alloc.free(r)
     return works
 
 
@@ -49,8 +47,7 @@ def test_fit_recovers_the_coefficients_that_made_the_times():
     start = RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9), "float32")  # efficiencies 1, no overhead
     fitted = cal.fit(start, samples)
     assert cal.fit_errors(fitted, samples)["median_abs_rel_err"] < 0.02
-    # attention FLOPs and an eager attention's score traffic both grow with prompt length
-    # squared: with 2% noise the fit may trade a little of one for the other
+    # with 2% noise the fit may trade a little of the attention FLOPs for the K/V gather
     for name, rel in (("overhead", 0.1), ("compute_eff", 0.1), ("attn_eff", 0.15), ("kv_eff", 0.1)):
         assert getattr(fitted.hardware, name) == pytest.approx(getattr(truth.hardware, name), rel=rel), name
 
@@ -168,19 +165,16 @@ def test_a_measured_matmul_curve_prices_the_matmuls_instead_of_the_roofline():
     assert RooflineCost(model, hw, "float32", tp=2).matmul_seconds(two) != cost.matmul_seconds(two)
 
 
-def test_fit_with_a_curve_recovers_the_per_step_token_and_scattered_block_costs():
+def test_fit_with_a_curve_recovers_the_per_step_and_per_token_costs():
     model = PRESETS["small"]
-    truth = RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9, 4e-4, 3e-5, 1.0, 1.0, 0.25, 0.12,
-                                         per_token=6e-6, per_scattered_block=3e-6,
+    truth = RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9, 4e-4, 3e-5, 1.0, 1.0, 0.25, 0.12, per_token=6e-6,
                                          matmul_curve=CURVE), "float32")  # fmt: skip
-    shapes = cal_shapes.default_shapes()
-    works = _works(model, shapes)
+    works = _works(model, cal_shapes.default_shapes())
     rng = np.random.default_rng(1)
     samples = [(w, truth.seconds(w) * rng.uniform(0.99, 1.01)) for w in works]
     fitted = cal.fit(RooflineCost(model, Hardware("t", 100e9, 20e9, 10e9, matmul_curve=CURVE), "float32"), samples)
     assert cal.fit_errors(fitted, samples)["median_abs_rel_err"] < 0.02
-    assert all(w.scattered_blocks > 0 for w, shape in zip(works, shapes) if shape.scattered)
-    for name in ("overhead", "per_token", "per_scattered_block"):
+    for name in ("overhead", "per_token"):
         assert getattr(fitted.hardware, name) == pytest.approx(getattr(truth.hardware, name), rel=0.15), name
 
 
@@ -211,25 +205,6 @@ def test_calibration_times_decode_rows_as_running_requests():
     assert cal_shapes.lead_in(cal_shapes.Shape(3, 1, 32, 16)) == cal_shapes.Shape(3, 0, 0, 16)
     assert cal_shapes.lead_in(cal_shapes.Shape(0, 2, 32, 0)) == cal_shapes.Shape(1, 0, 0, 16)
 
-
-def test_replay_measures_how_scattered_the_decode_rows_blocks_are():
-    from paged_bench.calibration.step_replay import adjacent_blocks
-    from paged_bench.core.plan import SamplingParams
-
-    def new(req_id, blocks, computed):
-        return NewRequestData(req_id, (), computed, blocks, computed, SamplingParams())
-
-    plans = [
-        # two decoding requests: (0, 1, 2) has 2 adjacent of 2 next blocks, (5, 3) none of 1
-        StepPlan((0, 1), (32, 20), (1, 1), (new(0, (0, 1, 2), 32), new(1, (5, 3), 20))),
-        # request 0 grows by a block far away (2 of 3); request 1 has finished, request 2 prefills
-        StepPlan((0, 2), (33, 0), (1, 16), (new(2, (8, 9), 0),), {0: (7,)}, finished_req_ids=(1,)),
-        # request 2 is preempted (request 0: 2 of 3 again), then comes back on blocks (10, 11): 1 of 1
-        StepPlan((0,), (34,), (1,), preempted_req_ids=(2,)),
-        StepPlan((2,), (16,), (1,), (new(2, (10, 11), 16),)),
-    ]
-    assert adjacent_blocks(plans) == pytest.approx((2 + 0 + 2 + 2 + 1) / (2 + 1 + 3 + 3 + 1))
-    assert adjacent_blocks([]) == 1.0
 
 def test_step_replay_prices_every_step_the_real_run_ran():
     from paged_bench.calibration.step_replay import replay, shape_of, shape_table

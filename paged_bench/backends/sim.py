@@ -39,9 +39,8 @@ from paged_bench.core.kv.base import Allocator
 from paged_bench.core.plan import StepOutput, StepPlan
 from paged_bench.costmodel.linear import LinearCost
 from paged_bench.costmodel.measured.step import MeasuredCost, measured_cost
-from paged_bench.costmodel.roofline import HeapMark, RooflineCost, load_preset
+from paged_bench.costmodel.roofline import RooflineCost, load_preset
 from paged_bench.costmodel.roofline import hardware as hardware_preset  # the option below shadows its name
-from paged_bench.costmodel.step_work import RunTables
 from paged_bench.model.config import resolve_model
 from paged_bench.sizing.kv_capacity import KVBudget
 
@@ -80,8 +79,6 @@ class SimBackend(Backend):
         self.gpu_memory_utilization = float(gpu_memory_utilization)
         self.roofline: RooflineCost | None = None
         self.measured: MeasuredCost | None = None
-        self._heap = HeapMark()  # the run's heap, for a calibrated preset that prices its growth
-        self._tables = RunTables()  # the run's block tables, for one that prices scattered K/V
         if preset:
             self.roofline = replace(load_preset(preset), tp=tp, interconnect=interconnect)
         elif cost_model in ("roofline", "measured"):
@@ -122,5 +119,5 @@ class SimBackend(Backend):
         if self.measured is not None:
             return StepOutput(tokens, self.measured.duration(computed, self._block_size))
         if self.roofline is not None:
-            return StepOutput(tokens, self.roofline.duration(computed, self._block_size, self._heap, self._tables))
+            return StepOutput(tokens, self.roofline.duration(computed, self._block_size))
         return StepOutput(tokens, self.cost.duration(computed))

@@ -23,18 +23,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from paged_bench.backends.base import Backend
 from paged_bench.calibration.check_run import run_check
 from paged_bench.calibration.engine_cost import measure_engine_cost
 from paged_bench.calibration.fit import fit, fit_errors
-from paged_bench.calibration.heap_growth import time_heap_growth
 from paged_bench.calibration.matmuls import matmul_rounds
-from paged_bench.calibration.shapes import BLOCK_SIZE, Shape, default_shapes, score_slice, shape_rounds
+from paged_bench.calibration.shapes import Shape, default_shapes, shape_rounds
 from paged_bench.cli.hydra_errors import hydra_error
-from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.costmodel.roofline import HARDWARE, Hardware, RooflineCost, hardware, measure_cpu, save_preset
 from paged_bench.errors import ConfigError, PagedBenchError, check, check_int, one_line
-from paged_bench.model.config import ModelConfig
 from paged_bench.run import registry
 from paged_bench.run.compose import compose_config
 
@@ -61,7 +57,6 @@ def calibrate(
     check(model is not None, "backend", name, "a real model backend (numpy, torch)")
     dtype = getattr(backend, "compute_dtype", "float32")
     try:
-        per_score, per_growth = _heap_growth(backend, model, shapes)
         shape_timer = shape_rounds(backend, model, dtype, shapes)
         longest = max(max(s.decodes + s.prefills * s.chunk for s in shapes), 1)
         matmul_timer = matmul_rounds(backend, model, longest)
@@ -71,7 +66,7 @@ def calibrate(
             curve = next(matmul_timer)
             if between_rounds is not None:
                 between_rounds(round_no)
-        hw = replace(hw, matmul_curve=curve, eager_attention=True, score_slice_elements=score_slice(backend))
+        hw = replace(hw, matmul_curve=curve, eager_attention=True)
     finally:
         backend.close()
     cost = fit(RooflineCost(model, hw, dtype), samples)
@@ -85,23 +80,11 @@ def calibrate(
     # which timing backend.execute alone leaves out
     engine = measure_engine_cost(repeats=repeats, step_timer=options.get("step_timer", "wall"))
     h = cost.hardware
-    cost = cost.with_fit(overhead=h.overhead + engine.per_step, per_seq=h.per_seq + engine.per_seq,
-                         heap_bytes_per_score_byte=per_score, per_heap_growth_byte=per_growth)  # fmt: skip
+    cost = cost.with_fit(overhead=h.overhead + engine.per_step, per_seq=h.per_seq + engine.per_seq)
     info["engine"] = {"per_step_s": engine.per_step, "per_seq_s": engine.per_seq}
     # checked where it will be used: a real run of a workload of its own, step by step
     info["run"] = run_check(cfg, cost)
     return cost, info
-
-
-def _heap_growth(backend: Backend, model: ModelConfig, shapes: Sequence[Shape]) -> tuple[float, float]:
-    """``calibrate_heap.time_heap_growth`` on a fresh heap (before any shape), over the longest
-    prompt the shapes reach in their largest chunks (up to 512 tokens, as long prompts run)."""
-    chunk = min(512, max((s.chunk for s in shapes if s.prefills), default=16))
-    tokens = chunk * max(1, max(s.context + s.chunk for s in shapes) // chunk)
-    allocator = PagedAllocator(num_blocks=-(-tokens // BLOCK_SIZE) + 1, block_size=BLOCK_SIZE,
-                               prefix_caching=False, swap_blocks=0)  # fmt: skip
-    backend.bind(allocator)
-    return time_heap_growth(backend, allocator, model, tokens, chunk)
 
 
 def _pct(eff: float) -> str:

@@ -42,11 +42,8 @@ _EFFS = ("compute_eff", "memory_eff", "attn_eff", "kv_eff")
 
 
 # the terms added on top of either bound, each by what it counts in a step
-ADDITIVE: dict[str, Callable[[RooflineCost, StepWork], float]] = {
-    "per_score_byte": lambda cost, w: w.score_bytes,
-    "per_llc_spilled_byte": lambda cost, w: cost.llc_spilled_kv_bytes(w),
-    "per_token": lambda cost, w: w.num_tokens,
-    "per_scattered_block": lambda cost, w: w.scattered_blocks,
+ADDITIVE: dict[str, Callable[[StepWork], float]] = {
+    "per_token": lambda w: w.num_tokens,
 }
 
 
@@ -58,10 +55,9 @@ def check_terms(names: Collection[str]) -> None:
 
 def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iterations: int = 30,
         without: Collection[str] = ()) -> RooflineCost:  # fmt: skip
-    """Fit overhead, per_seq, the four efficiencies and the ``ADDITIVE`` terms (per score byte,
-    per byte past the last-level cache, per token, per scattered block) of ``cost`` to measured
-    step times (with a measured ``matmul_curve``, the matmuls are known and the rest is fitted
-    to what they leave).
+    """Fit overhead, per_seq, the four efficiencies and the ``ADDITIVE`` terms (per token) of
+    ``cost`` to measured step times (with a measured ``matmul_curve``, the matmuls are known
+    and the rest is fitted to what they leave).
 
     Each roofline is a max, so this alternates: given which side bounds each kernel class of
     each step, the time is linear in (1, sequences, and the bounding side's FLOPs/peak or
@@ -88,7 +84,7 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
         ),
     ]
     check_terms(without)
-    columns = [np.array([0.0 if name in without else float(count(cost, w)) for w, _ in samples])
+    columns = [np.array([0.0 if name in without else float(count(w)) for w, _ in samples])
                for name, count in ADDITIVE.items()]  # fmt: skip
     prior = [1 / getattr(hw, name) for name in _EFFS]
 

@@ -18,7 +18,7 @@ from paged_bench.core.clock import STEP_TIMERS
 from paged_bench.core.kv.paged import PagedAllocator
 from paged_bench.core.plan import NewRequestData, StepPlan
 from paged_bench.core.request import Request
-from paged_bench.costmodel.step_work import StepWork, scattered_blocks, step_work
+from paged_bench.costmodel.step_work import StepWork, step_work
 from paged_bench.errors import ConfigError
 from paged_bench.model.config import ModelConfig
 
@@ -30,15 +30,12 @@ TIMED_STEPS = 3  # a decode batch's steps timed in a row, per round (their media
 @dataclass(frozen=True)
 class Shape:
     """One timed step: ``decodes`` sequences decoding at context ``context``, plus ``prefills``
-    chunks of ``chunk`` new tokens (after ``context`` cached ones); ``scattered``: their K/V on
-    blocks taken in a random order from the whole pool, as a run's frees leave its tables,
-    instead of consecutive ones."""
+    chunks of ``chunk`` new tokens (after ``context`` cached ones)."""
 
     decodes: int
     prefills: int
     chunk: int
     context: int
-    scattered: bool = False
 
 
 def default_shapes(max_len: int = 512) -> list[Shape]:
@@ -53,8 +50,7 @@ def default_shapes(max_len: int = 512) -> list[Shape]:
     mixed = itertools.product((1, 4, 8, 16), (32, 96, 512, 2048), (16, 128))
     shapes += [Shape(b, 1, n, c) for b, n, c in mixed if n + c < max_len and (n <= 96 or b in (1, 8))]
     # long contexts (what long prompts leave): decodes, and chunks of a prompt after earlier
-    # chunks, alone, two at once, and beside decodes (an eager attention's score matrices
-    # then outgrow the caches)
+    # chunks, alone, two at once, and beside decodes
     longs = [c for c in (1024, 3072) if c + 512 < max_len]
     decode_longs = [c for c in (1024, 2048, 3072) if c + 512 < max_len]
     shapes += [Shape(b, 0, 0, c) for b, c in itertools.product((1, 2, 4, 16), decode_longs)]
@@ -63,12 +59,6 @@ def default_shapes(max_len: int = 512) -> list[Shape]:
     # noisy one tilted the fitted K/V rate (the Azure median ITL 10-14% slow)
     shapes += [Shape(1, 0, 0, c) for c in (512, 768, 1280, 1536, 1792, 2560) if c + 512 < max_len]
     shapes += [Shape(b, p, 512, c) for b, p, c in itertools.product((0, 8), (1, 2), longs) if b or p == 1]
-    # K/V scattered over the pool, as preemption and a long run's frees leave it: a step on
-    # scattered blocks cost 5-13% more than on consecutive ones at 3 x 1,024 tokens
-    # (benchmarks/numpy_memory.py)
-    scattered = itertools.product((1, 4, 16), (128, 1536))
-    shapes += [Shape(b, 0, 0, c, scattered=True) for b, c in scattered if c < max_len]
-    shapes += [Shape(4, 1, 96, 128, scattered=True)] if 96 + 128 < max_len else []
     return shapes
 
 
@@ -125,17 +115,16 @@ def shape_rounds(
         * -(-max(s.context + max(s.chunk, 1) for s in shapes) // BLOCK_SIZE)
     )
     allocator = PagedAllocator(num_blocks=need + 1, block_size=BLOCK_SIZE, prefix_caching=False, swap_blocks=0)
-    backend.bind(allocator)  # the pool both allocators hand out (tables come with the plans)
+    backend.bind(allocator)
     rng = np.random.default_rng(0)
-    shuffled = _shuffled(need + 1, rng) if any(s.scattered for s in shapes) else allocator
     times: list[list[float]] = [[] for _ in shapes]
     works: list[StepWork] = []
     for round_no in itertools.count():
         for i, shape in enumerate(shapes):
-            plan, seconds = time_shape(backend, shape, shuffled if shape.scattered else allocator, rng)
+            plan, seconds = time_shape(backend, shape, allocator, rng)
             times[i].append(seconds)
             if round_no == 0:
-                works.append(shape_work(plan, model, dtype, score_slice(backend)))
+                works.append(step_work(plan, model, dtype, BLOCK_SIZE))
         yield [(work, typical_seconds(t)) for work, t in zip(works, times)]
 
 
@@ -164,31 +153,6 @@ def time_shape(
         allocator.free(req)
     backend.execute(StepPlan(finished_req_ids=tuple(r.request_id for r in reqs)))  # the backend lets them go
     return plan, seconds
-
-
-def shape_work(plan: StepPlan, model: ModelConfig, dtype: str, slice_elements: int | None = None) -> StepWork:
-    """The work of a shape's first ``_plan`` (every row new, its whole table in the plan), its
-    prompt chunks' scores counted in slices of ``slice_elements`` (``score_slice``)."""
-    scattered = scattered_blocks(plan, [new.block_ids for new in plan.new_reqs], BLOCK_SIZE)
-    return step_work(plan, model, dtype, BLOCK_SIZE, scattered=scattered, score_slice=slice_elements)
-
-
-def score_slice(backend: Backend) -> int | None:
-    """The most scores a slice of the backend's prompt attention holds (the numpy backend's
-    ``SCORE_ELEMENTS``; torch's: unbounded, each chunk whole); None for a backend that does not
-    say (its prompt chunks are counted as one group padded to the longest)."""
-    return getattr(getattr(backend, "ops", None), "score_slice", None)
-
-
-def _shuffled(num_blocks: int, rng: np.random.Generator) -> PagedAllocator:
-    """An allocator over a pool of ``num_blocks`` that hands its blocks out in a random order:
-    every block taken, then freed in a random order (its free queue's order from then on)."""
-    allocator = PagedAllocator(num_blocks=num_blocks, block_size=BLOCK_SIZE, prefix_caching=False, swap_blocks=0)
-    fillers = [Request(-1 - i, 0.0, [0] * BLOCK_SIZE, 1) for i in range(num_blocks)]
-    taken = [f for f in fillers if allocator.allocate_slots(f, BLOCK_SIZE)]
-    for i in rng.permutation(len(taken)):
-        allocator.free(taken[i])
-    return allocator
 
 
 def _seconds(backend: Backend, plan: StepPlan) -> float:

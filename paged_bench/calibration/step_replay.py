@@ -18,10 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from paged_bench.backends.request_state import RequestStates
 from paged_bench.core.plan import StepOutput, StepPlan
-from paged_bench.costmodel.roofline import HeapMark, RooflineCost
-from paged_bench.costmodel.step_work import RunTables, out_of_order
+from paged_bench.costmodel.roofline import RooflineCost
 from paged_bench.run.bench import build
 
 
@@ -37,10 +35,6 @@ class Replay:
     steps: list[ReplayedStep]
     run_seconds: float  # the run's length (steps, the loop, idling to arrivals)
     num_preemptions: int
-    # of the decode rows' block tables, the share of next blocks that follow the one before in
-    # the pool: K/V on blocks scattered over the pool costs more to gather than on consecutive
-    # ones (``benchmarks/numpy_memory.py``), which the cost model, pricing bytes, does not see
-    adjacent_blocks: float
 
 
 def shape_of(plan: StepPlan) -> str:
@@ -74,9 +68,8 @@ class Recorded:
     num_preemptions: int
 
     def priced(self, cost: RooflineCost) -> list[float]:
-        """Each plan's seconds by ``cost``, as a run of its own (its heap and tables start empty)."""
-        heap, tables = HeapMark(), RunTables()
-        return [cost.duration(plan, self.block_size, heap, tables) for plan in self.plans]
+        """Each plan's seconds by ``cost``."""
+        return [cost.duration(plan, self.block_size) for plan in self.plans]
 
 
 def replay(cfg: Mapping[str, Any], cost: RooflineCost) -> Replay:
@@ -84,7 +77,7 @@ def replay(cfg: Mapping[str, Any], cost: RooflineCost) -> Replay:
     run = record(cfg)
     steps = [ReplayedStep(shape_of(plan), measured, predicted)
              for plan, measured, predicted in zip(run.plans, run.measured, run.priced(cost), strict=True)]  # fmt: skip
-    return Replay(steps, run.run_seconds, run.num_preemptions, adjacent_blocks(run.plans))
+    return Replay(steps, run.run_seconds, run.num_preemptions)
 
 
 def record(cfg: Mapping[str, Any]) -> Recorded:
@@ -106,21 +99,6 @@ def record(cfg: Mapping[str, Any]) -> Recorded:
     # the engine records a step for every plan it executes, in order
     measured = [row.duration for row in result.steps.rows()]
     return Recorded(plans, measured, block_size, result.duration, result.num_preemptions)
-
-
-def adjacent_blocks(plans: Sequence[StepPlan]) -> float:
-    """Over every decode row of ``plans``, the share of its table's blocks after the first that
-    are the block before it plus one (1.0 where no table has two blocks)."""
-    states = RequestStates()  # the tables, kept from the plans as a real backend keeps them
-    adjacent = pairs = 0
-    for plan in plans:
-        for state, n in zip(states.apply(plan), plan.num_new_tokens):
-            if n == 1:
-                table = state.block_ids
-                followers = max(len(table) - 1, 0)
-                adjacent += followers - out_of_order(table, 1, len(table))
-                pairs += followers
-    return adjacent / pairs if pairs else 1.0
 
 
 def shape_table(steps: Sequence[ReplayedStep]) -> list[dict[str, Any]]:

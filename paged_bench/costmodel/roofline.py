@@ -5,9 +5,7 @@ A step runs two kinds of kernels one after the other, each bounded by its own ro
     duration = overhead + per_seq * sequences
              + max(matmul FLOPs / (peak_flops * compute_eff), weight bytes / (mem_bandwidth * memory_eff))
              + max(attention FLOPs / (peak_flops * attn_eff), K/V bytes / (mem_bandwidth * kv_eff))
-             + score bytes * per_score_byte (an eager attention's score matrices; 0 when fused)
-             + per_token * new tokens
-             + per_scattered_block * blocks read out of pool order (a calibrated CPU preset)
+             + per_token * new tokens (a calibrated CPU preset)
              + swap bytes / host_link
              + 2 x layers x all-reduce seconds (tensor parallel, over the ranks' link)
 
@@ -37,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from paged_bench.core.plan import StepPlan
-from paged_bench.costmodel.step_work import RunTables, StepWork, step_work
+from paged_bench.costmodel.step_work import StepWork, step_work
 from paged_bench.costmodel.tp_link import Link, link_preset
 from paged_bench.errors import ConfigError, check, check_choice
 from paged_bench.model.config import ModelConfig
@@ -59,10 +57,6 @@ class Hardware:
     kv_eff: float = 1.0  # ... of mem_bandwidth gathering K/V through block tables
     memory_bytes: float | None = None  # device memory: the total vLLM sizes from (torch.cuda.mem_get_info)
     link: str = "shm"  # how its tensor-parallel ranks talk (a tp_link preset)
-    # seconds per byte of attention scores an eager (unfused) attention writes and reads back:
-    # queries x keys x heads floats, what makes a long prompt's prefill memory-bound on a CPU;
-    # 0 for a fused (flash) attention, which keeps none (the GPU presets)
-    per_score_byte: float = 0.0
     # seconds per new token beyond its matmuls: the elementwise work of a forward on each token
     # row (norms, rotary, activations, residual adds), which a measured matmul curve leaves out
     # and per_seq covers only for decodes (one token a sequence); 0 in the GPU presets
@@ -70,27 +64,6 @@ class Hardware:
     # an eager attention (the numpy/torch backends, what calibrate fits) gathers each group's
     # K/V padded to its longest context: the padding is read at the K/V rate too
     eager_attention: bool = False
-    # the shared last-level cache (L3, measured): a step re-reads the weights and every K/V
-    # byte its requests hold, step after step; what of that exceeds the LLC comes from memory
-    # at per_llc_spilled_byte seconds a byte more (the K/V rate of one sequence's L3-resident
-    # context is 1.5x a large batch's: one K/V rate for both misprices the one-sequence decode
-    # steps of a long-prompt workload by 20%)
-    llc_bytes: float | None = None
-    per_llc_spilled_byte: float = 0.0
-    # the process heap an eager attention's step holds per byte of one layer's score matrices,
-    # and the seconds a byte of it costs the first time a run's step needs it (``model.heap``:
-    # held memory is reused, growth is faulted in); calibrated CPU presets only
-    heap_bytes_per_score_byte: float = 0.0
-    per_heap_growth_byte: float = 0.0
-    # seconds per block a step reads that does not follow the one before it in the pool
-    # (``StepWork.scattered_blocks``): a run's frees scatter its tables, and scattered K/V
-    # costs more to gather at the same bytes; calibrated CPU presets only
-    per_scattered_block: float = 0.0
-    # an eager attention that runs each prompt chunk alone in slices of at most this many
-    # scores (the numpy backend's ``SCORE_ELEMENTS``; torch's is unbounded: a chunk whole): its
-    # score matrices are counted slice by slice (``step_work.sliced_scores``); None (a preset
-    # from before): the prompt chunks as one group padded to the longest
-    score_slice_elements: int | None = None
     # measured matmul seconds by the step's token count, (tokens, every layer's matmuls, the LM
     # head on that many rows), ascending: replaces the matmul roofline where a calibration
     # found one. A CPU BLAS at one thread is no roofline for the few rows of a decode step:
@@ -150,24 +123,7 @@ def measure_cpu(seconds: float = 1.0, nbytes: int = 512 << 20) -> Hardware:
     src = np.ones(nbytes // 4, np.float32)
     dst = np.empty_like(src)
     bandwidth = _best_rate(lambda: np.copyto(dst, src), 2 * src.nbytes, seconds / 2)
-    return Hardware(
-        "measured-cpu", flops, bandwidth, bandwidth / 2, llc_bytes=core_cache_bytes(3)
-    )
-
-
-def core_cache_bytes(level: int = 2, cpu: int = 0) -> float | None:
-    """This machine's cache of ``level`` (2: the per-core one, 3: the shared last level) seen by
-    ``cpu``, in bytes, from sysfs; None where it says nothing."""
-    root = Path(f"/sys/devices/system/cpu/cpu{cpu}/cache")
-    for index in sorted(root.glob("index*")):
-        try:
-            if (index / "level").read_text().strip() == str(level):
-                size = (index / "size").read_text().strip()
-                units = {"K": 1 << 10, "M": 1 << 20}
-                return float(int(size.rstrip("KM")) * units.get(size[-1], 1))
-        except (OSError, ValueError):
-            return None
-    return None
+    return Hardware("measured-cpu", flops, bandwidth, bandwidth / 2)
 
 
 def _best_rate(fn, work: float, seconds: float) -> float:
@@ -179,20 +135,6 @@ def _best_rate(fn, work: float, seconds: float) -> float:
         best = min(best, time.perf_counter() - t)
         if time.perf_counter() > end:
             return work / best
-
-
-@dataclass
-class HeapMark:
-    """A run's heap high-water mark in bytes: held memory is reused, so a step pays for the
-    heap's growth only when it is the first of the run to need more (``model.heap``)."""
-
-    peak: float = 0.0
-
-    def grow(self, need: float) -> float:
-        """Bytes the heap grows by for a step that needs ``need`` (0 below the mark)."""
-        growth = max(0.0, need - self.peak)
-        self.peak += growth
-        return growth
 
 
 @dataclass(frozen=True)
@@ -230,41 +172,20 @@ class RooflineCost:
             w.matmul_flops / (hw.peak_flops * hw.compute_eff), w.weight_bytes / (hw.mem_bandwidth * hw.memory_eff)
         )
 
-    def llc_spilled_kv_bytes(self, w: StepWork) -> float:
-        """K/V bytes the step gathers beyond what the last-level cache holds beside its weights
-        (0 without an LLC figure)."""
-        llc = self.hardware.llc_bytes
-        if llc is None:
-            return 0.0
-        return max(0.0, w.kv_bytes + w.padding_kv_bytes - max(llc - w.weight_bytes, 0.0))
-
     def seconds(self, w: StepWork) -> float:
         hw = self.hardware
         matmuls = self.matmul_seconds(w)
         kv_bytes = w.kv_bytes + w.padding_kv_bytes if hw.eager_attention else w.kv_bytes
         attention = max(w.attn_flops / (hw.peak_flops * hw.attn_eff), kv_bytes / (hw.mem_bandwidth * hw.kv_eff))
-        attention += self.llc_spilled_kv_bytes(w) * hw.per_llc_spilled_byte
-        attention += w.scattered_blocks * hw.per_scattered_block
         comm = w.num_allreduces * self.link.allreduce_seconds(w.allreduce_bytes, self.tp) if w.num_allreduces else 0.0
-        scores = w.score_bytes * hw.per_score_byte
         per_request = hw.per_seq * w.num_seqs + hw.per_token * w.num_tokens
-        return hw.overhead + per_request + matmuls + attention + scores + w.swap_bytes / hw.host_link + comm
+        return hw.overhead + per_request + matmuls + attention + w.swap_bytes / hw.host_link + comm
 
-    def duration(
-        self, plan: StepPlan, block_size: int, heap: HeapMark | None = None, tables: RunTables | None = None
-    ) -> float:
-        """The seconds of ``plan``: ``seconds`` and, for the next step of a run whose ``heap``
-        is given, where a calibration measured it, the heap growth it is the first to need;
-        with the run's ``tables`` (brought up to each plan here), its scattered blocks."""
-        hw = self.hardware
-        scattered = tables.scattered_blocks(plan, block_size) if tables is not None and hw.per_scattered_block else 0
-        work = step_work(plan, self.model, self.dtype, block_size, self.shard, scattered, hw.score_slice_elements)
-        seconds = self.seconds(work)
-        if heap is not None and hw.per_heap_growth_byte:
-            need = hw.heap_bytes_per_score_byte * work.score_bytes / self.model.num_layers
-            seconds += heap.grow(need) * hw.per_heap_growth_byte
+    def duration(self, plan: StepPlan, block_size: int) -> float:
+        """The seconds of ``plan`` (``seconds`` of its ``step_work``)."""
+        seconds = self.seconds(step_work(plan, self.model, self.dtype, block_size, self.shard))
         if plan.window_step:  # a multi-step window's later step: the scheduler and its CPU work are skipped
-            seconds -= hw.overhead
+            seconds -= self.hardware.overhead
         return seconds
 
     def with_fit(self, **coefficients: float) -> RooflineCost:
@@ -300,7 +221,7 @@ def load_preset(path: str | Path) -> RooflineCost:
         data = json.loads(p.read_text())
         hw = data["hardware"]
         _check_no_removed_terms(hw, str(path))
-        hw = {k: v for k, v in hw.items() if k not in REMOVED_TERMS}
+        hw = {k: v for k, v in hw.items() if k not in (*REMOVED_TERMS, *REMOVED_FIGURES)}
         if hw.get("matmul_curve") is not None:
             hw = {**hw, "matmul_curve": tuple(tuple(float(v) for v in p) for p in hw["matmul_curve"])}
         cost = RooflineCost(ModelConfig(**data["model"]), Hardware(**hw), data["dtype"])
@@ -312,13 +233,18 @@ def load_preset(path: str | Path) -> RooflineCost:
 
 # terms calibration once fitted and no longer does: none moved a named case's replayed busy time
 # by more than 2% (benchmarks/term_evidence.py; docs/backends.md, "Which terms the CPU cost model keeps")
-REMOVED_TERMS = ("per_prefill", "per_attention_group", "cache_bytes", "per_spilled_kv_byte", "cold_step")
+REMOVED_TERMS = (
+    "per_prefill", "per_attention_group", "per_spilled_kv_byte", "cold_step",
+    "per_score_byte", "per_llc_spilled_byte", "per_heap_growth_byte", "per_scattered_block",
+)  # fmt: skip
+# the figures those terms were counted with: a preset may hold any value of them
+REMOVED_FIGURES = ("cache_bytes", "llc_bytes", "heap_bytes_per_score_byte", "score_slice_elements")
 
 
 def _check_no_removed_terms(hw: dict[str, Any], path: str) -> None:
     """A preset written before a term's removal loads if it left the term at 0, else is refused
     (priced without it, its other terms, fitted beside it, would be off)."""
-    kept = [k for k in REMOVED_TERMS if hw.get(k) and k != "cache_bytes"]
+    kept = [k for k in REMOVED_TERMS if hw.get(k)]
     check(not kept, "backend.preset", path, f"a preset without the removed terms {', '.join(kept)} (calibrate again: "
                                             "python -m paged_bench.calibration.calibrate)")  # fmt: skip
 

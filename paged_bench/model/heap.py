@@ -16,9 +16,10 @@ do. ``release`` restores glibc's defaults and returns the held memory once every
 
 Held memory is reused, but the first step that needs more than any before it still grows
 the heap, and faults the growth in: a run's first long prompt paid 40-92 ms more over its
-eight 512-token chunks than the next one of its length (in 4 KiB pages, below). ``heap_size`` (the heap's size now)
-lets calibration measure what that costs a byte, and the simulator prices it
-(``RooflineCost.duration``).
+eight 512-token chunks than the next one of its length (in 4 KiB pages and 16 MiB slices,
+below). With 4 MiB slices that growth moved no named run's replayed busy time by more than
+0.8%, and the simulator no longer prices it (docs/backends.md, "Which terms the CPU cost
+model keeps").
 
 Held memory is backed by 4 KiB pages: numpy asks the kernel for transparent huge pages on
 its large arrays (``madvise(MADV_HUGEPAGE)``), and with the kernel's default

@@ -74,12 +74,6 @@ class NumpyOps:
         pool.fill(0)
         return pool
 
-    @property
-    def score_slice(self) -> int:
-        """The most scores one slice of a prefill holds (the cost model counts its scores so:
-        ``costmodel.step_work.sliced_scores``)."""
-        return SCORE_ELEMENTS
-
     def copy_slots(self, src: np.ndarray, dst: np.ndarray, src_slots: np.ndarray, dst_slots: np.ndarray) -> None:
         dst[:, dst_slots] = src[:, src_slots]
 

@@ -10,7 +10,6 @@ float32 as in Hugging Face's Llama; the KV pool lives on the device, the swap sp
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,12 +69,6 @@ class TorchOps:
         self.cfg, self.device, self.dtype = cfg, device, dtype
         self._on_gpu = device.type == "cuda"
         self._set_rope(2048)  # grows on demand
-
-    @property
-    def score_slice(self) -> int:
-        """Each prompt chunk attends alone and whole (``AttnGroup.each``): the cost model counts
-        its queries x keys as one slice (``costmodel.step_work.sliced_scores``)."""
-        return sys.maxsize
 
     def _set_rope(self, n: int) -> None:
         cos, sin = rope_table(self.cfg, n)
