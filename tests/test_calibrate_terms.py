@@ -118,3 +118,36 @@ def test_the_numpy_kv_pool_is_resident_from_the_start():
     # np.zeros: ~530 here; the count is the process's, so another thread of the test worker may
     # add a fault or two (a run of the whole suite once saw 3)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults <= 20
+
+
+def test_term_evidence_keeps_a_term_that_moves_a_replayed_case_and_says_so(tmp_path, monkeypatch, capsys):
+    """``benchmarks/term_evidence.py`` (what decides which terms calibration keeps) on a preset
+    whose timed steps a known cost made: ``per_token`` priced at 60 us a token moves the seeds'
+    prompt steps by more than 2% when it is refitted away."""
+    import importlib.util
+    from pathlib import Path
+
+    from tests.test_calibrate import CURVE, _works
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(root / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("term_evidence", root / "benchmarks" / "term_evidence.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    # with a measured matmul curve (as calibration fits), nothing else prices a token's work
+    truth = _cost(per_token=6e-5, overhead=5e-4, per_seq=2e-5, matmul_curve=CURVE)
+    samples = [(w, truth.seconds(w)) for w in _works(MODEL, cal_shapes.default_shapes(512))]
+    preset = tmp_path / "preset.json"
+    save_preset(preset, _cost(matmul_curve=CURVE), {"samples": [{"work": vars(w), "seconds": t} for w, t in samples],
+                                  "engine": {"per_step_s": 0.0, "per_seq_s": 0.0}})  # fmt: skip
+    # one case, cut to 6 requests: a real numpy run, its steps priced by each refit
+    monkeypatch.setattr(script, "WORKLOADS", {"seed": ()})
+    monkeypatch.setattr(script, "SCHEDULERS", {"continuous": ()})
+    monkeypatch.setattr(script, "overrides", lambda *case: ("workload=seed", "workload.num_requests=6"))
+    monkeypatch.setattr("sys.argv", ["term_evidence.py", "--preset", str(preset)])
+    script.main()
+    out = capsys.readouterr().out
+    assert f"{len(samples)} timed steps of {preset}" in out
+    row = next(line for line in out.splitlines() if line.startswith("| per_token |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "seed/continuous" and float(cells[3].rstrip("%")) < -2 and cells[5] == "yes"

@@ -65,7 +65,7 @@ def fit(cost: RooflineCost, samples: Sequence[tuple[StepWork, float]], iteration
     count alike); re-decide the sides with the new efficiencies; until nothing changes.
     Alternation can settle in a local optimum, so it starts from every way of bounding the
     two kernel classes (and from the preset's own efficiencies) and keeps the best fit.
-    ``without`` names additive terms to leave at 0 (what each one earns: ``benchmarks/fit_terms.py``)."""
+    ``without`` names additive terms to leave at 0 (what each one earns: ``benchmarks/term_evidence.py``)."""
     hw = cost.hardware
     t = np.array([s for _, s in samples])
     # with a measured matmul curve the matmuls are known: the rest is fitted to what is left
