@@ -15,7 +15,14 @@ from paged_bench.calibration import shapes as cal_shapes
 from paged_bench.calibration.check_run import CALIBRATION_WORKLOAD, calibration_run_config
 from paged_bench.calibration.fit import _nnls
 from paged_bench.core.kv.paged import PagedAllocator
-from paged_bench.costmodel.roofline import REMOVED_FIGURES, REMOVED_TERMS, Hardware, RooflineCost, load_preset, save_preset
+from paged_bench.costmodel.roofline import (
+    REMOVED_FIGURES,
+    REMOVED_TERMS,
+    Hardware,
+    RooflineCost,
+    load_preset,
+    save_preset,
+)
 from paged_bench.costmodel.step_work import step_work
 from paged_bench.errors import ConfigError
 from paged_bench.model import heap

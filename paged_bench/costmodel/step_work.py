@@ -29,7 +29,9 @@ class StepWork:
     padding_kv_bytes: float = 0.0  # K/V an eager attention gathers past a request's end (its group's longest)
 
 
-def step_work(plan: StepPlan, model: ModelConfig, dtype: str, block_size: int, shard: TPShard | None = None) -> StepWork:
+def step_work(
+    plan: StepPlan, model: ModelConfig, dtype: str, block_size: int, shard: TPShard | None = None
+) -> StepWork:
     """One rank's work (the whole model's when ``shard`` is None or of size 1)."""
     shard = shard or TPShard(model)
     kv_token = shard.kv_bytes_per_token(dtype)
