@@ -28,7 +28,8 @@ quiet machine; on this shared 2-core VM 10-40% slower at times).
 
 ``--replay`` is the diagnostic: one numpy run per case, each of its steps priced with the
 preset (``paged_bench.calibration.step_replay``), errors by step shape: cost-model error apart from
-the scheduling a different cost model leads to.
+the scheduling a different cost model leads to. ``benchmarks/itl_spread.py`` is the other: where
+each case's median ITL sits among its gaps (a median with few gaps near it tips).
 
 The error is the simulator's figure against the median of the numpy runs; a ``numpy range``
 row gives the runs' minimum and maximum, and the verdict counts the cells within 10% and,

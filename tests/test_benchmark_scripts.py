@@ -235,3 +235,28 @@ def test_matmul_in_step_multiplies_only_the_lm_head_once_the_layers_are_handed_b
     assert first > len(multiplied) > 0
     assert all(weight is backend.weights.lm_head for weight in multiplied)
     assert backend.ops.linear is counting
+
+
+def test_itl_spread_prints_both_runs_gaps_around_their_medians(tmp_path, monkeypatch, capsys):
+    from paged_bench.costmodel.roofline import HARDWARE, RooflineCost, save_preset
+    from paged_bench.model.config import PRESETS
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("itl_spread", ROOT / "benchmarks" / "itl_spread.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    preset = tmp_path / "preset.json"
+    save_preset(preset, RooflineCost(PRESETS["small"], HARDWARE["cpu"], "float32"), {})
+    cut = script.overrides  # the seeds' continuous case, cut to 6 requests
+    monkeypatch.setattr(script, "overrides", lambda *case: (*cut(*case), "workload.num_requests=6"))
+    monkeypatch.setattr(sys, "argv", ["itl_spread.py", "--preset", str(preset), "--workloads", "seed",
+                                      "--schedulers", "continuous"])  # fmt: skip
+    script.main()
+    rows = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines()[2:]}
+    assert set(rows) == {"seed/continuous, numpy", "seed/continuous, sim"}
+    cells = {k: [c.strip() for c in row.strip("|").split("|")[1:]] for k, row in rows.items()}
+    for gaps, *percentiles, near in cells.values():
+        values = [float(v) for v in percentiles]
+        assert values == sorted(values) and values[0] > 0 and 0 < float(near.rstrip("%")) <= 100
+    # the same requests and outputs: as many gaps in both runs
+    assert cells["seed/continuous, numpy"][0] == cells["seed/continuous, sim"][0] != "0"
