@@ -27,7 +27,8 @@ NEAR = 0.05
 
 
 def itl_gaps_ms(cfg) -> np.ndarray:
-    """Every inter-token gap (ms) of one run of ``cfg``, as the summary's ITL pools them."""
+    """Every inter-token gap (ms) of one run of ``cfg``, every request's pooled (the summary's
+    ITL pools the finished requests': in these cases every request finishes)."""
     bench = build(cfg)
     try:
         bench.engine.run(bench.requests, max_concurrency=bench.max_concurrency)

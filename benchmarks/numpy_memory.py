@@ -13,9 +13,9 @@ Three diagnostics, the first two behind ``model/heap.py`` and ``NumpyOps.new_poo
 3. Decode steps with their sequences' K/V on consecutive blocks of a run-sized pool (as a
    fresh run hands them out and calibration times them) and on blocks handed out in a random
    order (as a long run's frees leave the free queue), alternating, the median of each: what
-   the cost model, which prices K/V by bytes, does not see (it moved no named run's replayed
-   busy time by more than 1.5% when priced: docs/backends.md, "Which terms the CPU cost model
-   keeps").
+   the cost model, which prices K/V by bytes, does not see (with 4 MiB score slices, it moved
+   no named run's replayed busy time by more than 1.5% when priced: docs/backends.md, "Which
+   terms the CPU cost model keeps").
 
     .venv/bin/python benchmarks/numpy_memory.py [--rounds 3] [--tokens 4096]
 """
@@ -78,7 +78,8 @@ def prompt_growth(huge_pages: bool, tokens: int) -> list[float]:
     from paged_bench.run import registry
 
     backend = registry.create("backend", "numpy", model="small", threads=1)
-    allocator = PagedAllocator(num_blocks=tokens // 16 + 1, block_size=16, prefix_caching=False, swap_blocks=0)
+    allocator = PagedAllocator(num_blocks=tokens // BLOCK_SIZE + 1, block_size=BLOCK_SIZE, prefix_caching=False,
+                               swap_blocks=0)  # fmt: skip
     backend.bind(allocator)
     heap._set_numpy_huge_pages(huge_pages)  # bind turned it off; put numpy's default back to compare
     heap.trim()
@@ -125,8 +126,11 @@ def scattered_decodes(rounds: int = 5) -> list[tuple[float, float]]:
 
     def step_ms(sequences: int, context: int, pool_blocks: int, scattered: bool) -> float:
         # a fresh allocator each time: consecutive blocks from the first, or all in a random order
-        allocator = (shuffled(pool_blocks, rng) if scattered else
-                     PagedAllocator(num_blocks=pool_blocks, block_size=16, prefix_caching=False, swap_blocks=0))  # fmt: skip
+        if scattered:
+            allocator = shuffled(pool_blocks, rng)
+        else:
+            allocator = PagedAllocator(num_blocks=pool_blocks, block_size=BLOCK_SIZE, prefix_caching=False,
+                                       swap_blocks=0)  # fmt: skip
         backend.bind(allocator)
         plan, reqs = _plan(Shape(sequences, 0, 0, context), allocator, rng, backend.vocab_size)
         backend.execute(plan)

@@ -23,6 +23,7 @@ SCRIPTS = {
     "measured_loo": (["--gpu", "h100", "--tp", "1"], "h100: median |error| "),
     "measured_waves": (["--gpu", "h100", "--no-loo"], "every tile shape has at most as many waves at 256 rows as at 264: True"),
     "metrics_outputs": (["--repeats", "1", "workload.num_requests=300"], "same figures: True; same table content"),
+    "numpy_memory": (["--rounds", "1", "--tokens", "1024"], "on blocks in a random order: 1 x 1536 tokens of 4096"),
     "sim_speed": (["--cases", "seed", "--repeats", "1"], "| seed | compiled | "),
     "vllm_frontend_burst": (["--requests", "20", "--prompt-tokens", "40"], "burst of 20 requests: client CPU "),
 }
@@ -258,5 +259,11 @@ def test_itl_spread_prints_both_runs_gaps_around_their_medians(tmp_path, monkeyp
     for gaps, *percentiles, near in cells.values():
         values = [float(v) for v in percentiles]
         assert values == sorted(values) and values[0] > 0 and 0 < float(near.rstrip("%")) <= 100
-    # the same requests and outputs: as many gaps in both runs
+    # the same requests and outputs: as many gaps in both runs, but two backends' timings
     assert cells["seed/continuous, numpy"][0] == cells["seed/continuous, sim"][0] != "0"
+    assert cells["seed/continuous, numpy"][1:-1] != cells["seed/continuous, sim"][1:-1]
+    # a row read off made-up gaps: half at 1 ms, half at 3 (the median, 2 ms, has none near it)
+    gaps = script.np.array([1.0, 1.0, 3.0, 3.0])
+    assert script.spread_row("x", gaps) == "| x | 4 | 1.00 | 1.40 | 1.70 | 2.00 | 2.30 | 2.60 | 3.00 | 0% |"
+    # median 2.025: 2.0 and 2.05 lie within 5% of it, 1.9 (6% under) does not
+    assert script.spread_row("x", script.np.array([1.9, 2.0, 2.05, 9.0])).endswith("| 50% |")

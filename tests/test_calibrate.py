@@ -230,13 +230,17 @@ def test_an_eager_attention_pays_for_padding():
     kv_token = model.kv_bytes_per_token()
     alloc = PagedAllocator(num_blocks=256, block_size=16, prefix_caching=False)
     rows = []
-    for i, ctx in enumerate((15, 399)):  # two decodes: the group pads the first to 400 keys
-        req = Request(i, 0.0, list(range(ctx + 1)), 1)
-        assert alloc.allocate_slots(req, ctx + 1)
+    # two decodes: the group pads the first to 400 keys; two prompt chunks of different lengths
+    # beside them run each alone (AttnGroup.each), unpadded
+    for i, (ctx, n) in enumerate(((15, 1), (399, 1), (0, 32), (100, 200))):
+        req = Request(i, 0.0, list(range(ctx + n)), 1)
+        assert alloc.allocate_slots(req, ctx + n)
         req.num_computed_tokens = ctx
-        rows.append((NewRequestData.from_request(req, alloc.block_table(req)), 1))
-    work = step_work(StepPlan.starting(rows), model, "float32", 16)
-    assert work.padding_kv_bytes == (2 * 400 - (16 + 400)) * kv_token
+        rows.append((NewRequestData.from_request(req, alloc.block_table(req)), n))
+    padding = (2 * 400 - (16 + 400)) * kv_token
+    assert step_work(StepPlan.starting(rows), model, "float32", 16).padding_kv_bytes == padding
+    work = step_work(StepPlan.starting(rows[:2]), model, "float32", 16)  # the decodes alone: K/V-bound
+    assert work.padding_kv_bytes == padding
     base = Hardware("t", 100e9, 20e9, 10e9, kv_eff=0.2)
     fused, eager = (RooflineCost(model, replace(base, eager_attention=e), "float32") for e in (False, True))
     assert eager.seconds(work) - fused.seconds(work) == pytest.approx(work.padding_kv_bytes / (20e9 * 0.2))

@@ -1,6 +1,7 @@
 """The calibrated roofline's CPU terms: the per-token term on a step built to need it, the
 calibration run's workload; the NNLS the fit solves with; a preset that prices a removed term;
-the numpy backend holding its freed temporaries while bound, and its KV pool resident."""
+the numpy backend holding its freed temporaries while bound, and its KV pool resident; the
+script that decides which terms are kept (``benchmarks/term_evidence.py``)."""
 
 from __future__ import annotations
 
@@ -127,10 +128,10 @@ def test_the_numpy_kv_pool_is_resident_from_the_start():
     assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults <= 20
 
 
-def test_term_evidence_keeps_a_term_that_moves_a_replayed_case_and_says_so(tmp_path, monkeypatch, capsys):
-    """``benchmarks/term_evidence.py`` (what decides which terms calibration keeps) on a preset
+def test_term_evidence_keeps_a_term_only_where_it_moves_a_replayed_case(tmp_path, monkeypatch, capsys):
+    """``benchmarks/term_evidence.py`` (what decides which terms calibration keeps) on presets
     whose timed steps a known cost made: ``per_token`` priced at 60 us a token moves the seeds'
-    prompt steps by more than 2% when it is refitted away."""
+    prompt steps by more than 2% when it is refitted away, and is kept; at 0 it moves nothing."""
     import importlib.util
     from pathlib import Path
 
@@ -141,20 +142,28 @@ def test_term_evidence_keeps_a_term_that_moves_a_replayed_case_and_says_so(tmp_p
     spec = importlib.util.spec_from_file_location("term_evidence", root / "benchmarks" / "term_evidence.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    # with a measured matmul curve (as calibration fits), nothing else prices a token's work
-    truth = _cost(per_token=6e-5, overhead=5e-4, per_seq=2e-5, matmul_curve=CURVE)
-    samples = [(w, truth.seconds(w)) for w in _works(MODEL, cal_shapes.default_shapes(512))]
-    preset = tmp_path / "preset.json"
-    save_preset(preset, _cost(matmul_curve=CURVE), {"samples": [{"work": vars(w), "seconds": t} for w, t in samples],
-                                  "engine": {"per_step_s": 0.0, "per_seq_s": 0.0}})  # fmt: skip
     # one case, cut to 6 requests: a real numpy run, its steps priced by each refit
     monkeypatch.setattr(script, "WORKLOADS", {"seed": ()})
     monkeypatch.setattr(script, "SCHEDULERS", {"continuous": ()})
     monkeypatch.setattr(script, "overrides", lambda *case: ("workload=seed", "workload.num_requests=6"))
-    monkeypatch.setattr("sys.argv", ["term_evidence.py", "--preset", str(preset)])
-    script.main()
-    out = capsys.readouterr().out
-    assert f"{len(samples)} timed steps of {preset}" in out
-    row = next(line for line in out.splitlines() if line.startswith("| per_token |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[2] == "seed/continuous" and float(cells[3].rstrip("%")) < -2 and cells[5] == "yes"
+    works = _works(MODEL, cal_shapes.default_shapes(512))
+
+    def per_token_row(per_token: float) -> list[str]:
+        # with a measured matmul curve (as calibration measures it), nothing else prices a token's work
+        truth = _cost(per_token=per_token, overhead=5e-4, per_seq=2e-5, matmul_curve=CURVE)
+        # each step's work as a preset from before a removal keeps it: with a field StepWork no longer has
+        samples = [{"work": {**vars(w), "score_bytes": 0.0}, "seconds": truth.seconds(w)} for w in works]
+        preset = tmp_path / f"preset-{per_token}.json"
+        save_preset(preset, _cost(matmul_curve=CURVE), {"samples": samples,
+                                                        "engine": {"per_step_s": 0.0, "per_seq_s": 0.0}})  # fmt: skip
+        monkeypatch.setattr("sys.argv", ["term_evidence.py", "--preset", str(preset)])
+        script.main()
+        out = capsys.readouterr().out
+        assert f"{len(works)} timed steps of {preset}" in out
+        row = next(line for line in out.splitlines() if line.startswith("| per_token |"))
+        return [c.strip() for c in row.strip("|").split("|")]
+
+    kept = per_token_row(6e-5)
+    assert kept[2] == "seed/continuous" and float(kept[3].rstrip("%")) < -2 and kept[5] == "yes"
+    unpriced = per_token_row(0.0)
+    assert abs(float(unpriced[3].rstrip("%"))) < 1 and unpriced[5] == "no"

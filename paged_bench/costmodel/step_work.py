@@ -36,19 +36,18 @@ def step_work(
     shard = shard or TPShard(model)
     kv_token = shard.kv_bytes_per_token(dtype)
     new = pairs = kv_read = 0
-    decodes = decode_len = prefills = prefill_len = 0
+    decodes = decode_len = decode_read = 0
     for start, n in zip(plan.num_computed_tokens, plan.num_new_tokens):
         new += n
         pairs += n * start + n * (n + 1) // 2  # the query at position p sees keys 0..p
         kv_read += start + n
         if n == 1:
-            decodes, decode_len = decodes + 1, max(decode_len, start + 1)
-        else:
-            prefills, prefill_len = prefills + 1, max(prefill_len, start + n)
+            decodes, decode_len, decode_read = decodes + 1, max(decode_len, start + 1), decode_read + start + 1
     # an eager attention (our numpy/torch backends) runs decodes as one group padded to the
     # longest context, masked keys included: it gathers K/V beyond what the requests hold (a
-    # decode's one score per key is 1/head_dim of the K/V it gathers: the gather prices it)
-    padding = decodes * decode_len + prefills * prefill_len - kv_read
+    # decode's one score per key is 1/head_dim of the K/V it gathers: the gather prices it).
+    # Each prompt chunk runs alone, unpadded (``AttnGroup.each``)
+    padding = decodes * decode_len - decode_read
     sampled = len(plan.req_ids)
     matmul = (
         2.0 * new * model.num_layers * shard.layer_matmul_params + 2.0 * sampled * model.hidden_size * shard.vocab_size
