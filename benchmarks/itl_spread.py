@@ -13,29 +13,25 @@ of the median: the smaller that share, the more the median cell tips.
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 import numpy as np
 from sim_vs_numpy import NUMPY, SCHEDULERS, WORKLOADS, overrides
 
-from paged_bench.results.records import RequestRecords
-from paged_bench.run.bench import build
 from paged_bench.run.compose import compose_config
+from paged_bench.run.job import run_job
 
 PERCENTILES = (30, 40, 45, 50, 55, 60, 70)
 NEAR = 0.05
 
 
 def itl_gaps_ms(cfg) -> np.ndarray:
-    """Every inter-token gap (ms) of one run of ``cfg``, every request's pooled (the summary's
-    ITL pools the finished requests': in these cases every request finishes)."""
-    bench = build(cfg)
-    try:
-        bench.engine.run(bench.requests, max_concurrency=bench.max_concurrency)
-    finally:
-        bench.backend.close()
-    records = RequestRecords.from_requests(bench.requests)
-    return records.chunk_gaps(np.ones(len(bench.requests), bool)) * 1e3
+    """Every inter-token gap (ms) of one run of ``cfg``, run as ``sim_vs_numpy.run`` runs a case
+    and pooled as the summary's ITL pools them (the completed requests')."""
+    with tempfile.TemporaryDirectory() as d:
+        records = run_job(cfg, Path(d)).records
+    return records.chunk_gaps(records.succeeded) * 1e3
 
 
 def spread_row(label: str, gaps: np.ndarray) -> str:

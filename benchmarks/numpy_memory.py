@@ -35,23 +35,21 @@ BLOCK_SIZE = 16
 
 def prompt_seconds(backend, allocator, req_id: int, token_ids: list[int], chunk: int) -> list[float]:
     """Prefill ``token_ids`` as one request in chunks of ``chunk`` tokens: each step's seconds
-    (timed as the engine times the backend's steps)."""
-    from paged_bench.core.clock import STEP_TIMERS
+    (timed as calibration times a step: as the engine times the backend's)."""
+    from paged_bench.calibration.shapes import _seconds
     from paged_bench.core.plan import NewRequestData, StepPlan
     from paged_bench.core.request import Request
 
     req = Request(req_id, 0.0, list(token_ids), 1)
     if not allocator.allocate_slots(req, len(token_ids)):
         raise ValueError(f"a {len(token_ids)}-token prompt does not fit the pool")
-    seconds, timer = [], STEP_TIMERS[backend.step_timer]
+    seconds = []
     for start in range(0, len(token_ids), chunk):
         req.num_computed_tokens = start
         plan = StepPlan.starting([(NewRequestData.from_request(req, allocator.block_table(req)), chunk)])
         if start:
             plan = plan._replace(new_reqs=())  # the backend holds the request since its first chunk
-        begin = timer()
-        backend.execute(plan)
-        seconds.append(timer() - begin)
+        seconds.append(_seconds(backend, plan))
     allocator.free(req)
     backend.execute(StepPlan(finished_req_ids=(req_id,)))
     return seconds

@@ -42,11 +42,18 @@ def main() -> None:
     p.add_argument("--run", action="store_true", help="also the Azure window's prompt steps, one run per size")
     args = p.parse_args()
     shipped = ops_numpy.SCORE_ELEMENTS
+    try:
+        compare(args.rounds, args.run, shipped)
+    finally:  # the shipped size back, whatever stopped the comparison
+        ops_numpy.SCORE_ELEMENTS = shipped
+
+
+def compare(rounds: int, run_azure: bool, shipped: int) -> None:
     options = dict(compose_config(*NUMPY["thread_cpu"])["backend"])
     backend = registry.create("backend", options.pop("name"), **options)
     times: dict[tuple[int, Shape], list[float]] = {}
     try:
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             for elements in SLICES:
                 ops_numpy.SCORE_ELEMENTS = elements
                 for shape, (_, seconds) in zip(SHAPES, time_shapes(backend, backend.model_config, "float32", SHAPES)):
@@ -54,16 +61,16 @@ def main() -> None:
     finally:
         backend.close()
     print(f"prompt steps of the numpy backend's model ({backend.model_config.num_heads} heads), thread CPU time, "
-          f"median of {args.rounds} rounds (ms); the shipped slice: {label(shipped)}\n")  # fmt: skip
+          f"median of {rounds} rounds (ms); the shipped slice: {label(shipped)}\n")  # fmt: skip
     print("| chunk after context | " + " | ".join(label(e) for e in SLICES) + " |")
     print("|---|" + "---:|" * len(SLICES))
     for shape in SHAPES:
         cells = [statistics.median(times[(e, shape)]) * 1e3 for e in SLICES]
         print(f"| {shape.chunk} after {shape.context} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
-    if args.run:
+    if run_azure:
         print()
         azure = compose_config(*NUMPY["thread_cpu"], *overrides("azure", "continuous"), "tracking.enabled=false")
-        for round_no in range(1, args.rounds + 1):
+        for round_no in range(1, rounds + 1):
             for elements in SLICES:
                 ops_numpy.SCORE_ELEMENTS = elements
                 heap.trim()
@@ -71,7 +78,6 @@ def main() -> None:
                 prompt, decode = busy(run, run.measured)
                 print(f"round {round_no}: the Azure window, continuous, slices of {label(elements)}: prompt steps "
                       f"{prompt:.2f} s of {prompt + decode:.2f} s busy", flush=True)  # fmt: skip
-    ops_numpy.SCORE_ELEMENTS = shipped
 
 
 if __name__ == "__main__":

@@ -262,6 +262,11 @@ def test_itl_spread_prints_both_runs_gaps_around_their_medians(tmp_path, monkeyp
     # the same requests and outputs: as many gaps in both runs, but two backends' timings
     assert cells["seed/continuous, numpy"][0] == cells["seed/continuous, sim"][0] != "0"
     assert cells["seed/continuous, numpy"][1:-1] != cells["seed/continuous, sim"][1:-1]
+    # pooled as the summary's ITL: the deterministic simulator's p50 is its run's median ITL
+    from sim_vs_numpy import run
+
+    sim = run(("backend=sim", f"backend.preset={preset}", *script.overrides("seed", "continuous")))
+    assert float(cells["seed/continuous, sim"][4]) == pytest.approx(sim["median_itl_ms"], abs=0.006)
     # a row read off made-up gaps: half at 1 ms, half at 3 (the median, 2 ms, has none near it)
     gaps = script.np.array([1.0, 1.0, 3.0, 3.0])
     assert script.spread_row("x", gaps) == "| x | 4 | 1.00 | 1.40 | 1.70 | 2.00 | 2.30 | 2.60 | 3.00 | 0% |"
