@@ -116,6 +116,24 @@ def test_the_doc_is_what_the_command_writes(direct):
             assert text in notes.split("\n### ")[0], note
 
 
+def test_the_doc_lists_every_figure_outside_15_percent_the_shared_cases_first():
+    rows = _doc_rows()
+    doc = DOC.read_text()
+    part = doc[doc.index("outside ±15%, the shared README's cases first:") :].split("\n\n")[1]
+    listed = [[c.strip() for c in line.strip("|").split("|")] for line in part.splitlines()[2:]]
+    assert listed, "the doc's table of figures outside 15% is empty"
+    by_figure = {(r[0], r[5]): r for r in rows}
+    for file, case, metric, published, simulated, ratio in listed:  # each is the results table's row
+        r = by_figure[(case, metric)]
+        assert (published, simulated, ratio) == (r[6], r[7], r[8]) and file.strip("`") == _cases()[case].file
+    errors = {(r[0], r[5]): abs(_ratio_cell(r[8])[0] - 1) for r in rows}
+    shown = {(case, metric) for _, case, metric, *_ in listed}
+    assert {k for k, e in errors.items() if e > 0.155} <= shown  # the printed ratio is rounded: 0.85 and
+    assert not {k for k, e in errors.items() if e < 0.145} & shown  # 1.15 may lie either side of the bar
+    shared = [row[0].strip("`").startswith("shared_") for row in listed]
+    assert shared == sorted(shared, reverse=True), "the shared README's cases come first"
+
+
 def _quoting(text: str, rows: list[list[str]]) -> str:
     """A note with the figures it quotes ({ratio:...}, {simulated:...}, {ratios:...}) read off the doc's table."""
     table = {(r[0], r[5].split(" (")[0]): r for r in rows}
