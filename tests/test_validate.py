@@ -116,6 +116,22 @@ def test_the_doc_is_what_the_command_writes(direct):
             assert text in notes.split("\n### ")[0], note
 
 
+def test_the_docs_glance_sums_the_results_table_by_metric():
+    rows = _doc_rows()
+    doc = DOC.read_text()
+    glance = doc[doc.index("## At a glance") : doc.index("## Results")]
+    table = [[c.strip() for c in line.strip("|").split("|")] for line in glance.splitlines() if line.startswith("|")]
+    by_metric = {line[0]: line[1:] for line in table[2:]}
+    metrics = {r[5].split(" (")[0] for r in rows}
+    assert set(by_metric) == metrics, "a row for every metric of the results table"
+    for metric, (figures, within, _error, median) in by_metric.items():
+        ratios = [_ratio_cell(r[8])[0] for r in rows if r[5].split(" (")[0] == metric]
+        assert int(figures) == len(ratios), metric
+        surely, maybe = sum(abs(x - 1) < 0.145 for x in ratios), sum(abs(x - 1) <= 0.155 for x in ratios)
+        assert surely <= int(within) <= maybe, metric
+        assert float(median) == pytest.approx(statistics.median(ratios), abs=0.011), metric
+
+
 def test_the_doc_lists_every_figure_outside_15_percent_the_shared_cases_first():
     rows = _doc_rows()
     doc = DOC.read_text()

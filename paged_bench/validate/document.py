@@ -106,12 +106,21 @@ def _workload_text(row: Compared) -> str:
     return f"{w.num_requests} x {lengths}, {rate}"
 
 
-def _breakdown(files: Sequence[SourceFile], rows: Sequence[Compared]) -> list[str]:
-    """The rows summed up by case file and by metric: where the misses are, and which way."""
+def _by_file(files: Sequence[SourceFile], rows: Sequence[Compared]) -> list[str]:
+    """The rows summed up by case file: where the misses are, and which way."""
+    return _breakdown([(f"`{f.name}`", [r for r in rows if r.case.file == f.name]) for f in files])
+
+
+def _by_metric(rows: Sequence[Compared]) -> list[str]:
+    """The rows summed up by metric over every file: how far each kind of figure can be trusted, and which way
+    it leans."""
+    metrics = dict.fromkeys(r.figure.metric for r in rows)
+    return _breakdown([(m, [r for r in rows if r.figure.metric == m]) for m in metrics])
+
+
+def _breakdown(groups: Sequence[tuple[str, Sequence[Compared]]]) -> list[str]:
+    """A table row for each labelled group of rows: its figures, how many within 15%, the median error and ratio."""
     out = ["| figures of | figures | within 15% | median abs. error | median ratio |", "|---|---:|---:|---:|---:|"]
-    groups = [(f"`{f.name}`", [r for r in rows if r.case.file == f.name]) for f in files]
-    groups += [(f"{m} (all files)", [r for r in rows if r.figure.metric == m]) for m in dict.fromkeys(
-               r.figure.metric for r in rows)]  # fmt: skip
     for label, group in groups:
         if group:
             t = totals(group)
@@ -200,6 +209,14 @@ def markdown(files: Sequence[SourceFile], rows: Sequence[Compared]) -> str:
         "README lists (issue 35: each to come within 15%); the others are kept aside to judge the result "
         f"(those alone: {summary_line(totals([r for r in rows if not r.case.file.startswith(SHARED)]))})."),
         "",
+        "## At a glance",
+        "",
+        ("Each metric over every case file: how many of its figures land within 15% and which way the simulator "
+         "leans (median ratio: above 1 it gives more than was published). Where the simulator is still off, case by "
+         "case and why: the section of that name, after the table of results."),
+        "",
+        *_by_metric(rows),
+        "",
         _workloads_text(),
         "",
         "## Results",
@@ -211,7 +228,7 @@ def markdown(files: Sequence[SourceFile], rows: Sequence[Compared]) -> str:
         c = r.case
         out.append(f"| {c.name} | {c.gpu} | {c.model} | {c.tp} | {_workload_text(r)} | {r.figure.metric} "
                    f"({r.figure.unit}) | {_num(r.figure.published)} | {_num(r.simulated)} | {_ratio(r)} |")  # fmt: skip
-    out += ["", "## Where the simulator is still off, and why", "", *_breakdown(files, rows), "",
+    out += ["", "## Where the simulator is still off, and why", "", *_by_file(files, rows), "",
             *_outside(files, rows), ""]  # fmt: skip
     bursts = burst_table(rows)
     if bursts:
