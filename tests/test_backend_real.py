@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from paged_bench.backends.sim import SimBackend
+from paged_bench.core.plan import StepOutput
 from paged_bench.core.request import Request
 from paged_bench.errors import ConfigError
 from paged_bench.model.config import PRESETS
@@ -176,3 +178,24 @@ def test_a_thread_cpu_step_timer_leaves_out_time_the_step_was_off_the_cpu():
 def test_a_thread_cpu_step_timer_is_refused_where_it_would_not_count_the_step(override, allowed):
     with pytest.raises(ConfigError, match=rf"backend.step_timer='thread_cpu' is not allowed: {allowed}"):
         build(compose_config("backend=numpy", "clock=virtual", "backend.step_timer=thread_cpu", override, *SMALL_RUN))
+
+
+def test_the_simulator_given_a_numpy_runs_own_step_times_makes_that_very_run(tmp_path, monkeypatch):
+    """benchmarks/sim_vs_numpy.py compares cost models, and that holds only while both backends run one engine:
+    given a numpy run's step durations, in order, the simulator makes the same run, step for step and request
+    for request, its preemptions included. Whatever differs between the two in that script is then the cost."""
+    case = ("backend.model=tiny", "workload=seed", "workload.rate=2000", "max_model_len=512",
+            "scheduler=preemptive", "num_blocks=32", "tracking.enabled=false")  # fmt: skip
+    numpy_options = ("backend=numpy", "clock=virtual", "backend.step_timer=thread_cpu")
+    real = run_job(compose_config(*numpy_options, *case), tmp_path / "numpy")
+    real_steps = list(real.result.steps.rows())
+    durations = iter([row.duration for row in real_steps])
+    monkeypatch.setattr(SimBackend, "execute", lambda self, plan: StepOutput([0] * len(plan.req_ids), next(durations)))
+    sim = run_job(compose_config("backend=sim", *case), tmp_path / "sim")
+    assert real.summary["num_preemptions"] > 0  # the pool ran dry: recomputed prompts are part of the run
+    assert list(sim.result.steps.rows()) == real_steps
+    for column in ("arrival_time", "first_scheduled_time", "finish_time", "chunk_times", "output_tokens"):
+        assert getattr(sim.records, column).tolist() == getattr(real.records, column).tolist(), column
+    assert sim.records.num_preemptions == real.records.num_preemptions
+    figures = ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "output_throughput", "num_preemptions")
+    assert {k: sim.summary[k] for k in figures} == {k: real.summary[k] for k in figures}
