@@ -60,6 +60,8 @@ def test_a_case_runs_end_to_end_and_prints_simulated_over_published(tmp_path, di
     assert float(simulated.replace(",", "")) == pytest.approx(direct.simulated, rel=1e-3)
     assert ratio == f"{direct.simulated / direct.figure.published:.2f}"
     assert "1 figure: " in ran.stdout and "median absolute error" in ran.stdout
+    within = int(abs(direct.ratio - 1) <= 0.15)
+    assert f"  duration_ms: {within} of 1 within 15%, median ratio {direct.ratio:.2f}\n" in ran.stdout
 
 
 def test_a_bad_case_file_is_one_line_naming_the_file_and_key(tmp_path):

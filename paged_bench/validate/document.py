@@ -84,6 +84,11 @@ def terminal_table(rows: Sequence[Compared]) -> str:
              for line in (head, *body)]  # fmt: skip
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append(summary_line(totals(rows)))
+    for metric in dict.fromkeys(r.figure.metric for r in rows):  # which way each kind of figure leans
+        group = [r for r in rows if r.figure.metric == metric]
+        ratios = [r.ratio for r in group if r.ratio is not None]
+        lean = f", median ratio {statistics.median(ratios):.2f}" if ratios else ""
+        lines.append(f"  {metric}: {totals(group).within} of {len(group)} within {TOLERANCE:.0%}{lean}")
     failed = {r.case.name: r.error for r in rows if r.error}
     lines += [f"error: {name}: {error}" for name, error in failed.items()]
     return "\n".join(lines)
