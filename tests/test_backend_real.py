@@ -1,6 +1,7 @@
 """The numpy, torch and hf_generate backends as the engine and the command line see them:
 wall-clock runs, the KV byte figures, options and their errors, a checkpoint's tokenizer,
-seeded sampling, and the generate-loop baseline serving the same weights."""
+seeded sampling, the generate-loop baseline serving the same weights, the thread-CPU step
+timer, and the simulator remaking a numpy run from that run's own step times."""
 
 from __future__ import annotations
 

@@ -84,8 +84,7 @@ def terminal_table(rows: Sequence[Compared]) -> str:
              for line in (head, *body)]  # fmt: skip
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append(summary_line(totals(rows)))
-    for metric in dict.fromkeys(r.figure.metric for r in rows):  # which way each kind of figure leans
-        group = [r for r in rows if r.figure.metric == metric]
+    for metric, group in _metric_groups(rows):  # which way each kind of figure leans
         ratios = [r.ratio for r in group if r.ratio is not None]
         lean = f", median ratio {statistics.median(ratios):.2f}" if ratios else ""
         lines.append(f"  {metric}: {totals(group).within} of {len(group)} within {TOLERANCE:.0%}{lean}")
@@ -116,11 +115,15 @@ def _by_file(files: Sequence[SourceFile], rows: Sequence[Compared]) -> list[str]
     return _breakdown([(f"`{f.name}`", [r for r in rows if r.case.file == f.name]) for f in files])
 
 
+def _metric_groups(rows: Sequence[Compared]) -> list[tuple[str, list[Compared]]]:
+    """Each metric with its rows over every file, the metrics in the order they first come."""
+    return [(m, [r for r in rows if r.figure.metric == m]) for m in dict.fromkeys(r.figure.metric for r in rows)]
+
+
 def _by_metric(rows: Sequence[Compared]) -> list[str]:
     """The rows summed up by metric over every file: how far each kind of figure can be trusted, and which way
     it leans."""
-    metrics = dict.fromkeys(r.figure.metric for r in rows)
-    return _breakdown([(m, [r for r in rows if r.figure.metric == m]) for m in metrics])
+    return _breakdown(_metric_groups(rows))
 
 
 def _breakdown(groups: Sequence[tuple[str, Sequence[Compared]]]) -> list[str]:
