@@ -4,6 +4,7 @@ past the model's positions) and nothing noticed until its figures were regenerat
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import subprocess
@@ -80,6 +81,31 @@ def test_sim_vs_numpy_runs_its_numpy_rounds_amid_the_calibrations():
         assert sum(after.values()) == numpy_rounds and set(after) <= set(range(9))
         assert max(after.values()) - min(after.values()) <= 1  # evenly: none crowded where others are bare
         assert numpy_rounds < 9 or set(after) == set(range(9))
+
+
+def test_sim_vs_numpy_finds_the_cost_nearest_to_none_that_meets_each_cell(tmp_path, monkeypatch):
+    from paged_bench.costmodel.roofline import HARDWARE, RooflineCost, save_preset
+    from paged_bench.model.config import PRESETS
+
+    script = _sim_vs_numpy()
+    monkeypatch.setattr(script, "COST_SCAN", 8)  # +-8%: enough to meet a TTFT 15% long, and quicker
+    monkeypatch.setattr(script, "sim_at_cost", functools.cache(script.sim_at_cost))  # each cost simulated once
+    preset = tmp_path / "preset.json"
+    save_preset(preset, RooflineCost(PRESETS["small"], HARDWARE["cpu"], "float32"), {})
+    case = (*script.overrides("seed", "continuous"), "workload.num_requests=8")
+    real = dict(script.sim_at_cost(preset, case, 1.0))  # "numpy" figures the simulator meets as calibrated ...
+    real["median_ttft_ms"] *= 1.15  # ... but for a TTFT that a dearer cost must stretch
+    real["p99_ttft_ms"] *= 3  # and one no cost within the scan reaches
+    found = script.meeting_costs(preset, case, real)
+    assert found["output_throughput"] == found["median_itl_ms"] == 0.0
+    assert found["median_ttft_ms"] > 0 and found["p99_ttft_ms"] is None
+    scan = {d: script.sim_at_cost(preset, case, 1 + d / 100) for d in range(-script.COST_SCAN, script.COST_SCAN + 1)}
+    for key, cost in found.items():
+        meets = {d for d, sim in scan.items() if abs(sim[key] / real[key] - 1) <= script.GOAL}
+        if cost is None:
+            assert not meets, key
+        else:  # the change found meets the cell, and no smaller one does
+            assert round(cost * 100) in meets and min(meets, key=lambda d: (abs(d), d)) == round(cost * 100), key
 
 
 def test_numpy_score_slices_times_each_slice_size_and_puts_the_shipped_one_back(monkeypatch, capsys):
