@@ -140,10 +140,10 @@ def test_the_doc_lists_every_figure_outside_15_percent_the_shared_cases_first():
     part = doc[doc.index("outside ±15%, the shared README's cases first:") :].split("\n\n")[1]
     listed = [[c.strip() for c in line.strip("|").split("|")] for line in part.splitlines()[2:]]
     assert listed, "the doc's table of figures outside 15% is empty"
-    by_figure = {(r[0], r[5]): r for r in rows}
+    by_figure, cases = {(r[0], r[5]): r for r in rows}, _cases()
     for file, case, metric, published, simulated, ratio in listed:  # each is the results table's row
         r = by_figure[(case, metric)]
-        assert (published, simulated, ratio) == (r[6], r[7], r[8]) and file.strip("`") == _cases()[case].file
+        assert (published, simulated, ratio) == (r[6], r[7], r[8]) and file.strip("`") == cases[case].file
     errors = {(r[0], r[5]): abs(_ratio_cell(r[8])[0] - 1) for r in rows}
     shown = {(case, metric) for _, case, metric, *_ in listed}
     assert {k for k, e in errors.items() if e > 0.155} <= shown  # the printed ratio is rounded: 0.85 and
