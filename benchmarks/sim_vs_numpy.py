@@ -198,6 +198,8 @@ def log_run(path: Path, record: dict) -> None:
 
 def calibrated_ms(preset: Path) -> list[float | None]:
     """What the calibration that wrote ``preset`` measured for ``PROBES`` (None: not among its shapes)."""
+    # a preset calibrated before 2f58fd9 (which removed per_scattered_block) also timed some shapes
+    # on scattered blocks, the decode probe's among them: the probes are the consecutive ones
     shapes = {Shape(s["decodes"], s["prefills"], s["chunk"], s["context"]): s["measured_ms"]
               for s in json.loads(preset.read_text()).get("shapes", []) if not s.get("scattered")}  # fmt: skip
     return [shapes.get(shape) for shape in PROBES]
