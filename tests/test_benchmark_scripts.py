@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPTS = {
+    "case_breakdown": (["--case", "a100-70b-tp4-pr2192-latency-bs64"], "over 255 steps of 64 sequences: "),
     "client_cpu": (["--requests", "10", "--tokens", "4", "--gap-ms", "0", "--rounds", "1"], "paged_bench / vLLM's: "),
     "cluster_azure": (["--limit", "300", "--replicas", "2"], "cluster / engine replica-steps/s: "),
     "matmul_in_step": (["--rounds", "1", "--rows", "1", "2"], "| 2 | "),

@@ -191,6 +191,15 @@ PRESETS: dict[str, ModelConfig] = {
         num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32, head_dim=128, intermediate_size=11008,
         vocab_size=32000, dtype="float16",
     ),
+    "llama-2-70b": ModelConfig(
+        num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8, head_dim=128, intermediate_size=28672,
+        vocab_size=32000, dtype="float16", max_position_embeddings=4096,
+    ),
+    # LLaMA (1) 33B, "30B" on the Hugging Face hub (huggyllama/llama-30b): no grouped KV heads
+    "llama-33b": ModelConfig(
+        num_layers=60, hidden_size=6656, num_heads=52, num_kv_heads=52, head_dim=128, intermediate_size=17920,
+        vocab_size=32000, dtype="float16", max_position_embeddings=2048, rms_norm_eps=1e-6,
+    ),
 }  # fmt: skip
 
 

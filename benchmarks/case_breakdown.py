@@ -1,0 +1,64 @@
+"""Where a published case's simulated run spends its time: the figures conf/validation's notes
+quote beside a case's ratio (issue 35).
+
+For each ``--case`` (a name from ``python -m paged_bench.validate --list``), on its first draw:
+the run as ``python -m paged_bench.validate`` simulates it, the same run with one output token a
+request (its prompt steps: what the run spends before any decode), and each without the engine's
+CPU price (``backend.engine_cpu=none``). Where every request has the same output length
+and all arrive at once (a fixed-length batch: vLLM's latency and offline throughput benchmarks),
+it also gives the time of one decode step and the engine CPU's share of it.
+
+    .venv/bin/python benchmarks/case_breakdown.py --case a100-70b-tp4-pr2192-latency-bs64
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+from paged_bench.validate.cases import Case, load_registry
+from paged_bench.validate.simulate import SEED, run_draw
+
+
+def duration_s(case: Case, *overrides: str, output_len: int | None = None) -> float:
+    """The simulated run's duration, with ``overrides`` added and each output ``output_len`` long."""
+    workload = case.workload if output_len is None else dataclasses.replace(case.workload, output_len=output_len)
+    varied = dataclasses.replace(case, workload=workload, overrides=case.overrides + overrides)
+    with tempfile.TemporaryDirectory(prefix="paged_bench_breakdown_") as tmp:
+        return float(run_draw(varied, SEED, Path(tmp)).summary["duration"])
+
+
+def breakdown(case: Case) -> list[str]:
+    full, prompts = duration_s(case), duration_s(case, output_len=1)
+    cpu = full - duration_s(case, "backend.engine_cpu=none")
+    prompts_cpu = prompts - duration_s(case, "backend.engine_cpu=none", output_len=1)
+    lines = [(f"{case.name}: {full:.2f} s simulated, {cpu:.2f} s of it the engine's CPU; "
+              f"prompt steps {prompts:.2f} s ({prompts_cpu:.2f} s CPU: the run with one output token each)")]
+    w = case.workload
+    if w.dataset == "fixed" and math.isinf(w.rate) and w.output_len > 1:
+        steps, decode, decode_cpu = w.output_len - 1, full - prompts, cpu - prompts_cpu
+        lines.append(f"  decode: {decode:.2f} s over {steps} steps of {w.num_requests} sequences: "
+                     f"{decode / steps * 1e3:.1f} ms a step, {decode_cpu / steps * 1e3:.1f} ms of it the engine's CPU")  # fmt: skip
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--case", action="append", required=True, help="a case's name (repeatable)")
+    args = p.parse_args(argv)
+    cases = {c.name: c for source in load_registry() for c in source.cases}
+    unknown = [n for n in args.case if n not in cases]
+    if unknown:
+        print(f"error: --case {unknown[0]} is not a case (python -m paged_bench.validate --list)", file=sys.stderr)
+        return 2
+    for name in args.case:
+        print("\n".join(breakdown(cases[name])), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
