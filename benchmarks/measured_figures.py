@@ -1,6 +1,7 @@
 """The measured cost model's figures quoted in docs/costmodel.md (issue 35).
 
-Prints each GPU's fitted matmul bandwidth and launch time and its all-reduce curves, then the
+Prints each GPU's fitted matmul bandwidth and launch time and its all-reduce curves (NCCL's, and
+vLLM's own kernel as timed on H100 for small messages), then the
 step table: a step's physics floor (FLOPs at peak or bytes at the datasheet bandwidth, whichever
 is longer), the shipped roofline preset's price, the measured kernels' GPU time and vLLM v0's
 engine CPU (``backend.engine_cpu=vllm_v0``) with its sampler's share (what a multi-step window's
@@ -17,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from paged_bench.core.plan import StepPlan
-from paged_bench.costmodel.measured.collectives import all_reduce_curves
+from paged_bench.costmodel.measured.collectives import CUSTOM_US, all_reduce_curves, custom_all_reduce_seconds
 from paged_bench.costmodel.measured.engine_cpu import engine_cpu, sampler_errors, sampler_fit
 from paged_bench.costmodel.measured.profiles import models, read_data
 from paged_bench.costmodel.measured.step import kernels, measured_cost
@@ -57,6 +58,13 @@ def main() -> None:
             line += (f"; all-reduce {min(lat):.0f}-{max(lat):.0f} us + bytes at {min(bw):.0f}-{max(bw):.0f} GB/s "
                      f"({min(curves)}-{max(curves)} ranks)")  # fmt: skip
         print(line)
+    token = PRESETS["llama-3-70b"].hidden_size * 2  # one token's activations, bf16
+    for tp, us in CUSTOM_US["h100"].items():
+        nccl = all_reduce_curves("h100")[tp].seconds
+        cheaper = max(n for n in range(1, 65) if (custom_all_reduce_seconds("h100", tp, n * token) or 1.0) < nccl(n * token))
+        print(f"  h100 TP{tp}, all_reduce=vllm_custom: {us[2]:.1f} us at 32 KB (NCCL's curve {nccl(32768) * 1e6:.1f}), "
+              f"{us[-1]:.1f} at 1 MB ({nccl(1 << 20) * 1e6:.1f}); the cheaper up to {cheaper} tokens of Llama-3-70B "
+              f"({cheaper * token / 2**20:.2f} MB)")  # fmt: skip
     print("\n| model | GPU | step | floor ms | roofline ms | measured GPU ms | engine CPU ms | of it the sampler |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for name, gpu, tp, label, rows in STEPS:

@@ -66,6 +66,7 @@ LIMITS = {"max_batch": 4, "max_num_batched_tokens": 64}
     (lambda: SimOptions(cost_model="measured", model="small"),
      "backend.dtype='float32' is not allowed: bfloat16 or float16 with cost_model=measured"),
     (lambda: SimOptions(engine_cpu="vllm_v2"), "backend.engine_cpu='vllm_v2' is not allowed: vllm_v0, none"),
+    (lambda: SimOptions(all_reduce="gloo"), "backend.all_reduce='gloo' is not allowed: vllm_custom, nccl"),
     (lambda: SimOptions(gpu_memory_utilization=2), "backend.gpu_memory_utilization=2 is not allowed: a fraction"),
     (lambda: SimOptions(hardware="tpu"), "backend.hardware='tpu' is not allowed: cpu, a100, h100, h200, b200, a40"),
     (lambda: SimOptions(dtype="int3"), "backend.dtype='int3' is not allowed: float32, bfloat16, float16"),

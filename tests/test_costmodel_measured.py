@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from paged_bench.core.plan import StepPlan
-from paged_bench.costmodel.measured.collectives import all_reduce_curves
+from paged_bench.costmodel.measured.collectives import CUSTOM_US, all_reduce_curves
 from paged_bench.costmodel.measured.engine_cpu import engine_cpu, sampler_errors, sampler_fit
 from paged_bench.costmodel.measured.gemm import SMS, Waves, paid_rows
 from paged_bench.costmodel.measured.loo import leave_one_out
@@ -154,6 +154,38 @@ def test_measured_runs_end_to_end_and_the_engine_cpu_is_its_own_figure(tmp_path)
     assert backend.measured is not None and backend.roofline is not None  # the roofline sizes the pool
     with_cpu, without = run(), run("backend.engine_cpu=none")
     assert without["median_itl_ms"] < with_cpu["median_itl_ms"]
+
+
+def _all_reduce(gpu: str, tp: int, nbytes: float, choice: str = "vllm_custom") -> float:
+    cost = measured_cost(RooflineCost(PRESETS["llama-3-70b"], HARDWARE[gpu], "bfloat16", tp), "none", choice)
+    return cost.all_reduce_seconds(nbytes)
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_vllms_own_all_reduce_prices_small_messages_and_nccl_the_rest(tp):
+    nccl = all_reduce_curves("h100")[tp].seconds
+    # 32 KB (2 decodes of Llama-3-70B): the custom kernel's published time, well under NCCL's fit
+    assert _all_reduce("h100", tp, 32768) == pytest.approx(CUSTOM_US["h100"][tp][2] * 1e-6)
+    assert _all_reduce("h100", tp, 32768) < 0.7 * nccl(32768)
+    assert _all_reduce("h100", tp, 100_000) < _all_reduce("h100", tp, 200_000) < nccl(200_000)  # interpolated
+    assert _all_reduce("h100", tp, 1 << 20) == pytest.approx(min(nccl(1 << 20), CUSTOM_US["h100"][tp][-1] * 1e-6))
+    assert _all_reduce("h100", tp, 4 << 20) == pytest.approx(nccl(4 << 20))  # past the timed sizes: NCCL's
+    assert _all_reduce("h100", tp, 32768, "nccl") == pytest.approx(nccl(32768))  # --disable-custom-all-reduce
+    assert _all_reduce("h200", tp, 32768) == _all_reduce("h100", tp, 32768)  # H100's NVLink and timings
+    assert _all_reduce("a100", tp, 32768) == pytest.approx(all_reduce_curves("a100")[tp].seconds(32768))  # not timed
+
+
+def test_the_custom_all_reduce_shortens_a_tensor_parallel_run_and_only_that(tmp_path):
+    def tpot(model, tp, choice):
+        cfg = compose_config("backend=sim", "backend.cost_model=measured", "tracking.enabled=false",
+                             f"backend.model={model}", f"backend.tensor_parallel_size={tp}",
+                             f"backend.all_reduce={choice}", "workload.num_requests=12")  # fmt: skip
+        outcome = run_job(cfg, tmp_path / f"{model}-{tp}-{choice}")
+        assert outcome.status == "finished" and outcome.summary["completed"] == 12
+        return outcome.summary["median_tpot_ms"]
+
+    assert tpot("llama-3-70b", 4, "vllm_custom") < 0.95 * tpot("llama-3-70b", 4, "nccl")  # 160 a step, ~20 us less each
+    assert tpot("llama-3-8b", 1, "vllm_custom") == tpot("llama-3-8b", 1, "nccl")  # no all-reduce at TP 1
 
 
 def test_the_sampler_is_priced_by_the_served_models_vocabulary():

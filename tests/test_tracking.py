@@ -228,11 +228,13 @@ def test_sim_runs_do_not_log_the_roofline_options_the_linear_model_ignores():
     params = params_of({"backend": sim})
     assert params == {"backend.name": "sim", "backend.cost_model": "linear", "backend.step_overhead_ms": "3.0",
                       "backend.preset": "null"}  # fmt: skip
-    roofline = params_of({"backend": {**sim, "cost_model": "roofline", "engine_cpu": "vllm_v0"}})
+    roofline = params_of({"backend": {**sim, "cost_model": "roofline", "engine_cpu": "vllm_v0", "all_reduce": "nccl"}})
     assert roofline["backend.hardware"] == "h100" and roofline["backend.model.num_layers"] == "2"
-    assert "backend.engine_cpu" not in roofline  # the measured model's option: the roofline ignores it
-    measured = params_of({"backend": {**sim, "cost_model": "measured", "engine_cpu": "none"}})
+    # the measured model's options: the roofline ignores them
+    assert "backend.engine_cpu" not in roofline and "backend.all_reduce" not in roofline
+    measured = params_of({"backend": {**sim, "cost_model": "measured", "engine_cpu": "none", "all_reduce": "nccl"}})
     assert measured["backend.engine_cpu"] == "none" and measured["backend.hardware"] == "h100"
+    assert measured["backend.all_reduce"] == "nccl"
     assert params_of({"backend": {"name": "torch", "model": "small"}}) == {"backend.name": "torch",
                                                                            "backend.model": "small"}  # fmt: skip
 

@@ -84,6 +84,26 @@ def test_a_bad_case_file_is_one_line_naming_the_file_and_key(tmp_path):
     assert ran.returncode == 2 and "--case='no-such-case' is not allowed: one of " in ran.stderr
 
 
+def test_an_override_reaches_every_case_and_a_bad_one_is_one_line(tmp_path):
+    def simulated(*extra):
+        ran = call_cli(tmp_path, "--case", "h200-70b-tp4-latency-bs8", *extra, module="paged_bench.validate")
+        assert ran.returncode == 0, ran.stderr
+        return float(next(line.split() for line in ran.stdout.splitlines() if line.startswith("h200-70b"))[4]
+                     .replace(",", ""))  # fmt: skip
+
+    # 160 all-reduces a step of 8 tokens: NCCL's alone (vLLM --disable-custom-all-reduce) is dearer
+    assert simulated("--override", "backend.all_reduce=nccl") > 1.1 * simulated()
+    for argv, message in ((["--override", "nokey"], "--override='nokey' is not allowed: KEY=VALUE"),
+                          (["--write", str(tmp_path / "v.md"), "--override", "backend.all_reduce=nccl"],
+                           "leave out --override to write it")):  # fmt: skip
+        ran = call_cli(tmp_path, *argv, module="paged_bench.validate")
+        assert ran.returncode == 2 and ran.stderr.count("\n") == 1 and message in ran.stderr
+    assert not (tmp_path / "v.md").exists()
+    ran = call_cli(tmp_path, "--case", CHEAP, "--override", "backend.nope=1", module="paged_bench.validate")
+    assert ran.returncode == 1 and "Traceback" not in ran.stderr  # the case's row fails, in one line
+    assert f"error: {CHEAP}: backend.nope=1 is not allowed: not a key of the backend section" in ran.stdout
+
+
 def _doc_rows() -> list[list[str]]:
     text = DOC.read_text()
     table = text[text.index("## Results") : text.index("## Where the simulator")]

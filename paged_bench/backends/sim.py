@@ -13,7 +13,8 @@ per sequence):
 ``backend.preset=FILE`` replays a roofline calibrated against a real backend
 (``python -m paged_bench.calibration.calibrate``); see ``paged_bench.costmodel.roofline``.
 ``cost_model=measured`` prices it from kernels timed on real GPUs (h100, a100, a40; h200
-derived) plus the engine's per-step CPU work (``engine_cpu``); see ``paged_bench.costmodel.measured``. A roofline
+derived) plus the engine's per-step CPU work (``engine_cpu``), its all-reduces NCCL's or vLLM's own
+kernel (``all_reduce``); see ``paged_bench.costmodel.measured``. A roofline
 knows its model and hardware, so it sizes the KV pool (``num_blocks=auto``, from
 ``gpu_memory_utilization``) and splits the model over ``tensor_parallel_size`` ranks whose
 all-reduces cross ``interconnect`` (null: the hardware's own link).
@@ -72,6 +73,7 @@ class SimBackend(Backend):
         interconnect: str | None = None,
         gpu_memory_utilization: float = 0.9,
         engine_cpu: str = "vllm_v0",
+        all_reduce: str = "vllm_custom",
     ) -> None:
         super().__init__()  # its options are checked where the config is read (run.backend_options.SimOptions)
         self.vocab_size = DEFAULT_VOCAB if vocab_size is None else vocab_size
@@ -85,7 +87,7 @@ class SimBackend(Backend):
             cfg = resolve_model(model, model_path)
             self.roofline = RooflineCost(cfg, hardware_preset(hardware), dtype or cfg.dtype, tp, interconnect)
             # measured kernels price the steps; the roofline still sizes the KV pool
-            self.measured = measured_cost(self.roofline, engine_cpu) if cost_model == "measured" else None
+            self.measured = measured_cost(self.roofline, engine_cpu, all_reduce) if cost_model == "measured" else None
         self.num_devices = tp
         if self.roofline is not None:
             self.model_config = self.roofline.model  # its context bounds max_model_len, as a served model's

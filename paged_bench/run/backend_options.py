@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from paged_bench.core.clock import STEP_TIMERS
+from paged_bench.costmodel.measured.collectives import ALL_REDUCE
 from paged_bench.costmodel.measured.engine_cpu import ENGINE_CPU
 from paged_bench.costmodel.measured.step import measured_cost
 from paged_bench.costmodel.roofline import RooflineCost, hardware, load_preset
@@ -45,7 +46,8 @@ COST_MODELS = ("linear", "roofline", "measured")
 class SimOptions(ModelSettings):
     """``backend=sim``: a linear cost model's terms, or a roofline's model on a hardware preset
     (``cost_model=roofline``, or a calibrated ``preset``; ``cost_model=measured``: priced from
-    measured kernels, ``costmodel.measured``, with the engine's CPU work ``engine_cpu``) split over ``tensor_parallel_size``
+    measured kernels, ``costmodel.measured``, with the engine's CPU work ``engine_cpu`` and its
+    ``all_reduce``) split over ``tensor_parallel_size``
     ranks, and the share of memory that sizes its KV pool. The roofline's names are checked
     whichever cost model reads them: a typo is never ignored."""
 
@@ -64,12 +66,14 @@ class SimOptions(ModelSettings):
     interconnect: str | None = None
     gpu_memory_utilization: float = 0.9
     engine_cpu: str = "vllm_v0"  # measured: the engine's per-step CPU work (vllm_v0, none)
+    all_reduce: str = "vllm_custom"  # measured, TP: vLLM's own kernel for small messages, or NCCL's alone
 
     def __post_init__(self) -> None:
         if self.vocab_size is not None:
             check_int("backend.vocab_size", self.vocab_size, 2)
         check(self.cost_model in COST_MODELS, "backend.cost_model", self.cost_model, ", ".join(COST_MODELS))
         check_choice("backend.engine_cpu", self.engine_cpu, ENGINE_CPU)
+        check_choice("backend.all_reduce", self.all_reduce, ALL_REDUCE)
         check_int(TP_KEY, self.tensor_parallel_size)
         check_utilization(self.gpu_memory_utilization)
         hardware(self.hardware)
@@ -85,7 +89,7 @@ class SimOptions(ModelSettings):
                   f"null with a roofline: its model's, {model.vocab_size} (another: backend.model="
                   f"{{preset:NAME,vocab_size:N}})")  # fmt: skip
         if self.cost_model == "measured" and not self.preset:
-            measured_cost(self.measured_base(), self.engine_cpu)  # the GPU and dtype have profiles
+            measured_cost(self.measured_base(), self.engine_cpu, self.all_reduce)  # the GPU and dtype have profiles
         for key in ("step_overhead_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_us",
                     "per_swap_block_ms"):  # fmt: skip
             check_number(f"backend.{key}", getattr(self, key))

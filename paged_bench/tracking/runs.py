@@ -56,6 +56,7 @@ _MAX_TAG = 5000
 # the linear sim cost model reads only these backend options; the roofline's are not its params
 _LINEAR_SIM_KEYS = {"name", "cost_model", "preset", "step_overhead_ms", "per_prefill_token_ms", "per_decode_seq_ms",
                     "per_kv_token_us", "per_swap_block_ms", "vocab_size"}  # fmt: skip
+_MEASURED_ONLY = ("engine_cpu", "all_reduce")  # and these only the measured cost model
 
 
 @dataclass(frozen=True)
@@ -94,14 +95,14 @@ def common_tags(experiment: str | None) -> dict[str, str]:
 
 def _ignored_by_backend(config: Mapping[str, Any]) -> set[str]:
     """Backend options the chosen backend does not read (the roofline's, under the linear sim;
-    the measured model's engine CPU, under the roofline)."""
+    the measured model's engine CPU and all-reduce, under the roofline)."""
     backend = config.get("backend") or {}
     if backend.get("name") != "sim":
         return set()
     if backend.get("cost_model", "linear") != "linear" or backend.get("preset"):
-        # the engine's CPU figure is the measured cost model's alone
+        # the engine's CPU figure and the all-reduce choice are the measured cost model's alone
         measured = backend.get("cost_model") == "measured" and not backend.get("preset")
-        return set() if measured or "engine_cpu" not in backend else {"backend.engine_cpu"}
+        return set() if measured else {f"backend.{k}" for k in _MEASURED_ONLY if k in backend}
     return {f"backend.{k}" for k in backend if k not in _LINEAR_SIM_KEYS}
 
 

@@ -3,8 +3,10 @@ the registry (``conf/validation/*.yaml``) simulated, printed as published / simu
 
 ``--write docs/validation.md`` (what ``make validate`` runs) writes the comparison as that
 document too; ``--case`` runs the named cases only (a document is written from all of them, so
-it is refused with ``--case``); ``--list`` prints the cases and their sources without running
-them. A bad case file is one line naming the file and key, exit status 2, before anything runs;
+it is refused with ``--case``); ``--override KEY=VALUE`` adds a ``python -m paged_bench`` override
+to every case (what a knob does to the published comparisons, e.g. ``backend.all_reduce=nccl``;
+refused with ``--write``: the document is the registry as it stands); ``--list`` prints the
+cases and their sources without running them. A bad case file is one line naming the file and key, exit status 2, before anything runs;
 a case that fails or runs past ``--case-timeout`` is reported in its rows and the exit status
 is 1, the other cases still compared.
 """
@@ -12,6 +14,7 @@ is 1, the other cases still compared.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -28,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--case", action="append", default=[], help="run this case only (repeatable)")
     p.add_argument("--write", type=Path, help="also write the comparison as this markdown file (docs/validation.md)")
     p.add_argument("--registry", type=Path, help="a folder of case files (default: conf/validation/)")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="add this python -m paged_bench override to every case (repeatable)")
     p.add_argument("--case-timeout", type=float, default=60.0, help="seconds one case may run (default 60)")
     p.add_argument("--list", action="store_true", help="list the cases and their sources, run nothing")
     return p
@@ -46,8 +51,13 @@ def main(argv: list[str] | None = None) -> int:
         check(args.case_timeout > 0, "--case-timeout", args.case_timeout, "seconds > 0")
         check(not (args.case and args.write), "--write", str(args.write),
               "a document of every case: leave out --case to write it")  # fmt: skip
+        check(not (args.override and args.write), "--write", str(args.write),
+              "a document of the registry as it stands: leave out --override to write it")  # fmt: skip
+        for o in args.override:
+            check("=" in o and o.index("=") > 0, "--override", o, "KEY=VALUE, a python -m paged_bench override")
         files = load_registry(args.registry)
-        cases = _chosen([c for f in files for c in f.cases], args.case)
+        cases = [dataclasses.replace(c, overrides=c.overrides + tuple(args.override))
+                 for c in _chosen([c for f in files for c in f.cases], args.case)]  # fmt: skip
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

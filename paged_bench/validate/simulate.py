@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from hydra.errors import HydraException
 
+from paged_bench.cli.hydra_errors import hydra_error
 from paged_bench.errors import PagedBenchError
 from paged_bench.results.metrics import latency_stats, request_latencies
 from paged_bench.results.records import RequestRecords
@@ -114,7 +116,9 @@ def _simulate(case: Case, time_limit_s: float, seed: int) -> dict[str, Any] | st
             return client_summary(outcome.summary, outcome.records, case.workload)
         except CaseTimeout as e:
             return str(e)
-        except (PagedBenchError, ValueError, TypeError) as e:  # Hydra refuses an override with these
+        except HydraException as e:  # an override Hydra refuses (a case file's, or --override's)
+            return hydra_error(e) or str(e).splitlines()[0]
+        except (PagedBenchError, ValueError, TypeError) as e:  # Hydra refuses an override with these too
             return f"{type(e).__name__}: {str(e).splitlines()[0]}"
 
 

@@ -6,7 +6,8 @@ A step on one rank (the ranks run in parallel) costs
     gpu = layers x (4 matmuls on the GPU's fitted surface (``gemm``)
                     + norms, rotary, activation, residual add (``elementwise``)
                     + attention: prefill and decode kernels (``attention``)
-                    + 2 all-reduces of tokens x hidden (``collectives``; TP only))
+                    + 2 all-reduces of tokens x hidden (``collectives``; TP only: NCCL's, or
+                      vLLM's own kernel where cheaper, ``all_reduce``))
         + the LM head on the sampled rows (the surface) + embedding lookup and final norm
         + swapped blocks over the host link
     cpu = the engine's per-step CPU work by batch size (``engine_cpu``; 0 with ``none``)
@@ -26,13 +27,13 @@ import numpy as np
 
 from paged_bench.core.plan import StepPlan
 from paged_bench.costmodel.measured.attention import ATTENTION_EFF, AttentionWork, attention_seconds
-from paged_bench.costmodel.measured.collectives import all_reduce_curves
+from paged_bench.costmodel.measured.collectives import ALL_REDUCE, all_reduce_curves, custom_all_reduce_seconds
 from paged_bench.costmodel.measured.elementwise import OpCost, Shape, fit_elementwise, op_elements
 from paged_bench.costmodel.measured.engine_cpu import EngineCPU, engine_cpu
 from paged_bench.costmodel.measured.gemm import SMS, GemmSurface, Waves, fit_surface
 from paged_bench.costmodel.measured.profiles import GEMM_OPS, gemm_rows
 from paged_bench.costmodel.roofline import HARDWARE, RooflineCost
-from paged_bench.errors import check
+from paged_bench.errors import check, check_choice
 from paged_bench.model.config import DTYPE_BYTES
 
 MEASURED_GPUS = ("h100", "a100", "a40", "h200")
@@ -96,16 +97,18 @@ def layer_seconds(
     return gemms + sum(k.elementwise[op].seconds(op_elements(op, shape, tokens)) for op in ops)
 
 
-def measured_cost(base: RooflineCost, engine: str = "vllm_v0") -> MeasuredCost:
-    """``base``'s model on its GPU, priced from that GPU's profiles; a one-line error naming the
-    option where the GPU has none or the dtype is not what the profiles ran."""
+def measured_cost(base: RooflineCost, engine: str = "vllm_v0", all_reduce: str = "vllm_custom") -> MeasuredCost:
+    """``base``'s model on its GPU, priced from that GPU's profiles, with the engine's CPU work
+    ``engine`` and its all-reduce ``all_reduce``; a one-line error naming the option where the GPU
+    has no profiles, the dtype is not what the profiles ran, or a choice is unknown."""
     gpu = base.hardware.name
     check(gpu in MEASURED_GPUS, "backend.hardware", gpu,
           f"{', '.join(MEASURED_GPUS)} with cost_model=measured (the GPUs with kernel profiles)")  # fmt: skip
     check(DTYPE_BYTES[base.dtype] == 2, "backend.dtype", base.dtype,
           "bfloat16 or float16 with cost_model=measured (what the profiled kernels ran)")  # fmt: skip
+    check_choice("backend.all_reduce", all_reduce, ALL_REDUCE)
     # the sampler works on the whole vocabulary's logits (gathered from the TP ranks)
-    return MeasuredCost(base, engine_cpu(engine, base.model.vocab_size), kernels(gpu))
+    return MeasuredCost(base, engine_cpu(engine, base.model.vocab_size), kernels(gpu), all_reduce)
 
 
 STEP_ENDS = ("emb", "input_layernorm")  # elementwise ops once a step, not once a layer
@@ -128,6 +131,7 @@ class MeasuredCost:
     base: RooflineCost
     engine: EngineCPU
     kernels: Kernels
+    all_reduce: str = "vllm_custom"  # ALL_REDUCE: vLLM's own kernel where measured cheaper, or NCCL's alone
 
     @property
     def gemm_dims(self) -> dict[str, tuple[int, int]]:
@@ -168,9 +172,11 @@ class MeasuredCost:
         )
 
     def all_reduce_seconds(self, nbytes: float) -> float:
-        tp = self.base.tp
-        curve = all_reduce_curves(self.kernels.gpu).get(tp)
-        return curve.seconds(nbytes) if curve is not None else self.base.link.allreduce_seconds(nbytes, tp)
+        tp, gpu = self.base.tp, self.kernels.gpu
+        curve = all_reduce_curves(gpu).get(tp)
+        nccl = curve.seconds(nbytes) if curve is not None else self.base.link.allreduce_seconds(nbytes, tp)
+        custom = custom_all_reduce_seconds(gpu, tp, nbytes) if self.all_reduce == "vllm_custom" else None
+        return nccl if custom is None else min(nccl, custom)
 
     def gpu_seconds(self, plan: StepPlan, block_size: int) -> float:
         m, dtype, hw, k = self.base.model, self.base.dtype, self.base.hardware, self.kernels
