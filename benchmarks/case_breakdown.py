@@ -36,8 +36,8 @@ def breakdown(case: Case) -> list[str]:
     full, prompts = duration_s(case), duration_s(case, output_len=1)
     cpu = full - duration_s(case, "backend.engine_cpu=none")
     prompts_cpu = prompts - duration_s(case, "backend.engine_cpu=none", output_len=1)
-    lines = [(f"{case.name}: {full:.2f} s simulated, {cpu:.2f} s of it the engine's CPU; "
-              f"prompt steps {prompts:.2f} s ({prompts_cpu:.2f} s CPU: the run with one output token each)")]
+    head = f"{case.name}: {full:.2f} s simulated, {cpu:.2f} s of it the engine's CPU; "
+    lines = [head + f"prompt steps {prompts:.2f} s ({prompts_cpu:.2f} s CPU: the run with one output token each)"]
     w = case.workload
     if w.dataset == "fixed" and math.isinf(w.rate) and w.output_len > 1:
         steps, decode, decode_cpu = w.output_len - 1, full - prompts, cpu - prompts_cpu

@@ -61,7 +61,9 @@ def main() -> None:
     token = PRESETS["llama-3-70b"].hidden_size * 2  # one token's activations, bf16
     for tp, us in CUSTOM_US["h100"].items():
         nccl = all_reduce_curves("h100")[tp].seconds
-        cheaper = max(n for n in range(1, 65) if (custom_all_reduce_seconds("h100", tp, n * token) or 1.0) < nccl(n * token))
+        cheaper = max(
+            n for n in range(1, 65) if (custom_all_reduce_seconds("h100", tp, n * token) or 1.0) < nccl(n * token)
+        )
         print(f"  h100 TP{tp}, all_reduce=vllm_custom: {us[2]:.1f} us at 32 KB (NCCL's curve {nccl(32768) * 1e6:.1f}), "
               f"{us[-1]:.1f} at 1 MB ({nccl(1 << 20) * 1e6:.1f}); the cheaper up to {cheaper} tokens of Llama-3-70B "
               f"({cheaper * token / 2**20:.2f} MB)")  # fmt: skip

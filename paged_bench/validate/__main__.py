@@ -31,8 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--case", action="append", default=[], help="run this case only (repeatable)")
     p.add_argument("--write", type=Path, help="also write the comparison as this markdown file (docs/validation.md)")
     p.add_argument("--registry", type=Path, help="a folder of case files (default: conf/validation/)")
-    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="add this python -m paged_bench override to every case (repeatable)")
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="add this python -m paged_bench override to every case (repeatable)",
+    )
     p.add_argument("--case-timeout", type=float, default=60.0, help="seconds one case may run (default 60)")
     p.add_argument("--list", action="store_true", help="list the cases and their sources, run nothing")
     return p
