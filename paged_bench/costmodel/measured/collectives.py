@@ -16,8 +16,8 @@ H100 without CUDA graphs, TP 2, 4 and 8, 512 B to 1 MB), the path vLLM runs outs
 (a copy into its registered buffer, then the kernel); inside a graph (decode steps) the copy and
 the launch are gone, so these timings bound its cost from above. A message up to 1 MB costs the
 cheaper of that timing (interpolated) and NCCL's fitted curve: at 32 KB 9-12 us against NCCL's
-17-31, at 1 MB 27-45 us against 20-35 (two measurements on different machines; neither timed
-vLLM's kernel past 1 MB, where NCCL's curve stands for both). No GPU but H100 (and H200, derived)
+17-31, at 1 MB 27-45 us against 20-35 (two measurements on different machines). Past 1 MB,
+where nobody timed vLLM's kernel, NCCL's curve stands for it. No GPU but H100 (and H200, derived)
 has such timings. ``nccl``: every all-reduce NCCL's (vLLM with ``--disable-custom-all-reduce``,
 or before v0.3.0).
 """
