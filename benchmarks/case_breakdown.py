@@ -20,7 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from paged_bench.validate.cases import Case, load_registry
+from paged_bench.errors import ConfigError
+from paged_bench.validate.cases import Case, chosen_cases, load_registry
 from paged_bench.validate.simulate import SEED, run_draw
 
 
@@ -50,13 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--case", action="append", required=True, help="a case's name (repeatable)")
     args = p.parse_args(argv)
-    cases = {c.name: c for source in load_registry() for c in source.cases}
-    unknown = [n for n in args.case if n not in cases]
-    if unknown:
-        print(f"error: --case {unknown[0]} is not a case (python -m paged_bench.validate --list)", file=sys.stderr)
-        return 2
-    for name in args.case:
-        print("\n".join(breakdown(cases[name])), flush=True)
+    try:
+        cases = chosen_cases(load_registry(), args.case)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    for case in cases:
+        print("\n".join(breakdown(case)), flush=True)
     return 0
 
 

@@ -55,8 +55,9 @@ def main() -> None:
         if curves:
             lat = [c.latency * 1e6 for c in curves.values()]
             bw = [c.bandwidth / 1e9 for c in curves.values()]
+            at_1mb = ", ".join(f"{r} ranks {curves[r].seconds(1 << 20) * 1e6:.0f} us" for r in sorted(curves))
             line += (f"; all-reduce {min(lat):.0f}-{max(lat):.0f} us + bytes at {min(bw):.0f}-{max(bw):.0f} GB/s "
-                     f"({min(curves)}-{max(curves)} ranks)")  # fmt: skip
+                     f"({min(curves)}-{max(curves)} ranks; of 1 MB: {at_1mb})")  # fmt: skip
         print(line)
     token = PRESETS["llama-3-70b"].hidden_size * 2  # one token's activations, bf16
     for tp, us in CUSTOM_US["h100"].items():

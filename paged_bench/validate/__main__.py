@@ -6,9 +6,9 @@ document too; ``--case`` runs the named cases only (a document is written from a
 it is refused with ``--case``); ``--override KEY=VALUE`` adds a ``python -m paged_bench`` override
 to every case (what a knob does to the published comparisons, e.g. ``backend.all_reduce=nccl``;
 refused with ``--write``: the document is the registry as it stands); ``--list`` prints the
-cases and their sources without running them. A bad case file is one line naming the file and key, exit status 2, before anything runs;
-a case that fails or runs past ``--case-timeout`` is reported in its rows and the exit status
-is 1, the other cases still compared.
+cases and their sources without running them. A bad case file is one line naming the file and
+key, exit status 2, before anything runs; a case that fails or runs past ``--case-timeout`` is
+reported in its rows and the exit status is 1, the other cases still compared.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from paged_bench.cli.hydra_job import quiet_stdout
 from paged_bench.errors import ConfigError, PagedBenchError, check
-from paged_bench.validate.cases import Case, load_registry
+from paged_bench.validate.cases import chosen_cases, load_registry
 from paged_bench.validate.document import markdown, terminal_table
 from paged_bench.validate.simulate import run_case
 
@@ -43,13 +43,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _chosen(cases: list[Case], names: list[str]) -> list[Case]:
-    known = {c.name for c in cases}
-    for name in names:
-        check(name in known, "--case", name, f"one of {', '.join(sorted(known))}")
-    return [c for c in cases if not names or c.name in names]
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -59,10 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         check(not (args.override and args.write), "--write", str(args.write),
               "a document of the registry as it stands: leave out --override to write it")  # fmt: skip
         for o in args.override:
-            check("=" in o and o.index("=") > 0, "--override", o, "KEY=VALUE, a python -m paged_bench override")
+            check(o.find("=") > 0, "--override", o, "KEY=VALUE, a python -m paged_bench override")
         files = load_registry(args.registry)
         cases = [dataclasses.replace(c, overrides=c.overrides + tuple(args.override))
-                 for c in _chosen([c for f in files for c in f.cases], args.case)]  # fmt: skip
+                 for c in chosen_cases(files, args.case)]  # fmt: skip
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

@@ -164,6 +164,16 @@ def load_registry(folder: Path | None = None) -> list[SourceFile]:
     return files
 
 
+def chosen_cases(files: list[SourceFile], names: list[str]) -> list[Case]:
+    """The cases of ``files`` named in ``names`` (every case when none is), in registry order; a
+    name no case has is a one-line error listing the cases."""
+    cases = [c for f in files for c in f.cases]
+    known = {c.name for c in cases}
+    for name in names:
+        check(name in known, "--case", name, f"one of {', '.join(sorted(known))}")
+    return [c for c in cases if not names or c.name in names]
+
+
 def load_file(path: Path) -> SourceFile:
     """One case file, checked: every key known, every value of its type."""
     name = path.name
