@@ -4,7 +4,8 @@ quote beside a case's ratio (issue 35).
 For each ``--case`` (a name from ``python -m paged_bench.validate --list``), on its first draw:
 the run as ``python -m paged_bench.validate`` simulates it, the same run with one output token a
 request (its prompt steps: what the run spends before any decode), and each without the engine's
-CPU price (``backend.engine_cpu=none``). Where every request has the same output length
+CPU price (``backend.engine_cpu=none``); with every request at once, the prompt tokens a second
+over the prompt steps (the front end's intake before them included). Where every request has the same output length
 and all arrive at once (a fixed-length batch: vLLM's latency and offline throughput benchmarks),
 it also gives the time of one decode step and the engine CPU's share of it.
 
@@ -21,25 +22,36 @@ import tempfile
 from pathlib import Path
 
 from paged_bench.errors import ConfigError
-from paged_bench.validate.cases import Case, chosen_cases, load_registry
+from paged_bench.validate.cases import Case, Workload, chosen_cases, load_registry
 from paged_bench.validate.simulate import SEED, run_draw
+from paged_bench.validate.workloads import request_lengths
 
 
-def duration_s(case: Case, *overrides: str, output_len: int | None = None) -> float:
-    """The simulated run's duration, with ``overrides`` added and each output ``output_len`` long."""
-    workload = case.workload if output_len is None else dataclasses.replace(case.workload, output_len=output_len)
+def one_token_each(workload: Workload) -> Workload:
+    """``workload``'s requests (a ShareGPT case's draw ``SEED``, as the run sends them) with one
+    output token each: the same prompts, as a listed workload."""
+    prompts = tuple(int(p) for p in request_lengths(workload, SEED)[:, 0])
+    return dataclasses.replace(workload, dataset="listed", prompt_lens=prompts, output_lens=(1,) * len(prompts))
+
+
+def duration_s(case: Case, *overrides: str, prompts_only: bool = False) -> float:
+    """The simulated run's duration, with ``overrides`` added (and one output token a request)."""
+    workload = one_token_each(case.workload) if prompts_only else case.workload
     varied = dataclasses.replace(case, workload=workload, overrides=case.overrides + overrides)
     with tempfile.TemporaryDirectory(prefix="paged_bench_breakdown_") as tmp:
         return float(run_draw(varied, SEED, Path(tmp)).summary["duration"])
 
 
 def breakdown(case: Case) -> list[str]:
-    full, prompts = duration_s(case), duration_s(case, output_len=1)
+    full, prompts = duration_s(case), duration_s(case, prompts_only=True)
     cpu = full - duration_s(case, "backend.engine_cpu=none")
-    prompts_cpu = prompts - duration_s(case, "backend.engine_cpu=none", output_len=1)
+    prompts_cpu = prompts - duration_s(case, "backend.engine_cpu=none", prompts_only=True)
     head = f"{case.name}: {full:.2f} s simulated, {cpu:.2f} s of it the engine's CPU; "
-    lines = [head + f"prompt steps {prompts:.2f} s ({prompts_cpu:.2f} s CPU: the run with one output token each)"]
     w = case.workload
+    lines = [head + f"prompt steps {prompts:.2f} s ({prompts_cpu:.2f} s CPU: the run with one output token each)"]
+    if math.isinf(w.rate):  # with every request sent at once, how fast the prompt steps went
+        tokens = int(request_lengths(w, SEED)[:, 0].sum())
+        lines[0] += f", {tokens:,} prompt tokens: {tokens / prompts:,.0f} a second with the front end's intake"
     if w.dataset == "fixed" and math.isinf(w.rate) and w.output_len > 1:
         steps, decode, decode_cpu = w.output_len - 1, full - prompts, cpu - prompts_cpu
         lines.append(f"  decode: {decode:.2f} s over {steps} steps of {w.num_requests} sequences: "
