@@ -27,6 +27,8 @@ SCRIPTS = {
     "measured_waves": (["--gpu", "h100", "--no-loo"], "every tile shape has at most as many waves at 256 rows as at 264: True"),
     "metrics_outputs": (["--repeats", "1", "workload.num_requests=300"], "same figures: True; same table content"),
     "numpy_memory": (["--rounds", "1", "--tokens", "1024"], "on blocks in a random order: 1 x 1536 tokens of 4096"),
+    "prompt_steps": (["--case", "h100-8b-tp8-lambda-sharegpt320"],
+                     "| h100-8b-tp8-lambda-sharegpt320 | h100 | llama-3-8b | 8 | 37 / 36 | 0.782 / 0.632 |"),
     "sharegpt_draws": (["--pin-lambda", "--seeds", "1", "--case", "h100-8b-sharegpt-inf"],
                        "the first 320 requests: mean prompt 204.9, completion at least 208.3 (172 "),
     "sim_speed": (["--cases", "seed", "--repeats", "1"], "| seed | compiled | "),
