@@ -61,6 +61,8 @@ def prompt_steps(ttfts: np.ndarray, prompt_lens: np.ndarray) -> PromptSteps:
     """The groups of ``ttfts`` (0: no first token to place) and the prompt tokens inside them."""
     placed = np.sort(ttfts[ttfts > 0])
     groups = placed[np.r_[True, np.diff(placed) >= ONE_STEP_S]]
+    if len(groups) < 3:  # a gap's median needs two gaps; a run of every request at once has dozens
+        raise ConfigError("TTFTs", f"{len(groups)} group(s) of first tokens", "three or more (prompt steps)")
     typical = statistics.median(np.diff(groups))
     starts = [groups[0]]
     for start in groups[1:]:

@@ -304,3 +304,22 @@ def test_itl_spread_prints_both_runs_gaps_around_their_medians(tmp_path, monkeyp
     assert script.spread_row("x", gaps) == "| x | 4 | 1.00 | 1.40 | 1.70 | 2.00 | 2.30 | 2.60 | 3.00 | 0% |"
     # median 2.025: 2.0 and 2.05 lie within 5% of it, 1.9 (6% under) does not
     assert script.spread_row("x", script.np.array([1.9, 2.0, 2.05, 9.0])).endswith("| 50% |")
+
+
+def test_prompt_steps_groups_first_tokens_a_step_a_group(monkeypatch):
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("prompt_steps", ROOT / "benchmarks" / "prompt_steps.py")
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "prompt_steps", script)  # its dataclass looks its module up
+    spec.loader.exec_module(script)
+    # steps 50 ms apart; the second step's outputs reach the client in two parts 8 ms apart; a
+    # request with no text (0); a late prompt after a decode window (2.0 s)
+    ttfts = np.array([1.0, 1.001, 1.05, 1.058, 1.10, 1.15, 0.0, 2.0])
+    prompts = np.array([10, 20, 30, 40, 50, 60, 70, 80])
+    steps = script.prompt_steps(ttfts, prompts)
+    assert steps.starts.tolist() == [1.0, 1.05, 1.10, 1.15]
+    assert steps.tokens_in_span == 30 + 40 + 50 + 60  # after the first group, inside the last
+    assert steps.per_step == pytest.approx(0.05)
+    with pytest.raises(script.ConfigError, match="three or more"):
+        script.prompt_steps(np.array([1.0, 1.0, 0.0]), np.array([1, 2, 3]))
