@@ -95,14 +95,13 @@ def main() -> None:
     print("seed  longest out  mean in/out  " + "  ".join(f"{c.name} ({'/'.join(f.metric for f in c.figures)})"
                                                         for c in cases))  # fmt: skip
     for seed in range(args.seeds):
-        cells, lengths = [], None
-        for case in cases:
-            if first is not None:
-                case = dataclasses.replace(case, workload=pinned_workload(case.workload, first, seed))
-            lengths = request_lengths(case.workload, seed)
+        drawn = cases if first is None else [
+            dataclasses.replace(c, workload=pinned_workload(c.workload, first, seed)) for c in cases]  # fmt: skip
+        cells = []
+        for case in drawn:
             rows = run_case(case, time_limit_s=300, seeds=[seed])
             cells.append("/".join("failed" if r.ratio is None else f"{r.ratio:.2f}" for r in rows))
-        assert lengths is not None
+        lengths = request_lengths(drawn[0].workload, seed)
         print(f"{seed:4d}  {lengths[:, 1].max():11d}  {lengths[:, 0].mean():5.0f}/{lengths[:, 1].mean():<5.0f}  "
               + "  ".join(cells), flush=True)  # fmt: skip
 
