@@ -33,9 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from paged_bench.errors import ConfigError
-from paged_bench.results.metrics import request_latencies
 from paged_bench.validate.cases import Case, chosen_cases, load_registry
-from paged_bench.validate.simulate import SEED, run_draw
+from paged_bench.validate.simulate import SEED, client_ttfts_ms, run_draw
 
 DATA = Path(__file__).parent / "data" / "lambda_vllm060_ttfts.json"
 ONE_STEP_S = 0.005  # first tokens this close came from one step (a step takes 10 ms or more here)
@@ -76,12 +75,11 @@ def prompt_steps(ttfts: np.ndarray, prompt_lens: np.ndarray) -> PromptSteps:
 
 
 def simulated_ttfts(case: Case) -> np.ndarray:
-    """Each request's simulated TTFT (s), 0 where the published reply was empty."""
+    """Each request's simulated TTFT (s) as the client takes it: 0 where the published reply was empty."""
     with tempfile.TemporaryDirectory(prefix="paged_bench_steps_") as tmp:
         records = run_draw(case, SEED, Path(tmp)).records
     assert records is not None  # an engine run's records are its requests
-    ttfts = request_latencies(records).ttft_ms / 1e3
-    return np.where(np.asarray(case.workload.output_lens) == 0, 0.0, ttfts)
+    return np.nan_to_num(client_ttfts_ms(records, case.workload) / 1e3)  # a failed request: no first token
 
 
 def row(case: Case, published: list[float]) -> str:

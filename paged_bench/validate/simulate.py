@@ -129,14 +129,25 @@ def client_summary(summary: dict[str, Any], records: RequestRecords, workload: W
     the TTFT it starts with, 0.0, and ``calculate_metrics`` averages it in with the others'. Adds
     ``first_ttft_ms``, the least TTFT of a request that got text (with every request at once: when
     the first prompt step's tokens reached the client)."""
-    ttft = request_latencies(records).ttft_ms[records.succeeded]  # a request's index in the trace is its id
-    ended_at_once = np.isin(np.asarray(records.request_id, dtype=np.int64)[records.succeeded],
-                            [i for i, n in enumerate(workload.output_lens) if n == 0])  # fmt: skip
-    figures = {**summary, "first_ttft_ms": float(ttft[~ended_at_once].min()) if (~ended_at_once).any() else None}
-    if ended_at_once.any():
-        ttft[ended_at_once] = 0.0
+    ttft = client_ttfts_ms(records, workload)
+    ttft = ttft[~np.isnan(ttft)]
+    with_text = ttft[ttft > 0]
+    figures = {**summary, "first_ttft_ms": float(with_text.min()) if with_text.size else None}
+    if with_text.size < ttft.size:
         figures.update(latency_stats("ttft", ttft))
     return figures
+
+
+def client_ttfts_ms(records: RequestRecords, workload: Workload) -> np.ndarray:
+    """Each request's TTFT (ms) as vLLM's benchmark client took it, in the trace's order (a
+    request's index in the trace is its id): 0.0 for a listed output of 0 (no text came), nan for a
+    request that failed."""
+    ttft = np.full(workload.num_requests, np.nan)
+    done = records.succeeded
+    ttft[np.asarray(records.request_id, dtype=np.int64)[done]] = request_latencies(records).ttft_ms[done]
+    ended_at_once = [i for i, n in enumerate(workload.output_lens) if n == 0]
+    ttft[ended_at_once] = np.where(np.isnan(ttft[ended_at_once]), np.nan, 0.0)
+    return ttft
 
 
 def _figure_value(summary: dict[str, Any], metric: str) -> float | None:
