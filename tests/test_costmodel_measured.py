@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from paged_bench.core.plan import StepPlan
+from paged_bench.costmodel.measured.attention import ATTENTION_EFF, FA2_H100_CAUSAL_TFLOPS, attention_seconds
 from paged_bench.costmodel.measured.collectives import CUSTOM_US, all_reduce_curves
 from paged_bench.costmodel.measured.engine_cpu import engine_cpu, sampler_errors, sampler_fit
 from paged_bench.costmodel.measured.gemm import SMS, Waves, paid_rows
@@ -128,6 +129,21 @@ def test_llama_3_8b_batch_1_decode_on_h100():
     assert step.total == pytest.approx(step.gpu + step.cpu)
     h200 = measured_cost(RooflineCost(PRESETS["llama-3-8b"], HARDWARE["h200"], "bfloat16"))
     assert h200.step_cost(plan, 16).gpu < 0.8 * step.gpu  # derived: H100 kernels at 4.8 TB/s
+
+
+def test_a_prompts_attention_runs_at_flashattention_2s_published_rate_for_its_length():
+    """One prompt of n tokens on H100 (its causal FLOPs counted as FlashAttention's benchmark
+    counts them, 4 x heads x head_dim x n^2 / 2) within 5% of the published forward rate at
+    every length the figure gives: 191 TFLOP/s at 512 tokens, not the long-prompt 35% of peak."""
+    hw = HARDWARE["h100"]
+    cost = measured_cost(RooflineCost(PRESETS["llama-3-8b"], hw, "bfloat16"))
+    model = cost.base.model
+    for n, published in FA2_H100_CAUSAL_TFLOPS:
+        plan = StepPlan(req_ids=(0,), num_computed_tokens=(0,), num_new_tokens=(n,), num_decode_tokens=0)
+        seconds = attention_seconds(cost.attention_work(plan), ATTENTION_EFF["h100"], hw.peak_flops,
+                                    hw.mem_bandwidth, launch=0.0)  # fmt: skip
+        rate = 4 * model.num_heads * model.head_dim * n * n / 2 / seconds / 1e12
+        assert rate == pytest.approx(published, rel=0.05), n
 
 
 @pytest.mark.parametrize("gpu", ["h100", "a100"])

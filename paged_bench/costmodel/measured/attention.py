@@ -6,12 +6,21 @@ of peak FLOPs, and a decode kernel (vLLM's PagedAttention) at a fraction of peak
 bounded by the other side at the same efficiencies, plus one launch per kernel and layer. The
 fractions, by GPU:
 
-- prefill, H100: 0.35. FlashAttention-3 (Shah et al., 2024, arXiv:2407.08608, abstract):
-  FlashAttention-2 reaches only 35% of H100's peak; vLLM 0.6 ran FlashAttention-2 (its
-  vllm-flash-attn fork).
-- prefill, A100: 0.60. FlashAttention-2 (Dao, 2023, arXiv:2307.08691, abstract): it
-  reaches 50-73% of A100's theoretical peak; 0.60 sits in that range for causal attention at
-  head dimension 128, below the non-causal maxima.
+- prefill, H100: 0.35 for a long prompt, less for a short one. FlashAttention-3 (Shah et al.,
+  2024, arXiv:2407.08608, abstract): FlashAttention-2 reaches only 35% of H100's peak; vLLM 0.6
+  ran FlashAttention-2 (its vllm-flash-attn fork). The paper's forward-pass figure (also the
+  flash-attention repository's assets/flash3_fp16_fwd.png, panel (d): causal, head dimension
+  128, H100 80GB SXM5, 16k tokens a batch) times FlashAttention-2 by sequence length
+  (``FA2_H100_CAUSAL_TFLOPS``): 191 TFLOP/s at 512 tokens rising to 335 at 16k. A kernel that
+  pays a fixed cost for every query row beside its causal pairs runs at ``0.35 n / (n + 400)``
+  of peak on an n-token prompt, within 5% of each bar: each prompt token costs 200 key
+  positions' work more (``prefill_half_rate_tokens / 2``), half the long-prompt rate at 400
+  tokens. The diagonal tiles a causal mask half wastes and each tile's load of Q and write of
+  the output are that cost. A100 takes the same length: an assumption, not a measurement (the
+  same kernels run there: FlashAttention-2 has none of Hopper's own).
+- prefill, A100: 0.60 for a long prompt. FlashAttention-2 (Dao, 2023, arXiv:2307.08691,
+  abstract): it reaches 50-73% of A100's theoretical peak; 0.60 sits in that range for causal
+  attention at head dimension 128, below the non-causal maxima.
 - decode, all GPUs: 0.70 of peak bandwidth. FlashInfer's kernel study (Ye et al., "Accelerating
   Self-Attentions for LLM Serving with FlashInfer", flashinfer.ai blog, 2024-02-02) shows batch
   decode attention bound by bandwidth and rates kernels by the share of peak bandwidth they
@@ -29,8 +38,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class AttentionEff:
-    prefill_flops: float  # fraction of peak FLOPs a prompt's attention reaches
+    prefill_flops: float  # fraction of peak FLOPs a long prompt's attention reaches
     decode_bandwidth: float  # fraction of peak bandwidth a decode's K/V gather reaches
+    prefill_half_rate_tokens: float = 400.0  # the prompt length that reaches half of prefill_flops
+
+
+# FlashAttention-2's forward pass on H100 SXM5, causal, head dimension 128: (tokens a sequence,
+# TFLOP/s), read off the FlashAttention-3 paper's figure (see above); the test of the prefill
+# rate checks the kernel model against these
+FA2_H100_CAUSAL_TFLOPS = ((512, 191), (1024, 260), (2048, 298), (4096, 319), (8192, 333), (16384, 335))
 
 
 ATTENTION_EFF = {
@@ -45,7 +61,8 @@ ATTENTION_EFF = {
 class AttentionWork:
     """One layer's attention on one rank, split by kernel."""
 
-    prefill_flops: float
+    prefill_flops: float  # the causal (query, key) pairs' FLOPs
+    prefill_row_flops: float  # one key position's FLOPs for every query row (the kernel's cost a row)
     prefill_bytes: float
     decode_flops: float
     decode_bytes: float
@@ -55,11 +72,13 @@ class AttentionWork:
 
 def attention_seconds(w: AttentionWork, eff: AttentionEff, peak: float, bandwidth: float, launch: float) -> float:
     """One layer's attention: each kernel the step runs is the slower of its FLOPs at the
-    prefill efficiency and its bytes at the decode one, plus its launch."""
+    prefill efficiency and its bytes at the decode one, plus its launch; a prompt's kernel also
+    pays ``prefill_half_rate_tokens / 2`` key positions' work a query row."""
     flops_rate, byte_rate = peak * eff.prefill_flops, bandwidth * eff.decode_bandwidth
     total = 0.0
     if w.has_prefill:
-        total += launch + max(w.prefill_flops / flops_rate, w.prefill_bytes / byte_rate)
+        flops = w.prefill_flops + eff.prefill_half_rate_tokens / 2 * w.prefill_row_flops
+        total += launch + max(flops / flops_rate, w.prefill_bytes / byte_rate)
     if w.has_decode:
         total += launch + max(w.decode_flops / flops_rate, w.decode_bytes / byte_rate)
     return total

@@ -164,6 +164,7 @@ class MeasuredCost:
         per_pair = 4.0 * s.num_heads * m.head_dim
         return AttentionWork(
             prefill_flops=per_pair * pre_pairs,
+            prefill_row_flops=per_pair * pre_new,
             prefill_bytes=(pre_kv + pre_new) * kv_token + pre_new * qo_token,  # read K/V, write the new
             decode_flops=per_pair * dec_pairs,
             decode_bytes=(dec_kv + decodes) * kv_token + decodes * qo_token,
