@@ -33,6 +33,7 @@ SCRIPTS = {
                        "the first 320 requests: mean prompt 204.9, completion at least 208.3 (172 "),
     "sim_speed": (["--cases", "seed", "--repeats", "1"], "| seed | compiled | "),
     "vllm_frontend_burst": (["--requests", "20", "--prompt-tokens", "40"], "burst of 20 requests: client CPU "),
+    "vidur_inputs": (["--models", "Meta-Llama-3-8B,phi-2"], "| Meta-Llama-3-8B | 0% / 27% | 0% / 0% | 0% / 18% | 100% / 0% |"),
 }
 
 
