@@ -16,8 +16,12 @@ fractions, by GPU:
   of peak on an n-token prompt, within 5% of each bar: each prompt token costs 200 key
   positions' work more (``prefill_half_rate_tokens / 2``), half the long-prompt rate at 400
   tokens. The diagonal tiles a causal mask half wastes and each tile's load of Q and write of
-  the output are that cost. A100 takes the same length: an assumption, not a measurement (the
-  same kernels run there: FlashAttention-2 has none of Hopper's own).
+  the output are that cost. A100 takes the same length, an assumption with support: no forward
+  bars by length were found for A100, but the same kernels run there (FlashAttention-2 has none of
+  Hopper's own), and the repository's forward-and-backward charts rise alike on both GPUs (causal,
+  head dimension 128: 512 tokens at 0.50 of the 16k rate on H100, 163 against 328 TFLOP/s,
+  assets/flash2_h100_fwd_bwd_benchmark.png; 0.52 on A100, 99 against 189,
+  assets/flash2_a100_fwd_bwd_benchmark.png).
 - prefill, A100: 0.60 for a long prompt. FlashAttention-2 (Dao, 2023, arXiv:2307.08691,
   abstract): it reaches 50-73% of A100's theoretical peak; 0.60 sits in that range for causal
   attention at head dimension 128, below the non-causal maxima.
