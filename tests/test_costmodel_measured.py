@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from paged_bench.core.plan import StepPlan
-from paged_bench.costmodel.measured.attention import ATTENTION_EFF, FA2_H100_CAUSAL_TFLOPS, attention_seconds
+from paged_bench.costmodel.measured.attention import (
+    ATTENTION_EFF,
+    FA2_H100_CAUSAL_TFLOPS,
+    PAGED_GQA8,
+    PAGED_MHA,
+    attention_seconds,
+    paged_decode_share,
+)
 from paged_bench.costmodel.measured.collectives import CUSTOM_US, all_reduce_curves
 from paged_bench.costmodel.measured.engine_cpu import engine_cpu, sampler_errors, sampler_fit
 from paged_bench.costmodel.measured.gemm import SMS, Waves, paid_rows
@@ -16,6 +23,7 @@ from paged_bench.costmodel.measured.profiles import models, read_data
 from paged_bench.costmodel.measured.step import MEASURED_GPUS, measured_cost
 from paged_bench.costmodel.roofline import HARDWARE, RooflineCost
 from paged_bench.costmodel.step_work import step_work
+from paged_bench.errors import ConfigError
 from paged_bench.model.config import PRESETS, ModelConfig
 from paged_bench.run.bench import build
 from paged_bench.run.compose import compose_config
@@ -144,6 +152,36 @@ def test_a_prompts_attention_runs_at_flashattention_2s_published_rate_for_its_le
                                     hw.mem_bandwidth, launch=0.0)  # fmt: skip
         rate = 4 * model.num_heads * model.head_dim * n * n / 2 / seconds / 1e12
         assert rate == pytest.approx(published, rel=0.05), n
+
+
+@pytest.mark.parametrize("gpu", ["h100", "a100"])
+def test_vllms_paged_attention_runs_at_flashinfers_published_shares_by_query_group(gpu):
+    """vLLM 0.2.6's PagedAttention v2 at 64 sequences (FlashInfer's figures): one query head a K/V
+    head runs at the MHA curve, eight at the GQA curve (compute-bound: a quarter of the bandwidth
+    at most), four at twice the GQA share, under the MHA curve."""
+    for tokens, share in PAGED_MHA[gpu]:
+        assert paged_decode_share(gpu, tokens, 1) == pytest.approx(share)
+    for tokens, share in PAGED_GQA8[gpu]:
+        assert paged_decode_share(gpu, tokens, 8) == pytest.approx(share)
+        assert paged_decode_share(gpu, tokens, 4) == pytest.approx(min(2 * share, paged_decode_share(gpu, tokens, 1)))
+    assert paged_decode_share(gpu, 8192, 8) < 0.3  # grouped heads: compute-bound at any context
+    assert paged_decode_share(gpu, 1024, 1) > 0.7  # one query head a K/V head: near the bandwidth
+
+
+def test_vllms_paged_attention_prices_decodes_by_the_models_query_heads_a_kv_head():
+    def decode_gpu_ms(model: str, kernel: str) -> float:
+        cost = measured_cost(RooflineCost(PRESETS[model], HARDWARE["a100"], "bfloat16"), "none",
+                             decode_attention=kernel)  # fmt: skip
+        return cost.step_cost(_plans()["decode 64 x 1024"], 16).gpu * 1e3
+
+    gqa = decode_gpu_ms("llama-3-8b", "vllm_paged") - decode_gpu_ms("llama-3-8b", "flash")
+    mha = decode_gpu_ms("llama-2-7b", "vllm_paged") - decode_gpu_ms("llama-2-7b", "flash")
+    # 64 decodes of 1,024 tokens on A100: Llama 3 8B (4 query heads a K/V head) reads 8.6 GB of K/V
+    # at 48% of 2.04 TB/s, not FlashAttention's 70%; Llama 2 7B (one a K/V head) 34 GB at 80%
+    assert gqa == pytest.approx(8.6e9 * (1 / 0.48 - 1 / 0.70) / 2.039e12 * 1e3, rel=0.05)
+    assert mha == pytest.approx(34.4e9 * (1 / 0.80 - 1 / 0.70) / 2.039e12 * 1e3, rel=0.05)
+    with pytest.raises(ConfigError, match="backend.decode_attention"):
+        measured_cost(RooflineCost(PRESETS["llama-3-8b"], HARDWARE["a100"], "bfloat16"), decode_attention="paged")
 
 
 @pytest.mark.parametrize("gpu", ["h100", "a100"])

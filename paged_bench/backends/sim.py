@@ -14,7 +14,8 @@ per sequence):
 (``python -m paged_bench.calibration.calibrate``); see ``paged_bench.costmodel.roofline``.
 ``cost_model=measured`` prices it from kernels timed on real GPUs (h100, a100, a40; h200
 derived) plus the engine's per-step CPU work (``engine_cpu``), its all-reduces NCCL's or vLLM's own
-kernel (``all_reduce``); see ``paged_bench.costmodel.measured``. A roofline
+kernel (``all_reduce``) and its decode attention FlashAttention's or vLLM's PagedAttention
+(``decode_attention``); see ``paged_bench.costmodel.measured``. A roofline
 knows its model and hardware, so it sizes the KV pool (``num_blocks=auto``, from
 ``gpu_memory_utilization``) and splits the model over ``tensor_parallel_size`` ranks whose
 all-reduces cross ``interconnect`` (null: the hardware's own link).
@@ -74,6 +75,7 @@ class SimBackend(Backend):
         gpu_memory_utilization: float = 0.9,
         engine_cpu: str = "vllm_v0",
         all_reduce: str = "vllm_custom",
+        decode_attention: str = "flash",
     ) -> None:
         super().__init__()  # its options are checked where the config is read (run.backend_options.SimOptions)
         self.vocab_size = DEFAULT_VOCAB if vocab_size is None else vocab_size
@@ -87,7 +89,8 @@ class SimBackend(Backend):
             cfg = resolve_model(model, model_path)
             self.roofline = RooflineCost(cfg, hardware_preset(hardware), dtype or cfg.dtype, tp, interconnect)
             # measured kernels price the steps; the roofline still sizes the KV pool
-            self.measured = measured_cost(self.roofline, engine_cpu, all_reduce) if cost_model == "measured" else None
+            measured = cost_model == "measured"
+            self.measured = measured_cost(self.roofline, engine_cpu, all_reduce, decode_attention) if measured else None
         self.num_devices = tp
         if self.roofline is not None:
             self.model_config = self.roofline.model  # its context bounds max_model_len, as a served model's

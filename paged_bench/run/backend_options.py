@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from paged_bench.core.clock import STEP_TIMERS
+from paged_bench.costmodel.measured.attention import DECODE_KERNELS
 from paged_bench.costmodel.measured.collectives import ALL_REDUCE
 from paged_bench.costmodel.measured.engine_cpu import ENGINE_CPU
 from paged_bench.costmodel.measured.step import measured_cost
@@ -46,8 +47,8 @@ COST_MODELS = ("linear", "roofline", "measured")
 class SimOptions(ModelSettings):
     """``backend=sim``: a linear cost model's terms, or a roofline's model on a hardware preset
     (``cost_model=roofline``, or a calibrated ``preset``; ``cost_model=measured``: priced from
-    measured kernels, ``costmodel.measured``, with the engine's CPU work ``engine_cpu`` and its
-    ``all_reduce``) split over ``tensor_parallel_size``
+    measured kernels, ``costmodel.measured``, with the engine's CPU work ``engine_cpu``, its
+    ``all_reduce`` and its ``decode_attention`` kernel) split over ``tensor_parallel_size``
     ranks, and the share of memory that sizes its KV pool. The roofline's names are checked
     whichever cost model reads them: a typo is never ignored."""
 
@@ -67,6 +68,7 @@ class SimOptions(ModelSettings):
     gpu_memory_utilization: float = 0.9
     engine_cpu: str = "vllm_v0"  # measured: the engine's per-step CPU work (vllm_v0, none)
     all_reduce: str = "vllm_custom"  # measured, TP: vLLM's own kernel for small messages, or NCCL's alone
+    decode_attention: str = "flash"  # measured: FlashAttention's paged decoding, or vLLM's PagedAttention (vllm_paged)
 
     def __post_init__(self) -> None:
         if self.vocab_size is not None:
@@ -74,6 +76,7 @@ class SimOptions(ModelSettings):
         check(self.cost_model in COST_MODELS, "backend.cost_model", self.cost_model, ", ".join(COST_MODELS))
         check_choice("backend.engine_cpu", self.engine_cpu, ENGINE_CPU)
         check_choice("backend.all_reduce", self.all_reduce, ALL_REDUCE)
+        check_choice("backend.decode_attention", self.decode_attention, DECODE_KERNELS)
         check_int(TP_KEY, self.tensor_parallel_size)
         check_utilization(self.gpu_memory_utilization)
         hardware(self.hardware)
@@ -89,7 +92,8 @@ class SimOptions(ModelSettings):
                   f"null with a roofline: its model's, {model.vocab_size} (another: backend.model="
                   f"{{preset:NAME,vocab_size:N}})")  # fmt: skip
         if self.cost_model == "measured" and not self.preset:
-            measured_cost(self.measured_base(), self.engine_cpu, self.all_reduce)  # the GPU and dtype have profiles
+            # the GPU and dtype have profiles
+            measured_cost(self.measured_base(), self.engine_cpu, self.all_reduce, self.decode_attention)
         for key in ("step_overhead_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_us",
                     "per_swap_block_ms"):  # fmt: skip
             check_number(f"backend.{key}", getattr(self, key))

@@ -56,7 +56,7 @@ _MAX_TAG = 5000
 # the linear sim cost model reads only these backend options; the roofline's are not its params
 _LINEAR_SIM_KEYS = {"name", "cost_model", "preset", "step_overhead_ms", "per_prefill_token_ms", "per_decode_seq_ms",
                     "per_kv_token_us", "per_swap_block_ms", "vocab_size"}  # fmt: skip
-_MEASURED_ONLY = ("engine_cpu", "all_reduce")  # and these only the measured cost model
+_MEASURED_ONLY = ("engine_cpu", "all_reduce", "decode_attention")  # and these only the measured cost model
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,28 @@ fractions, by GPU:
   a choice inside that picture (the roofline presets' ``kv_eff``), not a figure read off a plot:
   an assumption, and the one to revisit first when decode-heavy cases miss.
 - A40 (Ampere, like A100) takes A100's fractions; H200 (Hopper) takes H100's: derived, not measured.
+
+Decode, ``backend.decode_attention``: ``flash`` (the default) is the 0.70 above, FlashAttention's
+paged decoding, which vLLM runs on Ampere and Hopper from v0.4.3 (vllm-project/vllm#3648, "Use
+flash-attn for decoding", merged after v0.4.1; #4907 restored it on 2024-05-19). ``vllm_paged`` is
+vLLM's own PagedAttention kernel, its decode path before that (v0.2-v0.4.2). The FlashInfer
+study cited above (flashinfer-ai/flashinfer-ai.github.io, _posts/2024-01-03-introduce-flashinfer.md,
+figures 6 and 9: assets/imgs/batch-decode-benchmark.png and batch-gqa-benchmark.png) times vLLM 0.2.6's
+PagedAttention v2 at 64 sequences a batch by context length, as the share of peak bandwidth of the
+K/V bytes it must read: with one query head a K/V head (Llama-2-7B's shape, ``PAGED_MHA``) and with
+eight (Llama-2-70B at TP 2, ``PAGED_GQA8``; 28% at most on H100, where FlashInfer's tensor-core
+kernel reaches 89%). The kernel reads a K/V head once for every query head and computes on CUDA
+cores, so with a group of g query heads it runs at ``min(mha, 8 / g x gqa8)`` of the figure's
+rates: memory-bound without grouping, compute-bound with eight. Read at the step's mean context,
+with the 64-sequence curves for every batch (smaller batches run lower there: optimistic), held
+at their last point past it; A100's are the figure's A100 PCIe, H200 takes H100's, A40 A100's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -51,6 +68,36 @@ class AttentionEff:
 # TFLOP/s), read off the FlashAttention-3 paper's figure (see above); the test of the prefill
 # rate checks the kernel model against these
 FA2_H100_CAUSAL_TFLOPS = ((512, 191), (1024, 260), (2048, 298), (4096, 319), (8192, 333), (16384, 335))
+
+
+DECODE_KERNELS = ("flash", "vllm_paged")
+
+# vLLM 0.2.6's PagedAttention v2, 64 sequences a batch: (context tokens a sequence, share of peak
+# bandwidth), read off FlashInfer's figures (see above; the points from 256 tokens measured on the
+# images' pixels against their gridlines, the shorter ones by eye: +-2 points)
+PAGED_MHA = {
+    "h100": ((32, 0.28), (64, 0.44), (128, 0.58), (256, 0.69), (512, 0.77), (1024, 0.85)),
+    "a100": ((32, 0.33), (64, 0.47), (128, 0.60), (256, 0.70), (512, 0.77), (1024, 0.80)),
+}
+PAGED_GQA8 = {
+    "h100": ((32, 0.045), (64, 0.08), (128, 0.12), (256, 0.15), (512, 0.19), (1024, 0.23), (2048, 0.26),
+             (4096, 0.28), (8192, 0.285)),
+    "a100": ((32, 0.055), (64, 0.10), (128, 0.14), (256, 0.18), (512, 0.22), (1024, 0.24), (2048, 0.25),
+             (4096, 0.26), (8192, 0.265)),
+}  # fmt: skip
+PAGED_CURVES = {"h100": "h100", "h200": "h100", "a100": "a100", "a40": "a100"}
+
+
+def paged_decode_share(gpu: str, context: float, group: int) -> float:
+    """The share of peak bandwidth vLLM's PagedAttention kernel reaches on ``gpu`` for decodes of
+    ``context`` tokens with ``group`` query heads a K/V head (interpolated in log context)."""
+    curves = PAGED_CURVES[gpu]
+
+    def read(points: tuple[tuple[int, float], ...]) -> float:
+        tokens, share = zip(*points)
+        return float(np.interp(np.log2(max(context, 1.0)), np.log2(tokens), share))
+
+    return min(read(PAGED_MHA[curves]), 8 / group * read(PAGED_GQA8[curves]))
 
 
 ATTENTION_EFF = {
@@ -70,6 +117,7 @@ class AttentionWork:
     prefill_bytes: float
     decode_flops: float
     decode_bytes: float
+    decode_context: float  # the K/V tokens a decode reads, on average
     has_prefill: bool
     has_decode: bool
 

@@ -26,7 +26,14 @@ from functools import cache, cached_property
 import numpy as np
 
 from paged_bench.core.plan import StepPlan
-from paged_bench.costmodel.measured.attention import ATTENTION_EFF, AttentionWork, attention_seconds
+from paged_bench.costmodel.measured.attention import (
+    ATTENTION_EFF,
+    DECODE_KERNELS,
+    AttentionEff,
+    AttentionWork,
+    attention_seconds,
+    paged_decode_share,
+)
 from paged_bench.costmodel.measured.collectives import ALL_REDUCE, all_reduce_curves, custom_all_reduce_seconds
 from paged_bench.costmodel.measured.elementwise import OpCost, Shape, fit_elementwise, op_elements
 from paged_bench.costmodel.measured.engine_cpu import EngineCPU, engine_cpu
@@ -97,18 +104,22 @@ def layer_seconds(
     return gemms + sum(k.elementwise[op].seconds(op_elements(op, shape, tokens)) for op in ops)
 
 
-def measured_cost(base: RooflineCost, engine: str = "vllm_v0", all_reduce: str = "vllm_custom") -> MeasuredCost:
+def measured_cost(
+    base: RooflineCost, engine: str = "vllm_v0", all_reduce: str = "vllm_custom", decode_attention: str = "flash"
+) -> MeasuredCost:
     """``base``'s model on its GPU, priced from that GPU's profiles, with the engine's CPU work
-    ``engine`` and its all-reduce ``all_reduce``; a one-line error naming the option where the GPU
-    has no profiles, the dtype is not what the profiles ran, or a choice is unknown."""
+    ``engine``, its all-reduce ``all_reduce`` and its decode attention kernel ``decode_attention``;
+    a one-line error naming the option where the GPU has no profiles, the dtype is not what the
+    profiles ran, or a choice is unknown."""
     gpu = base.hardware.name
     check(gpu in MEASURED_GPUS, "backend.hardware", gpu,
           f"{', '.join(MEASURED_GPUS)} with cost_model=measured (the GPUs with kernel profiles)")  # fmt: skip
     check(DTYPE_BYTES[base.dtype] == 2, "backend.dtype", base.dtype,
           "bfloat16 or float16 with cost_model=measured (what the profiled kernels ran)")  # fmt: skip
     check_choice("backend.all_reduce", all_reduce, ALL_REDUCE)
+    check_choice("backend.decode_attention", decode_attention, DECODE_KERNELS)
     # the sampler works on the whole vocabulary's logits (gathered from the TP ranks)
-    return MeasuredCost(base, engine_cpu(engine, base.model.vocab_size), kernels(gpu), all_reduce)
+    return MeasuredCost(base, engine_cpu(engine, base.model.vocab_size), kernels(gpu), all_reduce, decode_attention)
 
 
 STEP_ENDS = ("emb", "input_layernorm")  # elementwise ops once a step, not once a layer
@@ -132,6 +143,7 @@ class MeasuredCost:
     engine: EngineCPU
     kernels: Kernels
     all_reduce: str = "vllm_custom"  # ALL_REDUCE: vLLM's own kernel where measured cheaper, or NCCL's alone
+    decode_attention: str = "flash"  # DECODE_KERNELS: FlashAttention's paged decoding, or vLLM's PagedAttention
 
     @property
     def gemm_dims(self) -> dict[str, tuple[int, int]]:
@@ -168,6 +180,7 @@ class MeasuredCost:
             prefill_bytes=(pre_kv + pre_new) * kv_token + pre_new * qo_token,  # read K/V, write the new
             decode_flops=per_pair * dec_pairs,
             decode_bytes=(dec_kv + decodes) * kv_token + decodes * qo_token,
+            decode_context=dec_kv / decodes if decodes else 0.0,
             has_prefill=pre_new > 0,
             has_decode=decodes > 0,
         )
@@ -188,12 +201,23 @@ class MeasuredCost:
         peak, bandwidth = datasheet(k.gpu)
         by_tokens = self._by_token_count(tokens)
         layer = by_tokens.layer
-        layer += attention_seconds(self.attention_work(plan), ATTENTION_EFF[k.gpu], peak, bandwidth, k.surface.launch)
+        work = self.attention_work(plan)
+        layer += attention_seconds(work, self._attention_eff(work), peak, bandwidth, k.surface.launch)
         if self.base.tp > 1:
             layer += by_tokens.all_reduces
         sampled = seqs - len(plan.partial_rows)  # vLLM computes logits only for the rows that sample
         head = self._head_seconds(sampled) if sampled else 0.0
         return m.num_layers * layer + head + by_tokens.ends + swap / hw.host_link
+
+    def _attention_eff(self, work: AttentionWork) -> AttentionEff:
+        """The kernels' efficiencies on this GPU; with vLLM's PagedAttention for decodes, its share
+        of bandwidth at the step's mean context and this model's query heads a K/V head."""
+        eff = ATTENTION_EFF[self.kernels.gpu]
+        if self.decode_attention != "vllm_paged" or not work.has_decode:
+            return eff
+        shard = self.base.shard
+        share = paged_decode_share(self.kernels.gpu, work.decode_context, shard.num_heads // shard.num_kv_heads)
+        return replace(eff, decode_bandwidth=share)
 
     @cached_property
     def _token_counts(self) -> dict[int, TokenCountCost]:
