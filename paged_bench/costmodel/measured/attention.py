@@ -2,7 +2,8 @@
 
 Vidur's attention profiles are not shipped (too large), so attention is a roofline per kernel:
 a prefill kernel (FlashAttention's varlen forward, what vLLM 0.x runs for prompts) at a fraction
-of peak FLOPs, and a decode kernel (vLLM's PagedAttention) at a fraction of peak bandwidth, each
+of peak FLOPs, and a decode kernel (FlashAttention's paged decoding, or vLLM's own PagedAttention:
+``backend.decode_attention``, below) at a fraction of peak bandwidth, each
 bounded by the other side at the same efficiencies, plus one launch per kernel and layer. The
 fractions, by GPU:
 
@@ -43,9 +44,10 @@ figures 6 and 9: assets/imgs/batch-decode-benchmark.png and batch-gqa-benchmark.
 PagedAttention v2 at 64 sequences a batch by context length, as the share of peak bandwidth of the
 K/V bytes it must read: with one query head a K/V head (Llama-2-7B's shape, ``PAGED_MHA``) and with
 eight (Llama-2-70B at TP 2, ``PAGED_GQA8``; 28% at most on H100, where FlashInfer's tensor-core
-kernel reaches 89%). The kernel reads a K/V head once for every query head and computes on CUDA
-cores, so with a group of g query heads it runs at ``min(mha, 8 / g x gqa8)`` of the figure's
-rates: memory-bound without grouping, compute-bound with eight. Read at the step's mean context,
+kernel reaches 89%). The study gives why: on CUDA cores "traditional implementation of Grouped
+Query Attention is compute-bound", its work growing with the query heads, so with a group of g
+query heads a K/V head the kernel runs at ``min(mha, 8 / g x gqa8)`` of the figures' rates:
+memory-bound without grouping, compute-bound with eight. Read at the step's mean context,
 with the 64-sequence curves for every batch (smaller batches run lower there: optimistic), held
 at their last point past it; A100's are the figure's A100 PCIe, H200 takes H100's, A40 A100's.
 """
