@@ -10,6 +10,11 @@ and all arrive at once (a fixed-length batch: vLLM's latency and offline through
 it also gives the time of one decode step and the engine CPU's share of it.
 
     .venv/bin/python benchmarks/case_breakdown.py --case a100-70b-tp4-pr2192-latency-bs64
+    .venv/bin/python benchmarks/case_breakdown.py --case a100-70b-tp4-pr2192-latency-bs64 --override backend.decode_attention=flash
+
+``--override KEY=VALUE`` adds a ``python -m paged_bench`` override to every case, as
+``python -m paged_bench.validate --override`` does. The decode line is left out where the requests
+do not fit in one batch (more than the case's ``max_batch``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from paged_bench.errors import ConfigError
+from paged_bench.errors import ConfigError, check
 from paged_bench.validate.cases import Case, Workload, chosen_cases, load_registry
 from paged_bench.validate.simulate import SEED, run_draw
 from paged_bench.validate.workloads import request_lengths
@@ -52,19 +57,30 @@ def breakdown(case: Case) -> list[str]:
     if math.isinf(w.rate):  # with every request sent at once, how fast the prompt steps went
         tokens = int(request_lengths(w, SEED)[:, 0].sum())
         lines[0] += f", {tokens:,} prompt tokens: {tokens / prompts:,.0f} a second with the front end's intake"
-    if w.dataset == "fixed" and math.isinf(w.rate) and w.output_len > 1:
+    if w.dataset == "fixed" and math.isinf(w.rate) and w.output_len > 1 and w.num_requests <= _max_batch(case):
         steps, decode, decode_cpu = w.output_len - 1, full - prompts, cpu - prompts_cpu
         lines.append(f"  decode: {decode:.2f} s over {steps} steps of {w.num_requests} sequences: "
                      f"{decode / steps * 1e3:.1f} ms a step, {decode_cpu / steps * 1e3:.1f} ms of it the engine's CPU")  # fmt: skip
     return lines
 
 
+def _max_batch(case: Case) -> int:
+    """The sequences a step may hold (the case's ``max_batch`` override; 256, vLLM's default, without one)."""
+    given = [o.split("=", 1)[1] for o in case.overrides if o.startswith("max_batch=")]
+    return int(given[-1]) if given else 256
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--case", action="append", required=True, help="a case's name (repeatable)")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="add this python -m paged_bench override to every case (repeatable)")  # fmt: skip
     args = p.parse_args(argv)
     try:
-        cases = chosen_cases(load_registry(), args.case)
+        for o in args.override:
+            check(o.find("=") > 0, "--override", o, "KEY=VALUE, a python -m paged_bench override")
+        cases = [dataclasses.replace(c, overrides=c.overrides + tuple(args.override))
+                 for c in chosen_cases(load_registry(), args.case)]  # fmt: skip
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

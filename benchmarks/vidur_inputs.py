@@ -31,9 +31,8 @@ import statistics
 import numpy as np
 
 from paged_bench.costmodel.measured.gemm import fit_surface
-from paged_bench.costmodel.measured.profiles import GemmShapes, ProfiledModel, gemm_dims, kernel_rows, models
+from paged_bench.costmodel.measured.profiles import ProfiledModel, gemm_dims, gemm_rows, kernel_rows, models
 from paged_bench.costmodel.measured.step import datasheet
-from paged_bench.model.config import PRESETS
 
 F16 = np.float16
 SMALLEST_NORMAL = float(np.finfo(F16).tiny)  # 6.1e-5
@@ -83,22 +82,9 @@ def rate_ratios(gpu: str, min_tokens: int = 1024) -> tuple[float, float]:
     return statistics.median(down), statistics.median(post)
 
 
-def rows_without(gpu: str, op_out: str) -> GemmShapes:
-    """Every matmul the profiles timed on ``gpu`` but ``op_out``'s."""
-    cols: dict[str, list] = {"m": [], "n": [], "k": [], "ms": [], "model": []}
-    for row in kernel_rows(gpu):
-        for op, (n, k) in gemm_dims(row.model, row.tp).items():
-            if op != op_out:
-                for key, value in zip(cols, (row.num_tokens, n, k, row.ms[op], row.model.name)):
-                    cols[key].append(value)
-    return GemmShapes(*(np.asarray(cols[key], float) for key in ("m", "n", "k", "ms")), np.asarray(cols["model"]))
-
-
 def llama3_8b_matmuls(surface, tokens: int) -> float:
-    m = PRESETS["llama-3-8b"]
-    d = m.head_dim
-    dims = [((m.num_heads + 2 * m.num_kv_heads) * d, m.hidden_size), (m.hidden_size, m.num_heads * d),
-            (2 * m.intermediate_size, m.hidden_size), (m.hidden_size, m.intermediate_size)]  # fmt: skip
+    """A Llama 3 8B layer's four matmuls (TP 1) on ``tokens`` rows, priced by ``surface``."""
+    dims = gemm_dims(models()["Meta-Llama-3-8B"], 1).values()
     return sum(float(surface.seconds(tokens, n, k)) for n, k in dims)
 
 
@@ -132,8 +118,9 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|")
     for gpu in ("h100", "a100"):
         peak, bandwidth = datasheet(gpu)
-        full = fit_surface(rows_without(gpu, ""), peak, bandwidth)
-        less = fit_surface(rows_without(gpu, "mlp_down_proj"), peak, bandwidth)
+        rows = gemm_rows(gpu)
+        full = fit_surface(rows, peak, bandwidth)
+        less = fit_surface(rows.where(rows.op != "mlp_down_proj"), peak, bandwidth)
         for tokens in (256, 1536, 8192):
             a, b = llama3_8b_matmuls(full, tokens), llama3_8b_matmuls(less, tokens)
             print(f"| {gpu} | {tokens:,} | {a * 1e3:.3f} | {b * 1e3:.3f} | {b / a - 1:+.1%} |")

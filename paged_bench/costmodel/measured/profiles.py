@@ -14,7 +14,7 @@ import csv
 import gzip
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 
@@ -69,6 +69,11 @@ class GemmShapes:
     k: np.ndarray
     ms: np.ndarray
     model: np.ndarray  # the profiled model's name, per row (to leave one out)
+    op: np.ndarray  # the layer's matmul, per row (GEMM_OPS)
+
+    def where(self, keep: np.ndarray) -> GemmShapes:
+        """The rows ``keep`` marks."""
+        return GemmShapes(*(getattr(self, f.name)[keep] for f in fields(self)))
 
 
 def read_data(name: str) -> list[dict[str, str]]:
@@ -114,16 +119,15 @@ def gemm_rows(gpu: str, leave_out: str | None = None) -> GemmShapes:
     rows = _gemm_rows(gpu)
     if leave_out is None:
         return rows
-    keep = rows.model != leave_out
-    return GemmShapes(rows.m[keep], rows.n[keep], rows.k[keep], rows.ms[keep], rows.model[keep])
+    return rows.where(rows.model != leave_out)
 
 
 @cache
 def _gemm_rows(gpu: str) -> GemmShapes:
-    cols: dict[str, list[object]] = {"m": [], "n": [], "k": [], "ms": [], "model": []}
+    cols: dict[str, list[object]] = {"m": [], "n": [], "k": [], "ms": [], "model": [], "op": []}
     for row in kernel_rows(gpu):
         for op, (out, inner) in gemm_dims(row.model, row.tp).items():
-            for key, value in zip(cols, (row.num_tokens, out, inner, row.ms[op], row.model.name)):
+            for key, value in zip(cols, (row.num_tokens, out, inner, row.ms[op], row.model.name, op)):
                 cols[key].append(value)
     m, n, k, ms = (np.asarray(cols[key], float) for key in ("m", "n", "k", "ms"))
-    return GemmShapes(m, n, k, ms, np.asarray(cols["model"]))
+    return GemmShapes(m, n, k, ms, np.asarray(cols["model"]), np.asarray(cols["op"]))
